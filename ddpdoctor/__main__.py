@@ -1,0 +1,3 @@
+from ddpdoctor.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,39 @@
+"""Capture settings, shared by the launcher and every rank (handed to ranks through one environment variable)."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+
+ENV_VAR = "DDPDOCTOR_CAPTURE"
+
+
+@dataclass(frozen=True)
+class CaptureConfig:
+    out: str
+    wait: int = 5  # steps skipped before profiling (the first iterations are warm-up noise)
+    warmup: int = 2
+    active: int = 5
+    repeat: int = 1
+    with_stack: bool = False
+    record_shapes: bool = True
+    profile_memory: bool = True
+    gil: bool = True
+    # With no step seen, the trace covers the run from its start; this bounds it (seconds).
+    no_step_limit_s: float = 60.0
+    launcher_pid: int = 0
+    extra: dict = field(default_factory=dict)
+
+    def to_env(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> CaptureConfig | None:
+        raw = (environ if environ is not None else os.environ).get(ENV_VAR)
+        if not raw:
+            return None
+        return cls(**json.loads(raw))
+
+    def schedule_dict(self) -> dict[str, int]:
+        return {"wait": self.wait, "warmup": self.warmup, "active": self.active, "repeat": self.repeat}

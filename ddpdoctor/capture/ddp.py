@@ -1,0 +1,79 @@
+"""DistributedDataParallel: track every DDP module the script builds and keep DDP's own logging data.
+
+``_get_ddp_logging_data()`` carries the bucket layout, bucket_cap, find_unused_parameters, gradient_as_bucket_view,
+static_graph and DDP's own timing of forward, backward, communication and their overlap (ns). DDP samples those
+timings only on some iterations; we ask it to time every iteration so the numbers cover the profiled window.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+_instances: weakref.WeakSet = weakref.WeakSet()
+_original_init: Any = None
+
+
+def install() -> None:
+    global _original_init
+    try:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+    except ImportError:  # pragma: no cover - torch without distributed
+        return
+    if _original_init is not None:
+        return
+    _original_init = DDP.__init__
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        _original_init(self, *args, **kwargs)
+        _instances.add(self)
+        try:
+            self._set_ddp_runtime_logging_sample_rate(1)
+        except Exception:  # older torch or a subclass without a logger
+            pass
+
+    __init__.__wrapped__ = _original_init  # type: ignore[attr-defined]
+    DDP.__init__ = __init__
+
+
+def uninstall() -> None:
+    global _original_init
+    if _original_init is None:
+        return
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    DDP.__init__ = _original_init
+    _original_init = None
+
+
+_snapshots: dict[int, dict[str, Any]] = {}
+
+
+def snapshot() -> None:
+    """Keep the latest logging data of every live DDP module (the script may drop its model before it exits)."""
+    for entry_id, entry in _describe_live():
+        _snapshots[entry_id] = entry
+
+
+def describe() -> list[dict[str, Any]]:
+    """DDP's logging data for each DDP module the script built, live or already collected (JSON-ready)."""
+    snapshot()
+    return list(_snapshots.values())
+
+
+def _describe_live() -> list[tuple[int, dict[str, Any]]]:
+    out = []
+    for module in list(_instances):
+        entry: dict[str, Any] = {"module": type(module.module).__name__ if hasattr(module, "module") else "?"}
+        try:
+            data = module._get_ddp_logging_data()
+            entry["logging_data"] = {k: v for k, v in data.items() if isinstance(v, (int, float, str, bool))}
+        except Exception as exc:
+            entry["logging_data"] = None
+            entry["error"] = f"{type(exc).__name__}: {exc}"
+        try:
+            entry["device_ids"] = [str(d) for d in (module.device_ids or [])]
+        except Exception:
+            entry["device_ids"] = None
+        out.append((id(module), entry))
+    return out

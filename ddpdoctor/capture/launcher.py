@@ -1,0 +1,134 @@
+"""The launcher side of ``ddpdoctor trace``: hand off to torchrun, then write the manifest and tell the user.
+
+Ranks print nothing of their own; hints are printed once, here.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ddpdoctor import rundir
+from ddpdoctor.capture import manifest as manifest_mod
+from ddpdoctor.capture.config import CaptureConfig
+
+
+def run_torchrun(torchrun_args: list[str], target_argv: list[str]) -> int:
+    """Run ``torch.distributed.run`` (torch's own launcher) with every rank entering through ddpdoctor.
+
+    Returns torchrun's exit code, or ``-signal`` if it was ended by a signal. A SIGTERM sent to the launcher is
+    passed to torchrun, which stops the ranks (they flush what they captured); Ctrl-C reaches the whole process
+    group from the terminal, so here we only keep waiting for torchrun to finish its own shutdown.
+    """
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        *torchrun_args,
+        "-m",
+        "ddpdoctor.capture.rank_main",
+        *target_argv,
+    ]
+    child = subprocess.Popen(cmd)
+
+    def forward(signum: int, frame: object) -> None:
+        if child.poll() is None:
+            child.send_signal(signum)
+
+    previous = signal.signal(signal.SIGTERM, forward)
+    try:
+        while True:
+            try:
+                return child.wait()
+            except KeyboardInterrupt:
+                forward(signal.SIGINT, None)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _node_rank(tr: list[str]) -> int:
+    for i, tok in enumerate(tr):
+        name, _, value = tok.partition("=")
+        if name in ("--node-rank", "--node_rank"):
+            return int(value or tr[i + 1])
+    return 0
+
+
+def _expected_ranks(tr: list[str], node_rank: int) -> list[int] | None:
+    nproc = None
+    for i, tok in enumerate(tr):
+        name, _, value = tok.partition("=")
+        if name in ("--nproc-per-node", "--nproc_per_node"):
+            nproc = value or (tr[i + 1] if i + 1 < len(tr) else None)
+    if not tr:
+        return [0]
+    if nproc is None or not nproc.isdigit():
+        return None  # "gpu", "auto", ...: unknown here
+    n = int(nproc)
+    nnodes = next((tr[i + 1] for i, t in enumerate(tr) if t == "--nnodes" and i + 1 < len(tr)), "1")
+    if nnodes != "1":
+        return None  # elastic ranges: ranks are assigned at rendezvous
+    return list(range(node_rank * n, node_rank * n + n))
+
+
+def finish_run(
+    out: Path, *, mode: str, command: list[str], config: CaptureConfig, tr: list[str], exit_code: int, started: float
+) -> dict[str, Any]:
+    node_rank = _node_rank(tr)
+    record = manifest_mod.node_record(
+        node_rank=node_rank,
+        command=command,
+        exit_code=exit_code,
+        started_at=started,
+        expected_ranks=_expected_ranks(tr, node_rank),
+    )
+    rundir.atomic_write_json(rundir.node_file(out, node_rank), record)
+    man = manifest_mod.build(out, mode=mode, command=command, config=config.schedule_dict())
+    manifest_mod.write(out, man)
+    return man
+
+
+class Reporter:
+    """What the user sees from ddpdoctor itself (on stderr, so the script's stdout stays its own)."""
+
+    def __init__(self, quiet: bool = False) -> None:
+        self.quiet = quiet
+        self._t0 = time.perf_counter()
+
+    def _print(self, text: str) -> None:
+        if not self.quiet:
+            print(text, file=sys.stderr, flush=True)
+
+    def start(self, out: Path, target: Any, tr: list[str], window: tuple[int, int]) -> None:
+        how = "with torchrun " + " ".join(tr) if tr else "in this process"
+        self._print(
+            f"ddpdoctor: tracing {target.name} {how}; profiling steps {window[0]}-{window[1]}; run directory {out}"
+        )
+
+    def summary(self, out: Path) -> None:
+        try:
+            man = rundir.read_json(out / rundir.MANIFEST)
+        except (OSError, ValueError):
+            return
+        ranks = man.get("ranks", [])
+        failed = [r for r in ranks if r.get("status") != "ok"]
+        profiled = sorted({sum(b - a + 1 for a, b in (r.get("profiled_steps") or [])) for r in ranks})
+        steps_text = "/".join(str(p) for p in profiled) or "0"
+        took = time.perf_counter() - self._t0
+        self._print(
+            f"ddpdoctor: wrote {out} in {took:.1f}s: {len(ranks)} rank(s), {steps_text} step(s) profiled per rank, "
+            f"exit code {man.get('exit_code')}"
+        )
+        for r in failed:
+            self._print(f"ddpdoctor:   rank {r['rank']} {r['status']}: {r.get('reason') or 'exit ' + str(r.get('exit_code'))}")
+        for note in man.get("notes", []) if not failed else []:
+            self._print(f"ddpdoctor: note: {note}; call ddpdoctor.step() at the end of each iteration to mark steps")
+        if ranks and not any(r.get("profiled_steps") for r in ranks) and man.get("steps_detected"):
+            self._print(
+                "ddpdoctor: note: the run ended before the profiled window; lower --wait/--warmup or run more steps"
+            )
+        self._print(f"ddpdoctor: next: ddpdoctor diagnose {out}    (or: tensorboard --logdir {out})")

@@ -1,0 +1,131 @@
+"""``manifest.json``: what ran, how it ended, and which files each rank left.
+
+Every launcher (one per node) writes its own ``nodes/node<K>.json`` and then rebuilds ``manifest.json`` from all
+node and rank files present, so on shared storage the last node to finish leaves the complete picture and no node
+overwrites another's data.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from ddpdoctor import __version__, rundir
+
+
+def read_rank_files(out: Path) -> dict[int, dict[str, Any]]:
+    ranks: dict[int, dict[str, Any]] = {}
+    folder = out / rundir.RANKS_DIR
+    if not folder.is_dir():
+        return ranks
+    for path in sorted(folder.glob("rank*.json")):
+        if path.name.endswith(".summary.json"):
+            continue
+        try:
+            data = rundir.read_json(path)
+            ranks[int(data["rank"])] = data
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return ranks
+
+
+def _rank_entry(rank: int, data: dict[str, Any] | None, node: dict[str, Any] | None) -> dict[str, Any]:
+    if data is None:
+        return {
+            "rank": rank,
+            "status": "failed",
+            "exit_code": None,
+            "reason": "no data: the rank never started ddpdoctor's capture (crashed at start-up or was not launched)",
+            "trace_files": [],
+        }
+    status = data.get("status")
+    reason = data.get("error")
+    if status == "running":
+        # The process ended without finishing its capture: killed (SIGKILL, OOM killer) or torn down by torchrun.
+        status, reason = "failed", "the rank process died without finishing (killed, or stopped by torchrun)"
+        if node is not None and node.get("exit_code") == 0:
+            status = "unknown"
+    return {
+        "rank": rank,
+        "status": "ok" if status == "ok" else status,
+        "exit_code": data.get("exit_code"),
+        "reason": reason,
+        "hostname": data.get("hostname"),
+        "local_rank": data.get("local_rank"),
+        "node_rank": data.get("node_rank"),
+        "device": data.get("device"),
+        "steps": data.get("steps", {}).get("count"),
+        "profiled_steps": data.get("steps", {}).get("profiled"),
+        "step_source": data.get("steps", {}).get("source"),
+        "trace_files": data.get("trace_files", []),
+    }
+
+
+def node_record(
+    *, node_rank: int, command: list[str], exit_code: int, started_at: float, expected_ranks: list[int] | None
+) -> dict[str, Any]:
+    return {
+        "node_rank": node_rank,
+        "hostname": socket.gethostname(),
+        "command": command,
+        "exit_code": exit_code,
+        "started_at": started_at,
+        "finished_at": time.time(),
+        "expected_ranks": expected_ranks,
+    }
+
+
+def build(out: Path, *, mode: str, command: list[str], config: dict[str, Any]) -> dict[str, Any]:
+    nodes = []
+    for path in sorted((out / rundir.NODES_DIR).glob("node*.json")):
+        try:
+            nodes.append(rundir.read_json(path))
+        except (OSError, ValueError):
+            continue
+    ranks = read_rank_files(out)
+    expected: set[int] = set(ranks)
+    for node in nodes:
+        expected.update(node.get("expected_ranks") or [])
+    world_sizes = {int(d.get("world_size") or 1) for d in ranks.values()}
+    world_size = max(world_sizes | {len(expected) or 1})
+    expected.update(range(world_size))
+    by_node = {n["node_rank"]: n for n in nodes}
+    entries = [
+        _rank_entry(r, ranks.get(r), by_node.get((ranks.get(r) or {}).get("node_rank", 0))) for r in sorted(expected)
+    ]
+    exit_codes = [n["exit_code"] for n in nodes]
+    exit_code = next((c for c in exit_codes if c != 0), exit_codes[0] if exit_codes else None)
+    steps_seen = any((d.get("steps") or {}).get("source") not in (None, "none") for d in ranks.values())
+    notes = []
+    if ranks and not steps_seen:
+        notes.append(
+            "no training step was detected (no torch.optim optimizer stepped and ddpdoctor.step() was never "
+            "called): the trace covers the start of the run instead of chosen steps"
+        )
+    return {
+        "schema_version": rundir.SCHEMA_VERSION,
+        "ddpdoctor_version": __version__,
+        "command": command,
+        "mode": mode,
+        "world_size": world_size,
+        "nnodes": len(nodes) or 1,
+        "exit_code": exit_code,
+        "started_at": min((n["started_at"] for n in nodes), default=None),
+        "finished_at": max((n["finished_at"] for n in nodes), default=None),
+        "capture": config,
+        "steps_detected": steps_seen,
+        "notes": notes,
+        "nodes": nodes,
+        "ranks": entries,
+    }
+
+
+def write(out: Path, manifest: dict[str, Any]) -> None:
+    rundir.atomic_write_json(out / rundir.MANIFEST, manifest)
+
+
+def dumps(manifest: dict[str, Any]) -> str:
+    return json.dumps(manifest, indent=1)

@@ -1,0 +1,159 @@
+"""Run the user's script or module as ``__main__``, exactly as a bare ``python`` would, under a capture session.
+
+Parity with a bare run (tested): ``sys.argv``, ``sys.path[0]``, ``__name__``, ``__file__``, cwd, and the exit status —
+``sys.exit(n)`` gives n, ``sys.exit("msg")`` prints msg and gives 1, an uncaught exception prints the script's own
+traceback (ddpdoctor's frames removed) and gives 1, SIGINT/SIGTERM end the process by that signal after what was
+captured is written.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import signal
+import sys
+import threading
+import traceback
+from dataclasses import dataclass
+from types import TracebackType
+
+from ddpdoctor.capture.config import CaptureConfig
+from ddpdoctor.capture.session import Session
+
+
+@dataclass(frozen=True)
+class Target:
+    kind: str  # "script" | "module"
+    name: str  # path to the script, or module name
+    args: tuple[str, ...]
+
+
+class _Terminated(BaseException):
+    """Raised in the main thread by our SIGTERM handler so that ``finally`` blocks and the capture flush run."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _prepare_sys(target: Target) -> None:
+    if target.kind == "script":
+        sys.argv = [target.name, *target.args]
+        sys.path[0] = os.path.dirname(os.path.realpath(target.name))
+    else:
+        # `python -m pkg.mod`: argv[0] becomes the module's file (runpy sets it), sys.path[0] the cwd.
+        sys.argv = [target.name, *target.args]
+        sys.path[0] = os.getcwd()
+
+
+def _strip_own_frames(tb: TracebackType | None, target: Target) -> TracebackType | None:
+    """Drop the frames of ddpdoctor and runpy above the script's first frame, as a bare traceback would show."""
+    first = tb
+    while tb is not None:
+        filename = tb.tb_frame.f_code.co_filename
+        own = f"{os.sep}ddpdoctor{os.sep}" in filename or filename.endswith(f"{os.sep}runpy.py") or (
+            filename.startswith("<frozen runpy")
+        )
+        if not own:
+            return tb
+        tb = tb.tb_next
+    return first
+
+
+def _watch_signals(session: Session) -> tuple[int, int] | None:
+    """Flush the rank file from a helper thread when a signal arrives while the main thread is blocked in C++
+
+    (a rank waiting forever in an all-reduce for a dead peer never returns to Python to run a signal handler).
+    """
+    try:
+        r, w = os.pipe()
+        os.set_blocking(w, False)
+        signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+    except (ValueError, OSError):
+        return None
+
+    def watch() -> None:
+        while True:
+            try:
+                data = os.read(r, 64)
+            except OSError:
+                return
+            if not data:
+                return
+            for signum in data:
+                if signum in (signal.SIGTERM, signal.SIGINT):
+                    session.flush_interrupted(signum)
+
+    threading.Thread(target=watch, name="ddpdoctor-signal-watch", daemon=True).start()
+    return r, w
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    raise _Terminated(signum)
+
+
+def run(target: Target, config: CaptureConfig) -> int:
+    """Run the target under a capture session; return the exit code a bare run would have.
+
+    For a signal, the caller must re-raise it with :func:`die_by_signal` after cleaning up.
+    """
+    session = Session(config)
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    watch = _watch_signals(session)
+    _prepare_sys(target)
+    status, code, error, signum = "ok", 0, None, None
+    exc_info = None
+    try:
+        session.start()
+        if target.kind == "script":
+            runpy.run_path(os.path.abspath(target.name), run_name="__main__")
+        else:
+            runpy.run_module(target.name, run_name="__main__", alter_sys=True)
+    except SystemExit as exc:
+        code, error = _exit_code(exc.code)
+        status = "ok" if code == 0 else "failed"
+    except KeyboardInterrupt as exc:
+        status, signum, error = "interrupted", signal.SIGINT, "KeyboardInterrupt"
+        exc_info = (type(exc), exc, exc.__traceback__)
+    except _Terminated as exc:
+        status, signum, error = "interrupted", exc.signum, f"terminated by signal {exc.signum}"
+    except BaseException as exc:
+        status, code, error = "failed", 1, f"{type(exc).__name__}: {exc}"
+        exc_info = (type(exc), exc, exc.__traceback__)
+    finally:
+        try:
+            session.finish(status, 128 + signum if signum else code, error)
+        finally:
+            if watch is not None:
+                signal.set_wakeup_fd(-1)
+                for fd in watch:
+                    os.close(fd)
+            signal.signal(signal.SIGTERM, previous)
+    if exc_info is not None:
+        etype, value, tb = exc_info
+        sys.stderr.flush()
+        traceback.print_exception(etype, value, _strip_own_frames(tb, target))
+        sys.stderr.flush()
+    if signum:
+        return -int(signum)
+    return code
+
+
+def _exit_code(code: object) -> tuple[int, str | None]:
+    """Map ``SystemExit.code`` as the interpreter does (None → 0, int → itself, anything else printed → 1)."""
+    if code is None:
+        return 0, None
+    if isinstance(code, int):
+        return code, None if code == 0 else f"exit code {code}"
+    print(code, file=sys.stderr)
+    return 1, str(code)
+
+
+def die_by_signal(signum: int) -> None:
+    """End this process by ``signum`` so its parent sees the same status as for a bare run."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signum])
+    os._exit(128 + signum)  # pragma: no cover - only if the signal did not end us

@@ -1,0 +1,72 @@
+"""Command line: ``ddpdoctor <command> ...``.
+
+Only this package touches argparse and ``sys.exit``. Each command lives in its own module exposing
+``register(subparsers)`` and ``run(args) -> int``; modules are imported lazily so ``ddpdoctor --help`` does not
+import torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from ddpdoctor import __version__
+from ddpdoctor.errors import DDPDoctorError
+
+# command name -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "trace": ("ddpdoctor.cli.trace_cmd", "run a training script under the profiler and write a run directory"),
+    "diagnose": ("ddpdoctor.cli.diagnose_cmd", "analyse a run (or any torch.profiler traces) and report findings"),
+    "rules": ("ddpdoctor.cli.rules_cmd", "list the diagnosis rules"),
+    "explain": ("ddpdoctor.cli.rules_cmd", "print the documentation of one rule"),
+}
+
+
+def _available_commands() -> dict[str, tuple[str, str]]:
+    found = {}
+    for name, (module, help_text) in COMMANDS.items():
+        if importlib.util.find_spec(module) is not None:
+            found[name] = (module, help_text)
+    return found
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ddpdoctor",
+        description="Profile and diagnose PyTorch DataParallel / DistributedDataParallel training.",
+    )
+    parser.add_argument("--version", action="version", version=f"ddpdoctor {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name, (module, help_text) in _available_commands().items():
+        importlib.import_module(module).register(sub, name, help_text)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # `trace` parses its own argv: everything after the script belongs to the script.
+    if argv and argv[0] == "trace":
+        from ddpdoctor.cli import trace_cmd
+
+        try:
+            return trace_cmd.main(argv[1:])
+        except DDPDoctorError as exc:
+            print(f"ddpdoctor: error: {exc}", file=sys.stderr)
+            return exc.exit_code
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse: --help (0) or a usage error (2)
+        return int(exc.code or 0)
+    try:
+        return int(args.func(args))
+    except DDPDoctorError as exc:
+        print(f"ddpdoctor: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0

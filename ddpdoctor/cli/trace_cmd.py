@@ -1,0 +1,263 @@
+"""``ddpdoctor trace [OPTIONS] [TORCHRUN OPTIONS] (SCRIPT | -m MODULE) [ARGS...]``.
+
+Everything after the script (or ``-m MODULE``) belongs to the script. Any torchrun option (``--nproc-per-node``,
+``--nnodes``, ``--rdzv-*``, ...) switches to a torchrun launch, handled by torch's own ``torch.distributed.run``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ddpdoctor import rundir
+from ddpdoctor.errors import UsageError
+
+_TORCHRUN_SKIP = {"-h", "--help", "-m", "--module", "--no-python", "--no_python", "--run-path", "--run_path"}
+
+
+def _own_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="ddpdoctor trace",
+        usage="ddpdoctor trace [OPTIONS] [TORCHRUN OPTIONS] (SCRIPT | -m MODULE) [ARGS...]",
+        description="Run an unmodified training script under torch.profiler and write a run directory. "
+        "With any torchrun option (e.g. --nproc-per-node 4) the script is launched by torchrun, one traced "
+        "process per rank.",
+        add_help=False,
+    )
+    g = p.add_argument_group("ddpdoctor options")
+    g.add_argument("-h", "--help", action="store_true", help="show this help and exit")
+    g.add_argument("--out", "-o", metavar="DIR", help="run directory (default: ddpdoctor-runs/<script>-<time>)")
+    g.add_argument("--force", action="store_true", help="replace ddpdoctor's files in an existing run directory")
+    g.add_argument("--wait", type=int, default=5, metavar="N", help="steps to skip before profiling (default 5)")
+    g.add_argument("--warmup", type=int, default=2, metavar="N", help="profiler warm-up steps (default 2)")
+    g.add_argument("--active", type=int, default=5, metavar="N", help="steps recorded per window (default 5)")
+    g.add_argument("--repeat", type=int, default=1, metavar="N", help="number of windows, 0 = until the end")
+    g.add_argument("--with-stack", action="store_true", help="record Python stacks (larger traces)")
+    g.add_argument("--no-record-shapes", action="store_true", help="do not record operator input shapes")
+    g.add_argument("--no-profile-memory", action="store_true", help="do not record allocator events")
+    g.add_argument("--no-gil", action="store_true", help="do not measure GIL contention")
+    g.add_argument(
+        "--no-step-limit",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="when no step is ever seen, record the run's first SECONDS (default 60)",
+    )
+    g.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
+    return p
+
+
+def _torchrun_options() -> dict[str, bool]:
+    """Option string -> takes a value, from torchrun's own parser (so every torchrun flag passes through)."""
+    from torch.distributed.run import get_args_parser
+
+    options: dict[str, bool] = {}
+    for action in get_args_parser()._actions:
+        for opt in action.option_strings:
+            if opt not in _TORCHRUN_SKIP:
+                options[opt] = action.nargs != 0
+    return options
+
+
+def split_argv(argv: list[str]) -> tuple[list[str], list[str], list[str]]:
+    """Split into (ddpdoctor options, torchrun options, target) where target is [SCRIPT, args] or [-m, MOD, args]."""
+    own_takes_value = {}
+    for action in _own_parser()._actions:
+        for opt in action.option_strings:
+            own_takes_value[opt] = action.nargs != 0
+    torchrun = _torchrun_options()
+    own: list[str] = []
+    tr: list[str] = []
+    i = 0
+    while i < len(argv):
+        tok = argv[i]
+        if tok == "--":
+            return own, tr, argv[i + 1 :]
+        if tok in ("-m", "--module"):
+            if i + 1 >= len(argv):
+                raise UsageError("-m needs a module name")
+            return own, tr, ["-m", *argv[i + 1 :]]
+        if not tok.startswith("-") or tok == "-":
+            return own, tr, argv[i:]
+        name = tok.split("=", 1)[0]
+        if name in own_takes_value:
+            bucket, takes_value = own, own_takes_value[name]
+        elif name in torchrun:
+            bucket, takes_value = tr, torchrun[name]
+        else:
+            raise UsageError(
+                f"unknown option {name!r} (ddpdoctor and torchrun options go before the script; "
+                "see `ddpdoctor trace --help`)"
+            )
+        bucket.append(tok)
+        if takes_value and "=" not in tok:
+            if i + 1 >= len(argv):
+                raise UsageError(f"option {name} needs a value")
+            bucket.append(argv[i + 1])
+            i += 1
+        i += 1
+    return own, tr, []
+
+
+def _parse_own(own: list[str]) -> argparse.Namespace:
+    parser = _own_parser()
+    try:
+        args = parser.parse_args(own)
+    except SystemExit as exc:
+        raise UsageError("invalid ddpdoctor option (see `ddpdoctor trace --help`)") from exc
+    for name in ("wait", "warmup", "repeat"):
+        if getattr(args, name) < 0:
+            raise UsageError(f"--{name} must be 0 or more")
+    if args.active < 1:
+        raise UsageError("--active must be at least 1")
+    if args.no_step_limit <= 0:
+        raise UsageError("--no-step-limit must be positive")
+    return args
+
+
+def _print_help() -> None:
+    _own_parser().print_help()
+    print(
+        "\ntorchrun options (passed to torch.distributed.run unchanged):\n  "
+        + " ".join(sorted(o for o in _torchrun_options() if o.startswith("--") and "_" not in o))
+    )
+
+
+def _check_target(target: list[str]) -> Any:
+    from ddpdoctor.capture.runner import Target
+
+    if not target:
+        raise UsageError("no script given: ddpdoctor trace [OPTIONS] (SCRIPT | -m MODULE) [ARGS...]")
+    if target[0] == "-m":
+        if len(target) < 2:
+            raise UsageError("-m needs a module name")
+        name = target[1]
+        sys.path.insert(0, os.getcwd())
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError) as exc:
+            raise UsageError(f"cannot find module {name!r}: {exc}") from None
+        finally:
+            sys.path.pop(0)
+        if spec is None:
+            raise UsageError(f"no module named {name!r}")
+        return Target("module", name, tuple(target[2:]))
+    script = target[0]
+    if not os.path.isfile(script):
+        raise UsageError(f"cannot open script {script!r}: no such file")
+    try:
+        with open(script, "rb") as f:
+            source = f.read()
+        compile(source, script, "exec", dont_inherit=True)
+    except SyntaxError as exc:
+        where = f"{script}:{exc.lineno}" + (f":{exc.offset}" if exc.offset else "")
+        raise UsageError(f"{where}: SyntaxError: {exc.msg}") from None
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot read script {script!r}: {exc}") from None
+    return Target("script", script, tuple(target[1:]))
+
+
+def _default_out(target: Any) -> Path:
+    stem = Path(target.name).stem if target.kind == "script" else target.name.rsplit(".", 1)[-1]
+    return Path("ddpdoctor-runs") / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def _prepare_out(out: Path, *, force: bool, multi_node: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()):
+        owned = rundir.ddpdoctor_owned(out)
+        finished_run = (out / rundir.MANIFEST).exists()
+        if multi_node and not finished_run:
+            pass  # the other nodes of this run write here too
+        elif not force:
+            what = "a ddpdoctor run" if owned else "files that are not ddpdoctor's"
+            raise UsageError(f"--out {out} already holds {what}; choose another directory or pass --force")
+        elif len(owned) != len(list(out.iterdir())):
+            raise UsageError(
+                f"--out {out} holds files that are not ddpdoctor's; --force only replaces a ddpdoctor run"
+            )
+        else:
+            for entry in owned:
+                shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+    try:
+        (out / rundir.RANKS_DIR).mkdir(parents=True, exist_ok=True)
+        (out / rundir.NODES_DIR).mkdir(parents=True, exist_ok=True)
+        probe = out / f".ddpdoctor-write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise UsageError(f"cannot write to --out {out}: {exc.strerror or exc}") from None
+
+
+def _torchrun_value(tr: list[str], *names: str) -> str | None:
+    for i, tok in enumerate(tr):
+        name, _, value = tok.partition("=")
+        if name in names:
+            return value if value else (tr[i + 1] if i + 1 < len(tr) else None)
+    return None
+
+
+def main(argv: list[str]) -> int:
+    # Kineto prints start/stop lines of its own on every profiler cycle of every rank; keep the user's console
+    # for the user's script (set KINETO_LOG_LEVEL yourself to see them).
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+    own, tr, target_argv = split_argv(argv)
+    args = _parse_own(own)
+    if args.help:
+        _print_help()
+        return 0
+    target = _check_target(target_argv)
+    from ddpdoctor.capture.config import ENV_VAR, CaptureConfig
+
+    out = Path(args.out) if args.out else _default_out(target)
+    nnodes = _torchrun_value(tr, "--nnodes") or "1"
+    _prepare_out(out, force=args.force, multi_node=nnodes != "1")
+    config = CaptureConfig(
+        out=str(out.resolve()),
+        wait=args.wait,
+        warmup=args.warmup,
+        active=args.active,
+        repeat=args.repeat,
+        with_stack=args.with_stack,
+        record_shapes=not args.no_record_shapes,
+        profile_memory=not args.no_profile_memory,
+        gil=not args.no_gil,
+        no_step_limit_s=args.no_step_limit,
+        launcher_pid=os.getpid(),
+    )
+    from ddpdoctor.capture import launcher
+
+    command = ["ddpdoctor", "trace", *argv]
+    say = launcher.Reporter(quiet=args.quiet)
+    first = args.wait + args.warmup + 1
+    say.start(out, target, tr, (first, first + args.active - 1))
+    os.environ[ENV_VAR] = config.to_env()
+    started = time.time()
+    if tr:
+        code = launcher.run_torchrun(tr, target_argv)
+        mode = "torchrun"
+    else:
+        from ddpdoctor.capture import runner
+
+        code = runner.run(target, config)
+        mode = "single"
+    launcher.finish_run(out, mode=mode, command=command, config=config, tr=tr, exit_code=code, started=started)
+    say.summary(out)
+    if code < 0:
+        from ddpdoctor.capture.runner import die_by_signal
+
+        die_by_signal(-code)
+    return code
+
+
+def register(sub: Any, name: str, help_text: str) -> None:  # pragma: no cover - trace bypasses argparse
+    p = sub.add_parser(name, help=help_text, add_help=False)
+    p.set_defaults(func=lambda _args: main(["--help"]))
+
