@@ -88,6 +88,35 @@ def _watch_signals(session: Session) -> tuple[int, int] | None:
     return r, w
 
 
+def _run_script(path: str) -> None:
+    """Execute ``path`` as ``__main__`` the way the interpreter does: ``sys.argv[0]`` as typed, ``__file__``
+    absolute (Python >= 3.9), and a real ``sys.modules["__main__"]`` so pickling and multiprocessing work.
+
+    (``runpy.run_path`` would rewrite ``sys.argv[0]`` to the path it was given.)
+    """
+    import importlib.machinery
+    import types
+
+    abspath = os.path.abspath(path)
+    with open(abspath, "rb") as f:
+        code = compile(f.read(), abspath, "exec", dont_inherit=True)
+    module = types.ModuleType("__main__")
+    module.__dict__.update(
+        __file__=abspath,
+        __builtins__=__builtins__,
+        __loader__=importlib.machinery.SourceFileLoader("__main__", abspath),
+        __spec__=None,
+        __cached__=None,
+    )
+    previous = sys.modules.get("__main__")
+    sys.modules["__main__"] = module
+    try:
+        exec(code, module.__dict__)
+    finally:
+        if previous is not None:
+            sys.modules["__main__"] = previous
+
+
 def _on_sigterm(signum: int, frame: object) -> None:
     raise _Terminated(signum)
 
@@ -106,7 +135,7 @@ def run(target: Target, config: CaptureConfig) -> int:
     try:
         session.start()
         if target.kind == "script":
-            runpy.run_path(os.path.abspath(target.name), run_name="__main__")
+            _run_script(target.name)
         else:
             runpy.run_module(target.name, run_name="__main__", alter_sys=True)
     except SystemExit as exc:

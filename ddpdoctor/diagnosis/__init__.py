@@ -1,1 +1,32 @@
-"""diagnosis"""
+"""Rules over metrics -> findings.
+
+- ``metric_names``: the metric names a rule may use (unit, meaning).
+- ``expr``: the safe expression language of conditions, gains and message templates (simpleeval).
+- ``rules``: rule files (``rules/*.toml``, ``--rules-dir``), loading, checking, selection.
+- ``config``: parameter overrides from ``[tool.ddpdoctor.rules.<name>]`` or ``--config``.
+- ``engine``: ``evaluate(rules, metrics) -> Diagnosis``.
+- ``findings``: ``Finding``, ``NotEvaluated``, ``Diagnosis``.
+"""
+
+from __future__ import annotations
+
+from ddpdoctor.diagnosis.config import RuleConfig, apply_config, load_config
+from ddpdoctor.diagnosis.engine import evaluate
+from ddpdoctor.diagnosis.findings import SEVERITIES, Diagnosis, Finding, NotEvaluated
+from ddpdoctor.diagnosis.rules import Rule, RuleError, find_rule, load_rules, select_rules
+
+__all__ = [
+    "SEVERITIES",
+    "Diagnosis",
+    "Finding",
+    "NotEvaluated",
+    "Rule",
+    "RuleConfig",
+    "RuleError",
+    "apply_config",
+    "evaluate",
+    "find_rule",
+    "load_config",
+    "load_rules",
+    "select_rules",
+]

@@ -1,0 +1,167 @@
+"""Evaluate rules over a run's metrics: ``evaluate(rules, metrics) -> Diagnosis``.
+
+``metrics`` is a ``RunMetrics`` (``ddpdoctor.metrics.analyze``) or anything with the same ``run`` dict and
+``ranks`` list of dicts. A rule that does not apply to the run (mode, backend) or whose condition cannot be decided
+because the metrics it needs were not measured is listed in ``Diagnosis.not_evaluated`` with the reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from ddpdoctor.diagnosis.derived import derived_rank_metrics
+from ddpdoctor.diagnosis.expr import Expr, ExprError, Values, clean_value, compile_expr, evaluate as eval_expr
+from ddpdoctor.diagnosis.findings import Diagnosis, Finding, NotEvaluated, format_ranks, sort_findings
+from ddpdoctor.diagnosis.metric_names import ALL_RANK, RUN
+from ddpdoctor.diagnosis.rules import Rule
+
+_MODE_WORDS = {"dp": "DataParallel (dp)", "ddp": "DistributedDataParallel (ddp)"}
+
+# Why a group of metrics may be missing, said plainly in the "not evaluated" reason ("x_": a name prefix).
+_HINTS: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("comm_ms", "exposed_comm_ms", "overlap_ratio", "busbw_gbps", "algbw_gbps", "collective_wait_ms",
+      "late_arrival_ms", "straggler_wait_ms", "straggler_rank", "step_skew_ratio", "broadcast_ms",
+      "allreduce_count", "allreduce_message_bytes"), "no collective communication was found"),
+    (("gpu0_", "peak_allocated_bytes", "peak_reserved_bytes", "capacity_bytes", "headroom_ratio",
+      "foreign_cuda0_bytes", "others_max_peak_reserved_bytes", "host_sync_ms", "gpu_util_ratio"),
+     "no CUDA device activity or memory was recorded (a CPU run, or a trace without memory events)"),
+    (("ddp_",), "no DDP configuration was recorded (DDP not used, or not a `ddpdoctor trace` run)"),
+    (("dp_", "thread_parallelism"), "no DataParallel activity was found"),
+    (("gil_contention", "threads"), "no GIL probe data (only `ddpdoctor trace` runs with gilknocker have it)"),
+)
+
+
+def _rows(metrics: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    run = {k: clean_value(v) for k, v in dict(getattr(metrics, "run", {}) or {}).items()}
+    derived = derived_rank_metrics(metrics)
+    rows = []
+    for i, raw in enumerate(getattr(metrics, "ranks", []) or []):
+        row = {k: clean_value(v) for k, v in dict(raw).items()}
+        rank = row.get("rank")
+        row["rank"] = int(rank) if rank is not None else i
+        rows.append({**derived.get(row["rank"], {}), **row})
+    return run, rows
+
+
+def _unavailable(name: str, run: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> bool:
+    if name == "rank":
+        return False
+    if name in ALL_RANK and any(r.get(name) is not None for r in rows):
+        return False
+    return not (name in RUN and run.get(name) is not None)
+
+
+def _missing_reason(rule: Rule, run: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str:
+    missing = sorted(m for m in rule.when.metrics if _unavailable(m, run, rows))
+    if not missing:
+        return "its condition is undecidable on this run (a value it needs is missing or divides by zero)"
+    hints = []
+    for keys, hint in _HINTS:
+        if any(m.startswith(k) if k.endswith("_") else m == k for k in keys for m in missing):
+            hints.append(hint)
+    return f"not measured in this run: {', '.join(missing)}" + (f" ({'; '.join(hints)})" if hints else "")
+
+
+def _not_applicable(rule: Rule, run: Mapping[str, Any]) -> str | None:
+    mode, backend = run.get("mode"), run.get("backend")
+    if rule.applies_to != "any" and mode is not None and mode != rule.applies_to:
+        return f"applies to {_MODE_WORDS[rule.applies_to]} runs; this run is {mode}"
+    if rule.backends and backend is not None and backend not in rule.backends:
+        return f"applies to {', '.join(rule.backends)} runs; this run uses {backend}"
+    return None
+
+
+def _term_value(term: str, rule: Rule, values: Values) -> Any:
+    return eval_expr(compile_expr(term, scope=rule.scope, params=rule.params), values)
+
+
+def _evidence(rule: Rule, base: Values, rows_by_rank: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
+    evidence: dict[str, Any] = {}
+    for term in rule.when.terms:
+        if rule.scope == "rank" and term in ALL_RANK:
+            evidence[term] = {
+                str(rank): clean_value(row.get(term)) for rank, row in rows_by_rank.items()
+            }
+        else:
+            evidence[term] = _term_value(term, rule, base)
+    return evidence
+
+
+def _gain(expr: Expr | None, values: Values) -> float | None:
+    if expr is None:
+        return None
+    value = eval_expr(expr, values)
+    if value is None or isinstance(value, bool):
+        return None
+    return round(max(0.0, float(value)), 3)
+
+
+def _fire(rule: Rule, run: dict[str, Any], rows: list[dict[str, Any]]) -> Finding | bool | None:
+    """A Finding, False (evaluated, silent) or None (undecidable)."""
+    base = Values(run, rows, rule.params)
+    if rule.scope == "run":
+        outcome = eval_expr(rule.when, base)
+        if outcome is None or not outcome:
+            return None if outcome is None else False
+        if rule.ranks_where is None:
+            ranks = [r["rank"] for r in rows]
+        else:
+            ranks = [r["rank"] for r in rows if eval_expr(rule.ranks_where, Values(run, rows, rule.params, r))]
+        firing = {r["rank"]: r for r in rows if r["rank"] in ranks}
+        gain, shown = _gain(rule.estimated_gain, base), base
+    else:
+        outcomes = {r["rank"]: eval_expr(rule.when, Values(run, rows, rule.params, r)) for r in rows}
+        if all(v is None for v in outcomes.values()):
+            return None
+        firing = {r["rank"]: r for r in rows if outcomes[r["rank"]]}
+        if not firing:
+            return False
+        ranks = list(firing)
+        gains = {rank: _gain(rule.estimated_gain, Values(run, rows, rule.params, row)) for rank, row in firing.items()}
+        known = {rank: g for rank, g in gains.items() if g is not None}
+        worst = max(known, key=known.__getitem__) if known else ranks[0]
+        gain, shown = known.get(worst), Values(run, rows, rule.params, firing[worst])
+    ranks_text = format_ranks(ranks)
+    message = rule.message.render(shown, ranks_text)
+    for clause in rule.clauses:
+        if eval_expr(clause.when, shown):
+            message += " " + clause.message.render(shown, ranks_text)
+    return Finding(
+        id=rule.id,
+        name=rule.name,
+        severity=rule.severity,
+        ranks=tuple(sorted(ranks)),
+        message=message,
+        recommendation=rule.recommendation.render(shown, ranks_text),
+        evidence=_evidence(rule, base, firing),
+        estimated_gain_ms=gain,
+    )
+
+
+def evaluate(rules: Iterable[Rule], metrics: Any) -> Diagnosis:
+    """Run every rule over ``metrics``; findings come back sorted most costly first."""
+    run, rows = _rows(metrics)
+    findings: list[Finding] = []
+    not_evaluated: list[NotEvaluated] = []
+    passed: list[str] = []
+    for rule in rules:
+        reason = _not_applicable(rule, run)
+        if reason is None and not rows:
+            reason = "the run has no ranks with metrics"
+        if reason is not None:
+            not_evaluated.append(NotEvaluated(rule.name, reason))
+            continue
+        try:
+            result = _fire(rule, run, rows)
+        except ExprError as exc:
+            not_evaluated.append(NotEvaluated(rule.name, f"could not be evaluated: {exc}"))
+            continue
+        if result is None:
+            not_evaluated.append(NotEvaluated(rule.name, _missing_reason(rule, run, rows)))
+        elif result is False:
+            passed.append(rule.name)
+        else:
+            findings.append(result)
+    return Diagnosis(metrics, sort_findings(findings), tuple(not_evaluated), tuple(passed))
+

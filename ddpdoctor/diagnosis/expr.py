@@ -1,0 +1,467 @@
+"""The small expression language of rule conditions, gains and message templates, evaluated with ``simpleeval``.
+
+Grammar (a strict subset of Python expressions, checked when a rule loads, so a bad rule fails before any trace
+is read): numbers, ``True``/``False``/``None``, metric names (see ``metric_names``), ``params.NAME``,
+``+ - * / %``, ``**`` with a literal exponent of at most 64, comparisons, ``and``/``or``/``not``, ``a if c else b``,
+aggregates over ranks ``max min mean median p90 sum count`` applied to one per-rank metric name, and the scalar
+helpers ``abs(x)``, ``max(a, b, ...)``, ``min(a, b, ...)``. Nothing else: no strings, attributes (other than
+``params.NAME``), indexing, comprehensions, lambdas or other calls, so ``__import__``, dunder access and huge
+powers are rejected before evaluation; the ``simpleeval`` evaluator (with our node table) is a second fence.
+
+Missing data: a metric that is ``None`` (not measurable on this run) makes arithmetic and comparisons ``None``
+("unknown"); ``and``/``or``/``not`` use three-valued logic, so ``a or b`` is true when ``a`` is true even if ``b``
+is unknown. Division by zero is unknown too. Aggregates skip ranks without a value; with no value at all they are
+unknown. ``count(x)`` is the number of ranks where ``x`` is set and non-zero (for flags: true).
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import math
+import operator
+import re
+import statistics
+import string
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import simpleeval
+
+from ddpdoctor.diagnosis.metric_names import ALL_RANK, RUN, describe
+
+Scope = Literal["rank", "run"]
+
+AGGREGATES = ("max", "min", "mean", "median", "p90", "sum", "count")
+MAX_EXPR_CHARS = 2000
+MAX_DEPTH = 40
+MAX_EXPONENT = 64
+
+
+class ExprError(ValueError):
+    """An expression that is not allowed or cannot be evaluated; the message says which part and why."""
+
+
+@dataclass(frozen=True)
+class Expr:
+    """A checked expression: its source, parsed tree, the metric names it reads and its evidence terms."""
+
+    source: str
+    tree: ast.expr = field(repr=False, compare=False)
+    metrics: frozenset[str]
+    terms: tuple[str, ...]  # sub-expressions worth reporting: aggregates, metric names, params
+
+
+# --------------------------------------------------------------------------------------------------- checking
+_BINOPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.Mod: "%", ast.Pow: "**"}
+_UNARYOPS = (ast.Not, ast.USub, ast.UAdd)
+_CMPOPS = (ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE)
+_FRIENDLY = {
+    "Subscript": "indexing",
+    "Lambda": "lambda",
+    "ListComp": "comprehensions",
+    "GeneratorExp": "comprehensions",
+    "SetComp": "comprehensions",
+    "DictComp": "comprehensions",
+    "JoinedStr": "f-strings",
+    "NamedExpr": "assignment (:=)",
+    "Starred": "*args",
+}
+
+
+def _snippet(node: ast.AST) -> str:
+    text = ast.unparse(node)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+class _Checker:
+    def __init__(self, scope: Scope, params: Collection[str]) -> None:
+        self.scope = scope
+        self.params = set(params)
+        self.metrics: set[str] = set()
+        self.terms: dict[str, None] = {}
+
+    def check(self, node: ast.AST, depth: int = 0) -> None:
+        if depth > MAX_DEPTH:
+            raise ExprError(f"expression nested more than {MAX_DEPTH} levels deep")
+        method = getattr(self, "_" + type(node).__name__, None)
+        if method is None:
+            what = _FRIENDLY.get(type(node).__name__, type(node).__name__)
+            raise ExprError(f"{what} is not allowed ({_snippet(node)!r})")
+        method(node, depth + 1)
+
+    def _Constant(self, node: ast.Constant, depth: int) -> None:
+        if node.value is not None and type(node.value) not in (bool, int, float):
+            raise ExprError(f"only numbers, True, False and None are allowed as literals ({_snippet(node)!r})")
+
+    def _Name(self, node: ast.Name, depth: int) -> None:
+        name = node.id
+        if name == "params":
+            raise ExprError("write params.NAME to use a rule parameter")
+        if name in AGGREGATES or name == "abs":
+            raise ExprError(f"{name} is a function; call it, e.g. {name}(step_ms_median)")
+        info = describe(name)
+        if info is None:
+            raise ExprError(_unknown("metric", name, [*ALL_RANK, *RUN]))
+        if name not in RUN and self.scope == "run":
+            raise ExprError(
+                f"{name} is a per-rank metric; aggregate it over ranks in a run-level rule, e.g. mean({name})"
+            )
+        if info.kind == "text":
+            raise ExprError(f"{name} is text; it can only be counted, e.g. count({name}) > 0")
+        self.metrics.add(name)
+        self.terms[name] = None
+
+    def _Attribute(self, node: ast.Attribute, depth: int) -> None:
+        if not (isinstance(node.value, ast.Name) and node.value.id == "params"):
+            raise ExprError(f"attribute access is not allowed ({_snippet(node)!r}); only params.NAME")
+        if node.attr not in self.params:
+            known = ", ".join(sorted(self.params)) or "none"
+            raise ExprError(f"unknown parameter params.{node.attr} (this rule's params: {known})")
+        self.terms[f"params.{node.attr}"] = None
+
+    def _Call(self, node: ast.Call, depth: int) -> None:
+        if not isinstance(node.func, ast.Name):
+            raise ExprError(f"only the functions {', '.join(AGGREGATES)}, abs can be called ({_snippet(node)!r})")
+        fn = node.func.id
+        if node.keywords or any(isinstance(a, ast.Starred) for a in node.args):
+            raise ExprError(f"{fn}() takes positional arguments only ({_snippet(node)!r})")
+        if fn in AGGREGATES and (len(node.args) == 1 or fn not in ("max", "min")):
+            self._aggregate(node, fn)
+        elif fn in ("max", "min", "abs"):
+            if fn == "abs" and len(node.args) != 1:
+                raise ExprError(f"abs() takes one argument ({_snippet(node)!r})")
+            for arg in node.args:
+                self.check(arg, depth)
+        else:
+            raise ExprError(_unknown("function", fn, [*AGGREGATES, "abs"]))
+
+    def _aggregate(self, node: ast.Call, fn: str) -> None:
+        args = node.args
+        if len(args) != 1 or not isinstance(args[0], ast.Name):
+            raise ExprError(f"{fn}() over ranks takes one per-rank metric name ({_snippet(node)!r})")
+        name = args[0].id
+        info = describe(name)
+        if info is None:
+            raise ExprError(_unknown("metric", name, [*ALL_RANK, *RUN]))
+        if name not in ALL_RANK:
+            raise ExprError(f"{name} is a run-level metric; use it directly, not inside {fn}()")
+        if info.kind == "text" and fn != "count":
+            raise ExprError(f"{name} is text; it can only be counted, e.g. count({name}) > 0")
+        self.metrics.add(name)
+        self.terms[f"{fn}({name})"] = None
+
+    def _BinOp(self, node: ast.BinOp, depth: int) -> None:
+        if type(node.op) not in _BINOPS:
+            raise ExprError(f"operator {type(node.op).__name__} is not allowed ({_snippet(node)!r})")
+        if isinstance(node.op, ast.Pow):
+            exponent = node.right
+            if isinstance(exponent, ast.UnaryOp) and isinstance(exponent.op, (ast.USub, ast.UAdd)):
+                exponent = exponent.operand
+            if not (
+                isinstance(exponent, ast.Constant)
+                and type(exponent.value) in (int, float)
+                and abs(exponent.value) <= MAX_EXPONENT
+            ):
+                raise ExprError(f"** needs a literal exponent of at most {MAX_EXPONENT} ({_snippet(node)!r})")
+        self.check(node.left, depth)
+        self.check(node.right, depth)
+
+    def _UnaryOp(self, node: ast.UnaryOp, depth: int) -> None:
+        if not isinstance(node.op, _UNARYOPS):
+            raise ExprError(f"operator {type(node.op).__name__} is not allowed ({_snippet(node)!r})")
+        self.check(node.operand, depth)
+
+    def _BoolOp(self, node: ast.BoolOp, depth: int) -> None:
+        for value in node.values:
+            self.check(value, depth)
+
+    def _Compare(self, node: ast.Compare, depth: int) -> None:
+        for op in node.ops:
+            if not isinstance(op, _CMPOPS):
+                raise ExprError(f"comparison {type(op).__name__} is not allowed ({_snippet(node)!r})")
+        self.check(node.left, depth)
+        for comp in node.comparators:
+            self.check(comp, depth)
+
+    def _IfExp(self, node: ast.IfExp, depth: int) -> None:
+        for part in (node.test, node.body, node.orelse):
+            self.check(part, depth)
+
+
+def _unknown(kind: str, name: str, choices: Collection[str]) -> str:
+    close = difflib.get_close_matches(name, list(choices), n=1)
+    hint = f"; did you mean {close[0]}?" if close else ""
+    return f"unknown {kind} {name!r}{hint}"
+
+
+def compile_expr(source: str, *, scope: Scope, params: Collection[str] = ()) -> Expr:
+    """Parse and check ``source``; raise ``ExprError`` saying what is wrong."""
+    if not isinstance(source, str) or not source.strip():
+        raise ExprError("empty expression")
+    if len(source) > MAX_EXPR_CHARS:
+        raise ExprError(f"expression longer than {MAX_EXPR_CHARS} characters")
+    try:
+        tree = ast.parse(source.strip(), mode="eval").body
+    except SyntaxError as exc:
+        raise ExprError(f"syntax error: {exc.msg} in {source.strip()!r}") from None
+    except (RecursionError, MemoryError, ValueError):
+        raise ExprError("expression cannot be parsed (too deeply nested or invalid characters)") from None
+    checker = _Checker(scope, params)
+    checker.check(tree)
+    return Expr(source.strip(), tree, frozenset(checker.metrics), tuple(checker.terms))
+
+
+# --------------------------------------------------------------------------------------------------- evaluation
+def clean_value(value: Any) -> Any:
+    """A metric value as the expression language sees it: NaN/NA -> None, numpy scalars -> Python numbers."""
+    if value is None:
+        return None
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        try:
+            value = value.item()
+        except (ValueError, TypeError):
+            return None
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if value.__class__.__name__ in ("NAType", "NaTType"):
+        return None
+    return value
+
+
+@dataclass(frozen=True)
+class Values:
+    """What an expression reads: run-level metrics, every rank's metrics, params, and (rank scope) one rank."""
+
+    run: Mapping[str, Any]
+    ranks: Sequence[Mapping[str, Any]]
+    params: Mapping[str, Any]
+    rank: Mapping[str, Any] | None = None
+
+    def scalar(self, name: str) -> Any:
+        if self.rank is not None and name in ALL_RANK:
+            return clean_value(self.rank.get(name))
+        if name in RUN:
+            return clean_value(self.run.get(name))
+        raise ExprError(f"{name} is a per-rank metric; aggregate it over ranks")
+
+    def column(self, name: str) -> list[Any]:
+        return [clean_value(r.get(name)) for r in self.ranks]
+
+
+def _lift(fn: Any) -> Any:
+    def op(*args: Any) -> Any:
+        if any(a is None for a in args):
+            return None
+        return fn(*args)
+
+    return op
+
+
+def _div(a: Any, b: Any) -> Any:
+    return None if b == 0 else a / b
+
+
+def _mod(a: Any, b: Any) -> Any:
+    return None if b == 0 else a % b
+
+
+_OPERATORS = {
+    ast.Add: _lift(operator.add),
+    ast.Sub: _lift(operator.sub),
+    ast.Mult: _lift(operator.mul),
+    ast.Div: _lift(_div),
+    ast.Mod: _lift(_mod),
+    ast.Pow: _lift(simpleeval.safe_power),
+    ast.USub: _lift(operator.neg),
+    ast.UAdd: _lift(operator.pos),
+    ast.Not: _lift(operator.not_),
+    ast.Eq: _lift(operator.eq),
+    ast.NotEq: _lift(operator.ne),
+    ast.Lt: _lift(operator.lt),
+    ast.LtE: _lift(operator.le),
+    ast.Gt: _lift(operator.gt),
+    ast.GtE: _lift(operator.ge),
+}
+
+
+def _p90(values: list[float]) -> float:
+    ordered = sorted(values)
+    pos = 0.9 * (len(ordered) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+_AGG_FUNCS = {
+    "max": max,
+    "min": min,
+    "mean": statistics.fmean,
+    "median": statistics.median,
+    "p90": _p90,
+    "sum": math.fsum,
+}
+
+
+def aggregate(fn: str, values: Sequence[Any]) -> Any:
+    """Aggregate one metric over ranks, skipping ranks without a value; None when no rank has one."""
+    known = [v for v in values if v is not None]
+    if not known:
+        return None
+    if fn == "count":
+        return sum(1 for v in known if v)
+    return _AGG_FUNCS[fn]([float(v) for v in known])
+
+
+class _Evaluator(simpleeval.SimpleEval):
+    def __init__(self, values: Values) -> None:
+        super().__init__(operators=dict(_OPERATORS), functions={}, names={})
+        self.values = values
+        # Only the node types the checker admits; anything else is refused here too.
+        allowed = (ast.Name, ast.Constant, ast.Attribute, ast.Call, ast.BinOp, ast.UnaryOp, ast.BoolOp)
+        self.nodes = {k: v for k, v in self.nodes.items() if k in (*allowed, ast.Compare, ast.IfExp)}
+
+    def _eval_name(self, node: ast.Name) -> Any:
+        if describe(node.id) is None:
+            raise ExprError(f"unknown metric {node.id!r}")
+        return self.values.scalar(node.id)
+
+    def _eval_attribute(self, node: ast.Attribute) -> Any:
+        if not (isinstance(node.value, ast.Name) and node.value.id == "params") or node.attr.startswith("_"):
+            raise ExprError("only params.NAME attributes are allowed")
+        if node.attr not in self.values.params:
+            raise ExprError(f"unknown parameter params.{node.attr}")
+        return clean_value(self.values.params[node.attr])
+
+    def _eval_call(self, node: ast.Call) -> Any:
+        fn = node.func.id if isinstance(node.func, ast.Name) else None
+        if fn in AGGREGATES and len(node.args) == 1 and isinstance(node.args[0], ast.Name):
+            if fn in ("max", "min") and node.args[0].id not in ALL_RANK:
+                raise ExprError(f"{fn}() over ranks needs a per-rank metric")
+            return aggregate(fn, self.values.column(node.args[0].id))
+        args = [self._eval(a) for a in node.args]
+        if fn == "abs" and len(args) == 1:
+            return _lift(abs)(*args)
+        if fn in ("max", "min") and len(args) >= 2:
+            return _lift(max if fn == "max" else min)(*args)
+        raise ExprError(f"call not allowed: {_snippet(node)!r}")
+
+    def _eval_boolop(self, node: ast.BoolOp) -> Any:
+        unknown = False
+        stop_on = isinstance(node.op, ast.Or)  # `or` stops at the first true, `and` at the first false
+        for value in node.values:
+            result = self._eval(value)
+            if result is None:
+                unknown = True
+            elif bool(result) is stop_on:
+                return stop_on
+        return None if unknown else not stop_on
+
+    def _eval_compare(self, node: ast.Compare) -> Any:
+        left = self._eval(node.left)
+        result: Any = True
+        for op, comp in zip(node.ops, node.comparators):
+            right = self._eval(comp)
+            outcome = self.operators[type(op)](left, right)
+            if outcome is False:
+                return False
+            if outcome is None:
+                result = None
+            left = right
+        return result
+
+    def _eval_ifexp(self, node: ast.IfExp) -> Any:
+        test = self._eval(node.test)
+        if test is None:
+            return None
+        return self._eval(node.body) if test else self._eval(node.orelse)
+
+
+def evaluate(expr: Expr | str, values: Values, *, scope: Scope = "run") -> Any:
+    """Evaluate a checked expression (a string is checked first). Returns a number, bool or None (unknown)."""
+    if isinstance(expr, str):
+        expr = compile_expr(expr, scope=scope, params=values.params)
+    evaluator = _Evaluator(values)
+    try:
+        return evaluator.eval(expr.source, previously_parsed=expr.tree)
+    except ExprError:
+        raise
+    except simpleeval.InvalidExpression as exc:
+        raise ExprError(f"{expr.source!r}: {exc}") from None
+    except (ArithmeticError, TypeError, ValueError) as exc:
+        raise ExprError(f"{expr.source!r}: {type(exc).__name__}: {exc}") from None
+
+
+# --------------------------------------------------------------------------------------------------- templates
+_SPEC_RE = re.compile(r"^[<>^]?[+ -]?\d{0,2},?(\.\d{1,2})?[defg%]?$")
+
+
+@dataclass(frozen=True)
+class Template:
+    """A message with ``{expression:format}`` fields; ``{ranks}`` is the list of ranks the finding is about."""
+
+    source: str
+    parts: tuple[tuple[str, Expr | None, str], ...] = field(repr=False, compare=False)
+
+    @property
+    def metrics(self) -> frozenset[str]:
+        return frozenset().union(*(e.metrics for _, e, _ in self.parts if e is not None))
+
+    def render(self, values: Values, ranks_text: str) -> str:
+        out = []
+        for literal, expr, spec in self.parts:
+            out.append(literal)
+            if expr is None:
+                if spec == "ranks":
+                    out.append(ranks_text)
+                continue
+            out.append(format_value(evaluate(expr, values), spec))
+        return "".join(out)
+
+
+def compile_template(source: str, *, scope: Scope, params: Collection[str] = ()) -> Template:
+    """Check a message template; every field must be an allowed expression with a plain number format."""
+    parts: list[tuple[str, Expr | None, str]] = []
+    try:
+        parsed = list(string.Formatter().parse(source))
+    except ValueError as exc:
+        raise ExprError(f"bad template: {exc} (write {{{{ and }}}} for literal braces)") from None
+    for literal, field_name, spec, conversion in parsed:
+        if field_name is None:
+            parts.append((literal, None, ""))
+            continue
+        if conversion:
+            raise ExprError(f"!{conversion} conversions are not allowed in templates ({field_name!r})")
+        if field_name.strip() == "ranks":
+            parts.append((literal, None, "ranks"))
+            continue
+        if spec and not _SPEC_RE.match(spec):
+            raise ExprError(f"format spec {spec!r} is not allowed (use e.g. .1f, .0%, ,.0f)")
+        if not field_name.strip():
+            raise ExprError("empty {} field in template")
+        parts.append((literal, compile_expr(field_name, scope=scope, params=params), spec or ""))
+    return Template(source, tuple(parts))
+
+
+def format_value(value: Any, spec: str = "") -> str:
+    """Format a number for a message: ``n/a`` when unknown, ``spec`` when given, else ~3 significant digits."""
+    if value is None:
+        return "n/a"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if spec:
+        try:
+            return format(value, spec)
+        except (ValueError, TypeError):
+            try:
+                return format(float(value), spec.rstrip("d") or "g")
+            except (ValueError, TypeError):
+                return str(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        if value.is_integer() and abs(value) < 1e15:
+            return f"{int(value):,}"
+        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
+    return str(value)
