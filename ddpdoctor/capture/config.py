@@ -23,6 +23,9 @@ class CaptureConfig:
     # With no step seen, the trace covers the run from its start; this bounds it (seconds).
     no_step_limit_s: float = 60.0
     launcher_pid: int = 0
+    quiet: bool = False
+    # One process driving all GPUs (DataParallel): record every visible device, touched or not.
+    all_devices: bool = False
     extra: dict = field(default_factory=dict)
 
     def to_env(self) -> str:

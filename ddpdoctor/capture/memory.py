@@ -13,8 +13,9 @@ from typing import Any
 class DeviceMemory:
     """Per-device memory series for one process."""
 
-    def __init__(self) -> None:
+    def __init__(self, all_devices: bool = False) -> None:
         self._devices: dict[int, dict[str, Any]] = {}
+        self._all_devices = all_devices
 
     @staticmethod
     def cuda_ready() -> bool:
@@ -34,8 +35,8 @@ class DeviceMemory:
         for index in range(torch.cuda.device_count()):
             stats = torch.cuda.memory_stats(index)
             peak_reserved = int(stats.get("reserved_bytes.all.peak", 0))
-            if peak_reserved == 0 and index not in self._devices:
-                continue  # never allocated on this device
+            if peak_reserved == 0 and index not in self._devices and not self._all_devices:
+                continue  # a rank's view: only the devices it allocated on
             dev = self._devices.get(index)
             if dev is None:
                 props = torch.cuda.get_device_properties(index)

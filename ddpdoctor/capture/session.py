@@ -85,7 +85,7 @@ class Session:
         self.trace_files: list[str] = []
         self.capture_errors: list[str] = []
         self.fallback: dict[str, Any] = {"state": "recording", "ended_by": None}
-        self.memory = DeviceMemory()
+        self.memory = DeviceMemory(all_devices=config.all_devices)
         self.gil = GilProbe(enabled=config.gil)
         self.status = "running"
         self.exit_code: int | None = None
@@ -258,6 +258,14 @@ class Session:
                 os.unlink(tmp)
             self.trace_files.append(name)
             self.write_rank_file()
+            if self.info["local_rank"] == 0 and not self.config.quiet:
+                size_mb = (self.out / name).stat().st_size / 1e6
+                print(
+                    f"ddpdoctor: rank {self.rank}: profiled window {len(self.trace_files)} written "
+                    f"({name}, {size_mb:.1f} MB)",
+                    file=sys.stderr,
+                    flush=True,
+                )
         except Exception as exc:  # never break the user's training because a trace could not be written
             self.capture_errors.append(f"writing trace failed: {type(exc).__name__}: {exc}")
 

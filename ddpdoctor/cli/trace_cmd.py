@@ -231,6 +231,8 @@ def main(argv: list[str]) -> int:
         gil=not args.no_gil,
         no_step_limit_s=args.no_step_limit,
         launcher_pid=os.getpid(),
+        quiet=args.quiet,
+        all_devices=not tr,
     )
     from ddpdoctor.capture import launcher
 

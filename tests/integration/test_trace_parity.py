@@ -106,3 +106,40 @@ def test_manual_steps(tmp_path):
     assert rank0["steps"]["count"] == 8
     assert rank0["steps"]["profiled"] == [[3, 5]]
     assert len(rank0["steps"]["wall_ms"]) == 7
+
+
+def test_sigint_single_process(tmp_path):
+    """Ctrl-C in a one-process run: what was captured is written, exit status as Python's (killed by SIGINT)."""
+    import os
+    import signal
+    import time
+
+    script = write_script(
+        tmp_path / "loop.py",
+        """
+        import time, torch
+        w = torch.nn.Linear(8, 8)
+        opt = torch.optim.SGD(w.parameters(), lr=0.1)
+        while True:
+            w(torch.randn(4, 8)).sum().backward()
+            opt.step()
+            time.sleep(0.01)
+        """,
+    )
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ddpdoctor", "trace", "--out", str(out), "--wait", "1", "--warmup", "1",
+         "--active", "2", str(script)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    deadline = time.time() + 60
+    while time.time() < deadline and not list(out.glob("rank0.*.pt.trace.json.gz")):
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGINT, stderr
+    assert "KeyboardInterrupt" in stderr
+    rank0 = json.loads((out / "ranks" / "rank0.json").read_text())
+    assert rank0["status"] == "interrupted" and rank0["trace_files"]
+    assert json.loads((out / "manifest.json").read_text())["ranks"][0]["status"] == "interrupted"
+    assert os.path.exists(out / rank0["trace_files"][0])
