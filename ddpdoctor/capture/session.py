@@ -26,6 +26,7 @@ from ddpdoctor.capture import ddp as ddp_capture
 from ddpdoctor.capture.config import CaptureConfig
 from ddpdoctor.capture.gil import GilProbe
 from ddpdoctor.capture.memory import DeviceMemory
+from ddpdoctor.capture.setup import SetupObserver
 
 _current: Session | None = None
 
@@ -87,6 +88,7 @@ class Session:
         self.fallback: dict[str, Any] = {"state": "recording", "ended_by": None}
         self.memory = DeviceMemory(all_devices=config.all_devices)
         self.gil = GilProbe(enabled=config.gil)
+        self.setup = SetupObserver()
         self.status = "running"
         self.exit_code: int | None = None
         self.error: str | None = None
@@ -152,6 +154,10 @@ class Session:
         self._fallback_hook = self._handles[-1]
         ddp_capture.install()
         try:
+            self.setup.install()
+        except Exception as exc:  # internals of another torch version: lose the set-up checks, not the run
+            self.capture_errors.append(f"set-up observation unavailable: {type(exc).__name__}: {exc}")
+        try:
             from ddpdoctor.capture import dp
 
             dp.install()
@@ -163,6 +169,7 @@ class Session:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        self.setup.uninstall()
         ddp_capture.uninstall()
         if self._dp is not None:
             self._dp.uninstall()
@@ -210,6 +217,7 @@ class Session:
             elif self._recording():
                 self.recorded.append(self.iteration)
             self.memory.sample(self.iteration)
+            self.setup.on_optimizer_step()
             if self._window_open() or self.iteration % 100 == 0:
                 ddp_capture.snapshot()
             if self.dist is None:
@@ -353,6 +361,7 @@ class Session:
             "ddp": ddp_capture.describe(),
             "dp": self._dp.describe() if self._dp is not None else [],
             "dp_steps": self.dp_steps,
+            "setup": self.setup.to_json(),
             "threads": {
                 "cpu_count": os.cpu_count(),
                 "affinity_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,

@@ -1,0 +1,243 @@
+"""Observations of the DDP set-up (no code change in the script): data loaders and samplers, ``set_epoch``,
+gradient all-reduce rounds per optimizer step, ``torch.cuda.set_device``, BatchNorm in DDP models.
+
+Everything here is bookkeeping on calls the script makes anyway; nothing draws random numbers or iterates a sampler
+itself (that would change the script's data order).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import weakref
+from typing import Any
+
+_FIRST_BATCHES = 4  # index batches per epoch hashed to compare what ranks read
+_MAX_DIGEST_BYTES = 1 << 20
+
+
+class SetupObserver:
+    def __init__(self) -> None:
+        self.loaders: list[dict[str, Any]] = []  # one entry per DataLoader iteration (≈ epoch)
+        self.set_epoch_calls: list[int] = []
+        self.set_device_calls: list[str] = []
+        self.ddp_models: list[dict[str, Any]] = []
+        self.sync_rounds: list[int] = []  # gradient all-reduce rounds (DDP forwards with sync) per optimizer step
+        self.forwards: list[int] = []  # DDP forwards per optimizer step
+        self._sync_since_step = 0
+        self._forwards_since_step = 0
+        self._patches: list[tuple[Any, str, Any]] = []
+        self._iters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    # ---- patching --------------------------------------------------------------------------------------------
+    def _patch(self, owner: Any, name: str, wrapper: Any) -> None:
+        original = owner.__dict__[name]
+        self._patches.append((owner, name, original))
+        setattr(owner, name, wrapper(original))
+
+    def install(self) -> None:
+        import torch
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        from torch.utils.data import DistributedSampler
+        from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+        obs = self
+
+        def wrap_iter_init(original: Any) -> Any:
+            def __init__(it: Any, loader: Any) -> None:
+                original(it, loader)
+                obs._new_epoch(it, loader)
+
+            return __init__
+
+        def wrap_next_index(original: Any) -> Any:
+            def _next_index(it: Any) -> Any:
+                index = original(it)
+                obs._saw_index(it, index)
+                return index
+
+            return _next_index
+
+        def wrap_next(original: Any) -> Any:
+            def __next__(it: Any) -> Any:
+                batch = original(it)
+                obs._saw_batch(it, batch)
+                return batch
+
+            return __next__
+
+        def wrap_set_epoch(original: Any) -> Any:
+            def set_epoch(sampler: Any, epoch: int) -> None:
+                obs.set_epoch_calls.append(int(epoch))
+                return original(sampler, epoch)
+
+            return set_epoch
+
+        def wrap_forward(original: Any) -> Any:
+            def forward(module: Any, *args: Any, **kwargs: Any) -> Any:
+                obs._forwards_since_step += 1
+                if torch.is_grad_enabled() and getattr(module, "require_backward_grad_sync", True):
+                    obs._sync_since_step += 1
+                return original(module, *args, **kwargs)
+
+            return forward
+
+        def wrap_ddp_init(original: Any) -> Any:
+            def __init__(module: Any, *args: Any, **kwargs: Any) -> None:
+                original(module, *args, **kwargs)
+                obs._saw_ddp(module)
+
+            return __init__
+
+        def wrap_set_device(original: Any) -> Any:
+            def set_device(device: Any) -> None:
+                obs.set_device_calls.append(str(device))
+                return original(device)
+
+            return set_device
+
+        self._patch(_BaseDataLoaderIter, "__init__", wrap_iter_init)
+        self._patch(_BaseDataLoaderIter, "_next_index", wrap_next_index)
+        self._patch(_BaseDataLoaderIter, "__next__", wrap_next)
+        self._patch(DistributedSampler, "set_epoch", wrap_set_epoch)
+        self._patch(DDP, "forward", wrap_forward)
+        self._patch(DDP, "__init__", wrap_ddp_init)
+        self._patch(torch.cuda, "set_device", wrap_set_device)
+
+    def uninstall(self) -> None:
+        for owner, name, original in reversed(self._patches):
+            setattr(owner, name, original)
+        self._patches.clear()
+
+    # ---- observations ----------------------------------------------------------------------------------------
+    def _new_epoch(self, it: Any, loader: Any) -> None:
+        from torch.utils.data import DistributedSampler, IterableDataset
+
+        sampler = getattr(loader, "sampler", None)
+        dataset = loader.dataset
+        iterable = isinstance(dataset, IterableDataset)
+        try:
+            dataset_len = len(dataset)
+        except TypeError:
+            dataset_len = None
+        try:
+            batches = len(loader)
+        except TypeError:
+            batches = None
+        entry = {
+            "loader": id(loader),
+            "dataset": type(dataset).__name__,
+            "dataset_len": dataset_len,
+            "iterable": iterable,
+            "sampler": type(sampler).__name__ if sampler is not None and not iterable else None,
+            "distributed_sampler": isinstance(sampler, DistributedSampler),
+            "shuffle": getattr(sampler, "shuffle", None),
+            "sampler_epoch": getattr(sampler, "epoch", None),
+            "sampler_num_replicas": getattr(sampler, "num_replicas", None),
+            "batch_size": loader.batch_size,
+            "batches_per_epoch": batches,
+            "num_workers": loader.num_workers,
+            "pin_memory": loader.pin_memory,
+            "persistent_workers": getattr(loader, "persistent_workers", None),
+            "batches_yielded": 0,
+            "first_indices_digest": None,
+            "first_batch_digest": None,
+        }
+        self.loaders.append(entry)
+        self._iters[it] = {"entry": entry, "hash": hashlib.sha1(), "indices_seen": 0}
+
+    def _saw_index(self, it: Any, index: Any) -> None:
+        state = self._iters.get(it)
+        if state is None or state["indices_seen"] >= _FIRST_BATCHES:
+            return
+        state["indices_seen"] += 1
+        state["hash"].update(repr(index).encode())
+        state["entry"]["first_indices_digest"] = state["hash"].hexdigest()[:16]
+
+    def _saw_batch(self, it: Any, batch: Any) -> None:
+        state = self._iters.get(it)
+        if state is None:
+            return
+        entry = state["entry"]
+        entry["batches_yielded"] += 1
+        if entry["batches_yielded"] == 1 and entry["iterable"]:
+            # An iterable dataset has no indices: compare what ranks actually got in their first batch.
+            entry["first_batch_digest"] = _digest(batch)
+
+    def _saw_ddp(self, module: Any) -> None:
+        import torch.nn as nn
+
+        inner = getattr(module, "module", module)
+        bn = sync_bn = 0
+        for m in inner.modules():
+            if isinstance(m, nn.SyncBatchNorm):
+                sync_bn += 1
+            elif isinstance(m, nn.modules.batchnorm._BatchNorm):
+                bn += 1
+        params = list(inner.parameters())
+        self.ddp_models.append(
+            {
+                "module": type(inner).__name__,
+                "batchnorm_layers": bn,
+                "sync_batchnorm_layers": sync_bn,
+                "parameters": sum(p.numel() for p in params),
+                "parameter_bytes": sum(p.numel() * p.element_size() for p in params),
+                "device": str(params[0].device) if params else None,
+            }
+        )
+
+    def on_optimizer_step(self) -> None:
+        """Close the counts of one optimizer step (called by the session at each step)."""
+        self.sync_rounds.append(self._sync_since_step)
+        self.forwards.append(self._forwards_since_step)
+        self._sync_since_step = self._forwards_since_step = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "data_loaders": self.loaders[-64:],
+            "data_loader_epochs": len(self.loaders),
+            "set_epoch_calls": self.set_epoch_calls[-1000:],
+            "set_device_calls": self.set_device_calls[:16],
+            "ddp_models": self.ddp_models,
+            # histograms {count: number of optimizer steps}: a long run stays small
+            "ddp_sync_rounds_per_step": _histogram(self.sync_rounds),
+            "ddp_forwards_per_step": _histogram(self.forwards),
+        }
+
+
+def _histogram(values: list[int]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for v in values:
+        counts[str(v)] = counts.get(str(v), 0) + 1
+    return counts
+
+
+def _digest(batch: Any) -> str | None:
+    import torch
+
+    h = hashlib.sha1()
+    budget = [_MAX_DIGEST_BYTES]
+
+    def feed(obj: Any) -> None:
+        if budget[0] <= 0:
+            return
+        if isinstance(obj, torch.Tensor):
+            if obj.device.type != "cpu":
+                return
+            data = obj.detach().contiguous().view(-1)[: budget[0] // max(obj.element_size(), 1)]
+            raw = data.numpy().tobytes() if data.dtype != torch.bfloat16 else data.float().numpy().tobytes()
+            budget[0] -= len(raw)
+            h.update(raw)
+        elif isinstance(obj, (list, tuple)):
+            for x in obj:
+                feed(x)
+        elif isinstance(obj, dict):
+            for k in sorted(obj, key=str):
+                feed(obj[k])
+        else:
+            h.update(repr(obj).encode()[:1024])
+
+    try:
+        feed(batch)
+    except Exception:
+        return None
+    return h.hexdigest()[:16]
