@@ -9,8 +9,9 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-# Poll every 1 ms for 20 ms, then sleep 20 ms: about half the window sampled at a cost well below the profiler's.
-_POLL_US, _SAMPLE_US, _SLEEP_US = 1_000, 20_000, 20_000
+# Poll every 100 µs for 10 ms, then sleep 10 ms: half the window sampled. A 1 ms poll missed most of the
+# contention of four threads running tiny ops (0.03 vs 0.17 measured on the same run), 100 µs did not.
+_POLL_US, _SAMPLE_US, _SLEEP_US = 100, 10_000, 10_000
 
 
 def _native_threads() -> int | None:
