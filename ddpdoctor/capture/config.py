@@ -22,6 +22,9 @@ class CaptureConfig:
     gil: bool = True
     # With no step seen, the trace covers the run from its start; this bounds it (seconds).
     no_step_limit_s: float = 60.0
+    # A rank with no step for this long after its first step is declared hung: its state and stack are written
+    # and it is ended, so torchrun stops the others (which flush their data). None: wait for the job's own timeouts.
+    hang_timeout_s: float | None = None
     launcher_pid: int = 0
     quiet: bool = False
     # One process driving all GPUs (DataParallel): record every visible device, touched or not.

@@ -9,20 +9,21 @@ reversibly and idempotently, the methods and autograd functions DataParallel run
     DataParallel.scatter          DataParallel.scatter()          inputs split and copied to the devices
     DataParallel.replicate        DataParallel.replicate()        module copied to every device (Broadcast)
     DataParallel.parallel_apply   DataParallel.parallel_apply()   all replicas' forwards, threads joined
-    DataParallel.replica[<i>]     replica i's forward, opened in its own worker thread
+    DataParallel.replica[<i>]     replica i, in parallel_apply    replica i's forward, in its worker thread
     DataParallel.gather           DataParallel.gather()           outputs concatenated on the output device
     DataParallel.backward_reduce  Broadcast.backward              replicas' parameter gradients summed onto
                                                                   the source device (ReduceAddCoalesced)
     DataParallel.gather_backward  Gather.backward                 output gradient scattered back (Scatter)
 
-The replica ranges only reach the trace when the profiler records every thread (``_ExperimentalConfig(
-profile_all_threads=True)``); the worker threads are plain Python threads the profiler does not follow otherwise.
+The replica ranges only reach the trace when the profiler records every thread
+(``_ExperimentalConfig(profile_all_threads=True)``): the workers are plain Python threads, which the
+profiler does not follow otherwise.
 
 Cost: ranges are opened only while a profiler runs (the global flag torch's own compiled code checks). Always,
 each stage takes a ``perf_counter`` pair, and gather sums its outputs' sizes, for ``take_step_stats()``.
 
-The patches target DataParallel's internals (present from torch 1.x to 2.13); a target that is missing or not
-what is expected is skipped, and ``install()`` names it, instead of failing the user's run.
+The patches target DataParallel's internals (the same shape since torch 1.x; checked against 2.13); a target
+that is missing or not what is expected is skipped, and ``install()`` names it, instead of failing the run.
 """
 
 from __future__ import annotations
@@ -31,9 +32,10 @@ import functools
 import importlib
 import threading
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from time import perf_counter
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch.autograd import profiler as _autograd_profiler
@@ -60,11 +62,22 @@ class _Patch:
     replacement: Any
 
 
+@dataclass
+class _Seen:
+    """A DataParallel instance (held weakly: never keeps a model alive) and its last description, which
+    outlives it: the session writes its final capture after the script returned and its model was freed."""
+
+    ref: weakref.ref[Any]
+    last: dict[str, Any]
+    forwarded: bool = False
+
+
 _lock = threading.Lock()
 _patches: list[_Patch] = []
 _installed = False
-# DataParallel instances seen, in creation order; weak so describe() never keeps a model alive.
-_instances: weakref.WeakKeyDictionary[torch.nn.Module, None] = weakref.WeakKeyDictionary()
+_seen: list[_Seen] = []  # creation order
+_seen_by_instance: weakref.WeakKeyDictionary[Any, _Seen] = weakref.WeakKeyDictionary()
+_MAX_GONE = 16  # freed instances remembered (a script building DataParallel every step would grow forever)
 
 
 def _new_stats() -> dict[str, Any]:
@@ -117,9 +130,11 @@ def _wrap_scatter(original: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(original)
     def scatter(self: Any, *args: Any, **kwargs: Any) -> Any:
-        # Every multi-device forward starts here: catches instances built before install().
-        if self not in _instances:
-            _instances[self] = None
+        # Every multi-device forward starts here: catches instances built before install(), and describes each
+        # as it is used (attributes set after __init__ included).
+        seen = _seen_by_instance.get(self)
+        if seen is None or not seen.forwarded:
+            _remember(self, forwarded=True)
         _stats["forwards"] += 1
         return timed(self, *args, **kwargs)
 
@@ -173,7 +188,7 @@ def _wrap_gather(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _tensor_bytes(obj: Any) -> int:
-    """Bytes of the tensors in a gathered output (the structures gather() rebuilds: tensors, sequences, dicts)."""
+    """Bytes of the tensors in a gathered output (gather() rebuilds tensors, sequences and dicts)."""
     if isinstance(obj, torch.Tensor):
         return obj.numel() * obj.element_size()
     if isinstance(obj, dict):
@@ -199,7 +214,7 @@ def _wrap_init(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
-        _instances[self] = None
+        _remember(self, forwarded=False)
 
     return __init__
 
@@ -251,7 +266,7 @@ def install() -> list[str]:
     global _installed
     with _lock:
         if _installed:
-            return [_target_name(owner, name) for owner, name, *_ in _targets() if not _is_patched(owner, name)]
+            return [_target_name(o, name) for o, name, *_ in _targets() if not _is_patched(o, name)]
         missing = []
         for owner, name, kind, factory in _targets():
             patch = _make_patch(owner, name, kind, factory)
@@ -305,25 +320,55 @@ def take_step_stats() -> dict[str, Any]:
 
 
 def describe() -> list[dict[str, Any]]:
-    """The live DataParallel instances: ``{"module", "wrapper", "device_ids", "output_device", "dim"}``.
+    """The DataParallel instances of this process, in creation order, freed ones included (as last seen):
+    ``{"module", "wrapper", "device_ids", "output_device", "dim"}``.
 
     ``module`` is the wrapped module's class name, ``wrapper`` the DataParallel (sub)class. ``device_ids`` is
     empty, and ``output_device``/``dim`` are None, when DataParallel found no accelerator and just calls the
     module.
     """
-    described = []
-    for instance in list(_instances.keys()):
-        module = instance.__dict__.get("_modules", {}).get("module")
-        described.append(
-            {
-                "module": type(module).__name__ if module is not None else None,
-                "wrapper": type(instance).__name__,
-                "device_ids": [_device_json(d) for d in getattr(instance, "device_ids", None) or []],
-                "output_device": _device_json(getattr(instance, "output_device", None)),
-                "dim": getattr(instance, "dim", None),
-            }
-        )
-    return described
+    with _lock:
+        for seen in _seen:
+            instance = seen.ref()
+            if instance is not None:
+                seen.last = _describe_one(instance)
+        return [dict(seen.last) for seen in _seen]
+
+
+def _remember(instance: Any, *, forwarded: bool) -> None:
+    with _lock:
+        seen = _seen_by_instance.get(instance)
+        if seen is None:
+            seen = _Seen(weakref.ref(instance), {})
+            _seen_by_instance[instance] = seen
+            _seen.append(seen)
+            _forget_gone()
+        seen.last = _describe_one(instance)
+        seen.forwarded = seen.forwarded or forwarded
+
+
+def _forget_gone() -> None:
+    # Of the freed instances, keep one per distinct description, and at most _MAX_GONE of them.
+    kept: list[_Seen] = []
+    gone_descriptions: list[dict[str, Any]] = []
+    for seen in reversed(_seen):  # newest first: the most recent of each description stays
+        if seen.ref() is None:
+            if seen.last in gone_descriptions or len(gone_descriptions) >= _MAX_GONE:
+                continue
+            gone_descriptions.append(seen.last)
+        kept.append(seen)
+    _seen[:] = reversed(kept)
+
+
+def _describe_one(instance: Any) -> dict[str, Any]:
+    module = instance.__dict__.get("_modules", {}).get("module")
+    return {
+        "module": type(module).__name__ if module is not None else None,
+        "wrapper": type(instance).__name__,
+        "device_ids": [_device_json(d) for d in getattr(instance, "device_ids", None) or []],
+        "output_device": _device_json(getattr(instance, "output_device", None)),
+        "dim": getattr(instance, "dim", None),
+    }
 
 
 def _device_json(device: Any) -> int | str | None:

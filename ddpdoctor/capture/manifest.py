@@ -43,6 +43,8 @@ def _rank_entry(rank: int, data: dict[str, Any] | None, node: dict[str, Any] | N
         }
     status = data.get("status")
     reason = data.get("error")
+    if status == "hung":
+        reason = (reason or "").split("\n", 1)[0] + " (stack in ranks/rank%d.json)" % rank
     if status == "running":
         # The process ended without finishing its capture: killed (SIGKILL, OOM killer) or torn down by torchrun.
         status, reason = "failed", "the rank process died without finishing (killed, or stopped by torchrun)"

@@ -145,7 +145,10 @@ def run(target: Target, config: CaptureConfig) -> int:
         status, signum, error = "interrupted", signal.SIGINT, "KeyboardInterrupt"
         exc_info = (type(exc), exc, exc.__traceback__)
     except _Terminated as exc:
-        status, signum, error = "interrupted", exc.signum, f"terminated by signal {exc.signum}"
+        if session.status == "hung":  # our own watchdog ended it: keep its diagnosis
+            status, signum, error = "hung", exc.signum, session.error
+        else:
+            status, signum, error = "interrupted", exc.signum, f"terminated by signal {exc.signum}"
     except BaseException as exc:
         status, code, error = "failed", 1, f"{type(exc).__name__}: {exc}"
         exc_info = (type(exc), exc, exc.__traceback__)

@@ -12,11 +12,13 @@ start); that start-up trace is dropped at the first step, or kept and closed aft
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import sys
 import tempfile
 import threading
 import time
+import traceback
 import warnings
 from pathlib import Path
 from typing import Any
@@ -139,6 +141,8 @@ class Session:
             self.capture_errors.append("this torch cannot profile all threads; only the main thread is recorded")
 
         self._install_hooks()
+        if self.config.hang_timeout_s:
+            threading.Thread(target=self._hang_watchdog, name="ddpdoctor-hang-watchdog", daemon=True).start()
         # We step the profiler on purpose across cycles; its advice about acc_events is not for our users.
         warnings.filterwarnings("ignore", message=".*Profiler clears events at the end of each cycle")
         self._prof = profile(**kwargs)
@@ -298,10 +302,32 @@ class Session:
             self._write_summary()
             _current = None
 
+    def _hang_watchdog(self) -> None:
+        timeout = float(self.config.hang_timeout_s or 0)
+        while not self._finished:
+            time.sleep(min(1.0, timeout / 4))
+            idle = time.perf_counter() - self._last_step_t
+            if self.step_source is None or idle < timeout or self._finished:
+                continue
+            frame = sys._current_frames().get(self._thread_id)
+            stack = "".join(traceback.format_stack(frame)[-8:]) if frame is not None else "(no stack)"
+            with self._lock:
+                self.status = "hung"
+                self.error = f"no step for {idle:.0f}s after step {self.iteration}; main thread at:\n{stack}"
+                self.write_rank_file()
+            print(
+                f"ddpdoctor: rank {self.rank} hung: no step for {idle:.0f}s (--hang-timeout); stopping it",
+                file=sys.stderr,
+                flush=True,
+            )
+            os.kill(os.getpid(), signal.SIGTERM)  # unwinds the main thread if it is running Python
+            time.sleep(10)
+            os._exit(124)  # blocked in a collective: leave, torchrun stops the other ranks
+
     def flush_interrupted(self, signum: int) -> None:
         """Called from a watcher thread when a signal arrives while the main thread may be blocked."""
         with self._lock:
-            if not self._finished:
+            if not self._finished and self.status == "running":
                 self.status = "interrupted"
                 self.error = f"received signal {signum}"
                 self.write_rank_file()

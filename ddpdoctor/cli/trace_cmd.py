@@ -49,6 +49,13 @@ def _own_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="when no step is ever seen, record the run's first SECONDS (default 60)",
     )
+    g.add_argument(
+        "--hang-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="end a rank that makes no step for SECONDS (after its first), recording where it was stuck",
+    )
     g.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
     return p
 
@@ -116,6 +123,8 @@ def _parse_own(own: list[str]) -> argparse.Namespace:
             raise UsageError(f"--{name} must be 0 or more")
     if args.active < 1:
         raise UsageError("--active must be at least 1")
+    if args.hang_timeout is not None and args.hang_timeout <= 0:
+        raise UsageError("--hang-timeout must be positive")
     if args.no_step_limit <= 0:
         raise UsageError("--no-step-limit must be positive")
     return args
@@ -232,6 +241,7 @@ def main(argv: list[str]) -> int:
         no_step_limit_s=args.no_step_limit,
         launcher_pid=os.getpid(),
         quiet=args.quiet,
+        hang_timeout_s=args.hang_timeout,
         all_devices=not tr,
     )
     from ddpdoctor.capture import launcher

@@ -1,0 +1,56 @@
+"""Faults under `ddpdoctor trace` with real ranks: a rank killed with SIGKILL, a rank that hangs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import read_json, run_cli
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+SCRIPT = str(Path(__file__).with_name("ddp_script.py"))
+FAST = ["--wait", "1", "--warmup", "1", "--active", "3"]
+
+
+def test_rank_killed_with_sigkill(tmp_path):
+    out = tmp_path / "run"
+    env = {**os.environ, "STEPS": "3000", "SLEEP_MS": "20", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ddpdoctor", "trace", "--out", str(out), *FAST, "--standalone",
+         "--nproc-per-node", "2", SCRIPT],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    deadline = time.time() + 90
+    while time.time() < deadline and len(list(out.glob("rank*.pt.trace.json.gz"))) < 2:
+        time.sleep(0.2)
+    victim = read_json(out / "ranks" / "rank1.json")["pid"]
+    os.kill(victim, signal.SIGKILL)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    manifest = read_json(out / "manifest.json")
+    by_rank = {r["rank"]: r for r in manifest["ranks"]}
+    assert by_rank[1]["status"] == "failed" and "died" in by_rank[1]["reason"]
+    assert by_rank[0]["status"] in ("interrupted", "failed")
+    for r in (0, 1):  # both completed windows survive
+        assert by_rank[r]["trace_files"] and (out / by_rank[r]["trace_files"][0]).stat().st_size > 0
+
+
+def test_hanging_rank_is_named(tmp_path):
+    out = tmp_path / "run"
+    result = run_cli("trace", "--out", str(out), *FAST, "--hang-timeout", "3", "--standalone", "--nproc-per-node",
+                     "2", SCRIPT, env={"STEPS": "30", "HANG_RANK": "1", "HANG_STEP": "8"}, timeout=150)
+    assert result.returncode != 0
+    assert "rank 1 hung" in result.stderr
+    manifest = read_json(out / "manifest.json")
+    by_rank = {r["rank"]: r for r in manifest["ranks"]}
+    assert by_rank[1]["status"] == "hung"
+    rank1 = read_json(out / "ranks" / "rank1.json")
+    assert "ddp_script.py" in rank1["error"] and "time.sleep" in rank1["error"]  # where it was stuck
+    for r in (0, 1):
+        assert by_rank[r]["trace_files"]
