@@ -164,8 +164,10 @@ class Session:
         try:
             from ddpdoctor.capture import dp
 
-            dp.install()
+            skipped = dp.install()
             self._dp = dp
+            if skipped:
+                self.capture_errors.append(f"DataParallel internals not found in this torch: {', '.join(skipped)}")
         except ImportError:
             self._dp = None
 
