@@ -27,6 +27,9 @@ class CaptureConfig:
     hang_timeout_s: float | None = None
     launcher_pid: int = 0
     quiet: bool = False
+    # Record every thread (DataParallel's replica threads). In torch 2.13 this drops the trace's [memory] events,
+    # and gloo's collectives are recorded without it, so "auto" uses it only for one-process (DataParallel) runs.
+    all_threads: str = "auto"  # "auto" | "on" | "off"
     # One process driving all GPUs (DataParallel): record every visible device, touched or not.
     all_devices: bool = False
     extra: dict = field(default_factory=dict)

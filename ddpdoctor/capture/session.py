@@ -135,10 +135,11 @@ class Session:
             profile_memory=self.config.profile_memory,
             with_stack=self.config.with_stack,
         )
-        try:  # DataParallel's replicas and gloo's work run in other threads: record them too.
-            kwargs["experimental_config"] = torch._C._profiler._ExperimentalConfig(profile_all_threads=True)
-        except (TypeError, AttributeError):
-            self.capture_errors.append("this torch cannot profile all threads; only the main thread is recorded")
+        if self._all_threads():
+            try:  # DataParallel's replicas run in other threads: record them too.
+                kwargs["experimental_config"] = torch._C._profiler._ExperimentalConfig(profile_all_threads=True)
+            except (TypeError, AttributeError):
+                self.capture_errors.append("this torch cannot profile all threads; only the main thread is recorded")
 
         self._install_hooks()
         if self.config.hang_timeout_s:
@@ -148,6 +149,11 @@ class Session:
         self._prof = profile(**kwargs)
         self._prof.start()
         self.write_rank_file()
+
+    def _all_threads(self) -> bool:
+        if self.config.all_threads == "auto":
+            return self.config.all_devices  # one process driving all devices: the DataParallel case
+        return self.config.all_threads == "on"
 
     def _install_hooks(self) -> None:
         from torch.nn.modules.module import register_module_forward_pre_hook
@@ -384,6 +390,7 @@ class Session:
             "steps": steps,
             "fallback_window": {k: v for k, v in self.fallback.items() if k != "trace_handled"},
             "schedule": self.config.schedule_dict(),
+            "profile_all_threads": self._all_threads(),
             "memory": self.memory.to_json(),
             "gil": self.gil.to_json(),
             "ddp": ddp_capture.describe(),

@@ -21,6 +21,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "diagnose": ("ddpdoctor.cli.diagnose_cmd", "analyse a run (or any torch.profiler traces) and report findings"),
     "rules": ("ddpdoctor.cli.rules_cmd", "list the diagnosis rules"),
     "explain": ("ddpdoctor.cli.rules_cmd", "print the documentation of one rule"),
+    "compare": ("ddpdoctor.cli.compare_cmd", "compare two runs side by side (e.g. DataParallel vs DDP)"),
+    "baseline": ("ddpdoctor.cli.gate_cmd", "write a run's metrics as a baseline file to commit"),
+    "gate": ("ddpdoctor.cli.gate_cmd", "fail CI when a run regresses against a baseline"),
+    "view": ("ddpdoctor.cli.view_cmd", "open a run in TensorBoard: profiler traces, scalars and the ddpdoctor dashboard"),
 }
 
 

@@ -41,6 +41,13 @@ def _own_parser() -> argparse.ArgumentParser:
     g.add_argument("--with-stack", action="store_true", help="record Python stacks (larger traces)")
     g.add_argument("--no-record-shapes", action="store_true", help="do not record operator input shapes")
     g.add_argument("--no-profile-memory", action="store_true", help="do not record allocator events")
+    g.add_argument(
+        "--all-threads",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="record every thread (auto: in one-process runs, for DataParallel's replica threads; torch 2.13 then "
+        "leaves allocator events out of the trace)",
+    )
     g.add_argument("--no-gil", action="store_true", help="do not measure GIL contention")
     g.add_argument(
         "--no-step-limit",
@@ -242,6 +249,7 @@ def main(argv: list[str]) -> int:
         launcher_pid=os.getpid(),
         quiet=args.quiet,
         hang_timeout_s=args.hang_timeout,
+        all_threads=args.all_threads,
         all_devices=not tr,
     )
     from ddpdoctor.capture import launcher

@@ -1,7 +1,8 @@
 """Rule parameter overrides from the user's configuration.
 
 ``[tool.ddpdoctor.rules.<name>]`` in the nearest ``pyproject.toml`` that has a ``[tool.ddpdoctor]`` table,
-searched from the current directory upwards (like ruff), or in the file given with ``--config`` (then no search
+searched from the current directory upwards (like ruff), or in the file given with ``--config`` (then no
+search
 happens). A ``--config`` file may be a pyproject.toml or a plain TOML file with ``[rules.<name>]`` tables::
 
     [tool.ddpdoctor.rules.poor-comm-compute-overlap]
@@ -43,7 +44,7 @@ def _read_toml(path: Path) -> dict[str, Any]:
 
 
 def find_pyproject(start: Path) -> tuple[Path, dict[str, Any]] | None:
-    """The nearest ``pyproject.toml`` at or above ``start`` with a ``[tool.ddpdoctor]`` table, and that table."""
+    """The nearest pyproject.toml at or above ``start`` with a ``[tool.ddpdoctor]`` table, and that table."""
     for folder in (start, *start.parents):
         candidate = folder / "pyproject.toml"
         if candidate.is_file():

@@ -1,9 +1,10 @@
-"""Per-rank metrics the diagnosis derives itself from ``RunMetrics.collectives`` (see ``metric_names.DERIVED``).
+"""Per-rank metrics the diagnosis derives itself from ``RunMetrics.collectives`` (see
+``metric_names.DERIVED``).
 
-``RunMetrics.collectives`` has one row per rank and collective kind with ``count``, ``bytes`` and ``ms`` summed
-over the analysed steps; dividing by the rank's ``steps_analyzed`` gives per-step values. Kinds are matched by
-name ("all_reduce", "allreduce", "nccl:all_reduce" are all-reduce; anything with "broadcast" is a broadcast).
-"""
+``RunMetrics.collectives`` has one row per rank and collective kind with ``count``, ``bytes`` and ``ms``
+summed over the analysed steps; dividing by the rank's ``steps_analyzed`` gives per-step values. Kinds are
+matched by name ("all_reduce", "allreduce", "nccl:all_reduce" are all-reduce; anything with "broadcast" is a
+broadcast)."""
 
 from __future__ import annotations
 
@@ -37,7 +38,11 @@ def derived_rank_metrics(metrics: Any) -> dict[int, dict[str, Any]]:
         n_steps = steps.get(rank) or clean_value(getattr(metrics, "run", {}).get("steps_analyzed"))
         kinds = rows["kind"].map(_kind)
         ar, bc = rows[kinds == "allreduce"], rows[kinds == "broadcast"]
-        values: dict[str, Any] = {"broadcast_ms": None, "allreduce_count": None, "allreduce_message_bytes": None}
+        values: dict[str, Any] = {
+            "broadcast_ms": None,
+            "allreduce_count": None,
+            "allreduce_message_bytes": None,
+        }
         if n_steps:
             if "ms" in rows:
                 values["broadcast_ms"] = float(bc["ms"].sum()) / n_steps

@@ -1,9 +1,9 @@
 """Evaluate rules over a run's metrics: ``evaluate(rules, metrics) -> Diagnosis``.
 
 ``metrics`` is a ``RunMetrics`` (``ddpdoctor.metrics.analyze``) or anything with the same ``run`` dict and
-``ranks`` list of dicts. A rule that does not apply to the run (mode, backend) or whose condition cannot be decided
-because the metrics it needs were not measured is listed in ``Diagnosis.not_evaluated`` with the reason.
-"""
+``ranks`` list of dicts. A rule that does not apply to the run (mode, backend) or whose condition cannot be
+decided because the metrics it needs were not measured is listed in ``Diagnosis.not_evaluated`` with the
+reason."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ddpdoctor.diagnosis.derived import derived_rank_metrics
-from ddpdoctor.diagnosis.expr import Expr, ExprError, Values, clean_value, compile_expr, evaluate as eval_expr
+from ddpdoctor.diagnosis.expr import Expr, ExprError, Values, clean_value, compile_expr
+from ddpdoctor.diagnosis.expr import evaluate as eval_expr
 from ddpdoctor.diagnosis.findings import Diagnosis, Finding, NotEvaluated, format_ranks, sort_findings
 from ddpdoctor.diagnosis.metric_names import ALL_RANK, RUN
 from ddpdoctor.diagnosis.rules import Rule
@@ -19,16 +20,52 @@ from ddpdoctor.diagnosis.rules import Rule
 _MODE_WORDS = {"dp": "DataParallel (dp)", "ddp": "DistributedDataParallel (ddp)"}
 
 # Why a group of metrics may be missing, said plainly in the "not evaluated" reason ("x_": a name prefix).
+_CROSS_RANK = (
+    "collective_wait_ms",
+    "late_arrival_ms",
+    "straggler_wait_ms",
+    "straggler_rank",
+    "step_skew_ratio",
+)
 _HINTS: tuple[tuple[tuple[str, ...], str], ...] = (
-    (("comm_ms", "exposed_comm_ms", "overlap_ratio", "busbw_gbps", "algbw_gbps", "collective_wait_ms",
-      "late_arrival_ms", "straggler_wait_ms", "straggler_rank", "step_skew_ratio", "broadcast_ms",
-      "allreduce_count", "allreduce_message_bytes"), "no collective communication was found"),
-    (("gpu0_", "peak_allocated_bytes", "peak_reserved_bytes", "capacity_bytes", "headroom_ratio",
-      "foreign_cuda0_bytes", "others_max_peak_reserved_bytes", "host_sync_ms", "gpu_util_ratio"),
-     "no CUDA device activity or memory was recorded (a CPU run, or a trace without memory events)"),
+    (
+        (
+            "comm_ms",
+            "exposed_comm_ms",
+            "overlap_ratio",
+            "busbw_gbps",
+            "algbw_gbps",
+            *_CROSS_RANK,
+            "broadcast_ms",
+            "allreduce_count",
+            "allreduce_message_bytes",
+        ),
+        "no collective communication was found",
+    ),
+    (
+        (
+            "gpu0_",
+            "peak_allocated_bytes",
+            "peak_reserved_bytes",
+            "capacity_bytes",
+            "headroom_ratio",
+            "foreign_cuda0_bytes",
+            "others_max_peak_reserved_bytes",
+            "host_sync_ms",
+            "gpu_util_ratio",
+        ),
+        "no CUDA device activity or memory was recorded (a CPU run, or a trace without memory events)",
+    ),
     (("ddp_",), "no DDP configuration was recorded (DDP not used, or not a `ddpdoctor trace` run)"),
     (("dp_", "thread_parallelism"), "no DataParallel activity was found"),
-    (("gil_contention", "threads"), "no GIL probe data (only `ddpdoctor trace` runs with gilknocker have it)"),
+    (
+        ("gil_contention", "threads"),
+        "no GIL probe data (only `ddpdoctor trace` runs with gilknocker have it)",
+    ),
+    (
+        ("cpu_count", "intra_op_threads", "local_world_size"),
+        "no host and thread information (only `ddpdoctor trace` runs record it)",
+    ),
 )
 
 
@@ -57,10 +94,15 @@ def _missing_reason(rule: Rule, run: Mapping[str, Any], rows: Sequence[Mapping[s
     if not missing:
         return "its condition is undecidable on this run (a value it needs is missing or divides by zero)"
     hints = []
+    if len(rows) < 2 and any(m in _CROSS_RANK for m in missing):
+        hints.append("only one rank's trace was loaded; cross-rank metrics need two or more")
+        missing_for_hints = [m for m in missing if m not in _CROSS_RANK]
+    else:
+        missing_for_hints = missing
     for keys, hint in _HINTS:
-        if any(m.startswith(k) if k.endswith("_") else m == k for k in keys for m in missing):
+        if any(m.startswith(k) if k.endswith("_") else m == k for k in keys for m in missing_for_hints):
             hints.append(hint)
-    return f"not measured in this run: {', '.join(missing)}" + (f" ({'; '.join(hints)})" if hints else "")
+    return f"not measured in this run: {', '.join(missing)}" + "".join(f"; {h}" for h in hints)
 
 
 def _not_applicable(rule: Rule, run: Mapping[str, Any]) -> str | None:
@@ -80,9 +122,7 @@ def _evidence(rule: Rule, base: Values, rows_by_rank: Mapping[int, Mapping[str, 
     evidence: dict[str, Any] = {}
     for term in rule.when.terms:
         if rule.scope == "rank" and term in ALL_RANK:
-            evidence[term] = {
-                str(rank): clean_value(row.get(term)) for rank, row in rows_by_rank.items()
-            }
+            evidence[term] = {str(rank): clean_value(row.get(term)) for rank, row in rows_by_rank.items()}
         else:
             evidence[term] = _term_value(term, rule, base)
     return evidence
@@ -107,7 +147,9 @@ def _fire(rule: Rule, run: dict[str, Any], rows: list[dict[str, Any]]) -> Findin
         if rule.ranks_where is None:
             ranks = [r["rank"] for r in rows]
         else:
-            ranks = [r["rank"] for r in rows if eval_expr(rule.ranks_where, Values(run, rows, rule.params, r))]
+            ranks = [
+                r["rank"] for r in rows if eval_expr(rule.ranks_where, Values(run, rows, rule.params, r))
+            ]
         firing = {r["rank"]: r for r in rows if r["rank"] in ranks}
         gain, shown = _gain(rule.estimated_gain, base), base
     else:
@@ -118,22 +160,28 @@ def _fire(rule: Rule, run: dict[str, Any], rows: list[dict[str, Any]]) -> Findin
         if not firing:
             return False
         ranks = list(firing)
-        gains = {rank: _gain(rule.estimated_gain, Values(run, rows, rule.params, row)) for rank, row in firing.items()}
+        gains = {
+            rank: _gain(rule.estimated_gain, Values(run, rows, rule.params, row))
+            for rank, row in firing.items()
+        }
         known = {rank: g for rank, g in gains.items() if g is not None}
         worst = max(known, key=known.__getitem__) if known else ranks[0]
         gain, shown = known.get(worst), Values(run, rows, rule.params, firing[worst])
-    ranks_text = format_ranks(ranks)
-    message = rule.message.render(shown, ranks_text)
+    specials = {"ranks": format_ranks(ranks), "worst": ""}
+    if rule.scope == "rank" and len(firing) > 1:
+        label = "worst:" if gain is not None else "figures for"
+        specials["worst"] = f" ({label} rank {shown.rank['rank']})"  # type: ignore[index]
+    message = rule.message.render(shown, specials)
     for clause in rule.clauses:
         if eval_expr(clause.when, shown):
-            message += " " + clause.message.render(shown, ranks_text)
+            message += " " + clause.message.render(shown, specials)
     return Finding(
         id=rule.id,
         name=rule.name,
         severity=rule.severity,
         ranks=tuple(sorted(ranks)),
         message=message,
-        recommendation=rule.recommendation.render(shown, ranks_text),
+        recommendation=rule.recommendation.render(shown, specials),
         evidence=_evidence(rule, base, firing),
         estimated_gain_ms=gain,
     )
@@ -164,4 +212,3 @@ def evaluate(rules: Iterable[Rule], metrics: Any) -> Diagnosis:
         else:
             findings.append(result)
     return Diagnosis(metrics, sort_findings(findings), tuple(not_evaluated), tuple(passed))
-

@@ -1,18 +1,19 @@
-"""The small expression language of rule conditions, gains and message templates, evaluated with ``simpleeval``.
+"""The small expression language of rule conditions, gains and message templates, evaluated with
+``simpleeval``.
 
-Grammar (a strict subset of Python expressions, checked when a rule loads, so a bad rule fails before any trace
-is read): numbers, ``True``/``False``/``None``, metric names (see ``metric_names``), ``params.NAME``,
-``+ - * / %``, ``**`` with a literal exponent of at most 64, comparisons, ``and``/``or``/``not``, ``a if c else b``,
-aggregates over ranks ``max min mean median p90 sum count`` applied to one per-rank metric name, and the scalar
-helpers ``abs(x)``, ``max(a, b, ...)``, ``min(a, b, ...)``. Nothing else: no strings, attributes (other than
-``params.NAME``), indexing, comprehensions, lambdas or other calls, so ``__import__``, dunder access and huge
-powers are rejected before evaluation; the ``simpleeval`` evaluator (with our node table) is a second fence.
+Grammar (a strict subset of Python expressions, checked when a rule loads, so a bad rule fails before any
+trace is read): numbers, ``True``/``False``/``None``, metric names (see ``metric_names``), ``params.NAME``,
+``+ - * / %``, ``**`` with a literal exponent of at most 64, comparisons, ``and``/``or``/``not``, ``a if c
+else b``, aggregates over ranks ``max min mean median p90 sum count`` applied to one per-rank metric name, and
+the scalar helpers ``abs(x)``, ``max(a, b, ...)``, ``min(a, b, ...)``, ``coalesce(a, b, ...)`` (the first
+known value). Nothing else: no strings, attributes (other than ``params.NAME``), indexing, comprehensions,
+lambdas or other calls, so ``__import__``, dunder access and huge powers are rejected before evaluation; the
+``simpleeval`` evaluator (with our node table) is a second fence.
 
 Missing data: a metric that is ``None`` (not measurable on this run) makes arithmetic and comparisons ``None``
-("unknown"); ``and``/``or``/``not`` use three-valued logic, so ``a or b`` is true when ``a`` is true even if ``b``
-is unknown. Division by zero is unknown too. Aggregates skip ranks without a value; with no value at all they are
-unknown. ``count(x)`` is the number of ranks where ``x`` is set and non-zero (for flags: true).
-"""
+("unknown"); ``and``/``or``/``not`` use three-valued logic, so ``a or b`` is true when ``a`` is true even if
+``b`` is unknown. Division by zero is unknown too. Aggregates skip ranks without a value; with no value at all
+they are unknown. ``count(x)`` is the number of ranks where ``x`` is set and non-zero (for flags: true)."""
 
 from __future__ import annotations
 
@@ -34,6 +35,8 @@ from ddpdoctor.diagnosis.metric_names import ALL_RANK, RUN, describe
 Scope = Literal["rank", "run"]
 
 AGGREGATES = ("max", "min", "mean", "median", "p90", "sum", "count")
+SCALAR_FUNCTIONS = ("abs", "max", "min", "coalesce")
+TEMPLATE_SPECIALS = ("ranks", "worst")  # {ranks}: "ranks 0-3"; {worst}: " (worst: rank 2)" or ""
 MAX_EXPR_CHARS = 2000
 MAX_DEPTH = 40
 MAX_EXPONENT = 64
@@ -93,13 +96,15 @@ class _Checker:
 
     def _Constant(self, node: ast.Constant, depth: int) -> None:
         if node.value is not None and type(node.value) not in (bool, int, float):
-            raise ExprError(f"only numbers, True, False and None are allowed as literals ({_snippet(node)!r})")
+            raise ExprError(
+                f"only numbers, True, False and None are allowed as literals ({_snippet(node)!r})"
+            )
 
     def _Name(self, node: ast.Name, depth: int) -> None:
         name = node.id
         if name == "params":
             raise ExprError("write params.NAME to use a rule parameter")
-        if name in AGGREGATES or name == "abs":
+        if name in AGGREGATES or name in SCALAR_FUNCTIONS:
             raise ExprError(f"{name} is a function; call it, e.g. {name}(step_ms_median)")
         info = describe(name)
         if info is None:
@@ -123,19 +128,21 @@ class _Checker:
 
     def _Call(self, node: ast.Call, depth: int) -> None:
         if not isinstance(node.func, ast.Name):
-            raise ExprError(f"only the functions {', '.join(AGGREGATES)}, abs can be called ({_snippet(node)!r})")
+            raise ExprError(f"only {', '.join(dict.fromkeys(AGGREGATES + SCALAR_FUNCTIONS))} can be called")
         fn = node.func.id
         if node.keywords or any(isinstance(a, ast.Starred) for a in node.args):
             raise ExprError(f"{fn}() takes positional arguments only ({_snippet(node)!r})")
         if fn in AGGREGATES and (len(node.args) == 1 or fn not in ("max", "min")):
             self._aggregate(node, fn)
-        elif fn in ("max", "min", "abs"):
+        elif fn in SCALAR_FUNCTIONS:
             if fn == "abs" and len(node.args) != 1:
                 raise ExprError(f"abs() takes one argument ({_snippet(node)!r})")
+            if not node.args:
+                raise ExprError(f"{fn}() needs arguments")
             for arg in node.args:
                 self.check(arg, depth)
         else:
-            raise ExprError(_unknown("function", fn, [*AGGREGATES, "abs"]))
+            raise ExprError(_unknown("function", fn, [*AGGREGATES, *SCALAR_FUNCTIONS]))
 
     def _aggregate(self, node: ast.Call, fn: str) -> None:
         args = node.args
@@ -213,9 +220,9 @@ def compile_expr(source: str, *, scope: Scope, params: Collection[str] = ()) -> 
     return Expr(source.strip(), tree, frozenset(checker.metrics), tuple(checker.terms))
 
 
-# --------------------------------------------------------------------------------------------------- evaluation
+# ------------------------------------------------------------------------------------------------ evaluation
 def clean_value(value: Any) -> Any:
-    """A metric value as the expression language sees it: NaN/NA -> None, numpy scalars -> Python numbers."""
+    """A metric value as the expression language sees it: NaN/inf/NA -> None, numpy scalars -> Python."""
     if value is None:
         return None
     if hasattr(value, "item") and not isinstance(value, (str, bytes)):
@@ -223,7 +230,7 @@ def clean_value(value: Any) -> Any:
             value = value.item()
         except (ValueError, TypeError):
             return None
-    if isinstance(value, float) and math.isnan(value):
+    if isinstance(value, float) and not math.isfinite(value):
         return None
     if value.__class__.__name__ in ("NAType", "NaTType"):
         return None
@@ -232,7 +239,7 @@ def clean_value(value: Any) -> Any:
 
 @dataclass(frozen=True)
 class Values:
-    """What an expression reads: run-level metrics, every rank's metrics, params, and (rank scope) one rank."""
+    """What an expression reads: run-level metrics, every rank's metrics, params and (rank scope) one rank."""
 
     run: Mapping[str, Any]
     ranks: Sequence[Mapping[str, Any]]
@@ -340,6 +347,12 @@ class _Evaluator(simpleeval.SimpleEval):
             if fn in ("max", "min") and node.args[0].id not in ALL_RANK:
                 raise ExprError(f"{fn}() over ranks needs a per-rank metric")
             return aggregate(fn, self.values.column(node.args[0].id))
+        if fn == "coalesce":
+            for arg in node.args:
+                value = self._eval(arg)
+                if value is not None:
+                    return value
+            return None
         args = [self._eval(a) for a in node.args]
         if fn == "abs" and len(args) == 1:
             return _lift(abs)(*args)
@@ -361,7 +374,7 @@ class _Evaluator(simpleeval.SimpleEval):
     def _eval_compare(self, node: ast.Compare) -> Any:
         left = self._eval(node.left)
         result: Any = True
-        for op, comp in zip(node.ops, node.comparators):
+        for op, comp in zip(node.ops, node.comparators, strict=True):
             right = self._eval(comp)
             outcome = self.operators[type(op)](left, right)
             if outcome is False:
@@ -393,13 +406,17 @@ def evaluate(expr: Expr | str, values: Values, *, scope: Scope = "run") -> Any:
         raise ExprError(f"{expr.source!r}: {type(exc).__name__}: {exc}") from None
 
 
-# --------------------------------------------------------------------------------------------------- templates
+# ------------------------------------------------------------------------------------------------- templates
 _SPEC_RE = re.compile(r"^[<>^]?[+ -]?\d{0,2},?(\.\d{1,2})?[defg%]?$")
 
 
 @dataclass(frozen=True)
 class Template:
-    """A message with ``{expression:format}`` fields; ``{ranks}`` is the list of ranks the finding is about."""
+    """A message with ``{expression:format}`` fields.
+
+    ``{ranks}`` is the list of ranks the finding is about; ``{worst}`` names the rank whose numbers a per-rank
+    rule shows when several ranks fire (empty otherwise).
+    """
 
     source: str
     parts: tuple[tuple[str, Expr | None, str], ...] = field(repr=False, compare=False)
@@ -408,13 +425,12 @@ class Template:
     def metrics(self) -> frozenset[str]:
         return frozenset().union(*(e.metrics for _, e, _ in self.parts if e is not None))
 
-    def render(self, values: Values, ranks_text: str) -> str:
+    def render(self, values: Values, specials: Mapping[str, str]) -> str:
         out = []
         for literal, expr, spec in self.parts:
             out.append(literal)
             if expr is None:
-                if spec == "ranks":
-                    out.append(ranks_text)
+                out.append(specials.get(spec, ""))
                 continue
             out.append(format_value(evaluate(expr, values), spec))
         return "".join(out)
@@ -433,8 +449,8 @@ def compile_template(source: str, *, scope: Scope, params: Collection[str] = ())
             continue
         if conversion:
             raise ExprError(f"!{conversion} conversions are not allowed in templates ({field_name!r})")
-        if field_name.strip() == "ranks":
-            parts.append((literal, None, "ranks"))
+        if field_name.strip() in TEMPLATE_SPECIALS:
+            parts.append((literal, None, field_name.strip()))
             continue
         if spec and not _SPEC_RE.match(spec):
             raise ExprError(f"format spec {spec!r} is not allowed (use e.g. .1f, .0%, ,.0f)")
@@ -445,7 +461,7 @@ def compile_template(source: str, *, scope: Scope, params: Collection[str] = ())
 
 
 def format_value(value: Any, spec: str = "") -> str:
-    """Format a number for a message: ``n/a`` when unknown, ``spec`` when given, else ~3 significant digits."""
+    """Format a number for a message: ``n/a`` when unknown, ``spec`` when given, else ~3 significant digits"""
     if value is None:
         return "n/a"
     if isinstance(value, bool):

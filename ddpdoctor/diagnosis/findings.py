@@ -1,4 +1,4 @@
-"""What a diagnosis produces: findings, the rules that could not be evaluated, and the metrics they came from."""
+"""What a diagnosis produces: findings, the rules that could not be evaluated, the metrics they came from."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """The metric names a rule may use, with unit and meaning (from docs/CONTRACTS.md, plus a few derived here).
 
-A rule file that names anything else fails to load. Per-rank metrics are the flat dicts in ``RunMetrics.ranks``;
-run-level metrics live in ``RunMetrics.run``. ``DERIVED`` metrics are per-rank values ddpdoctor's diagnosis computes
-itself from ``RunMetrics.collectives`` (see ``ddpdoctor.diagnosis.derived``).
+A rule file that names anything else fails to load. Per-rank metrics are the flat dicts in
+``RunMetrics.ranks``; run-level metrics live in ``RunMetrics.run``. ``DERIVED`` metrics are per-rank values
+ddpdoctor's diagnosis computes itself from ``RunMetrics.collectives`` (see ``ddpdoctor.diagnosis.derived``).
 """
 
 from __future__ import annotations
@@ -36,7 +36,11 @@ PER_RANK: dict[str, MetricName] = _table(
         ("step_ms_p90", "ms", "90th percentile wall time of one training step"),
         ("step_ms_mean", "ms", "mean wall time of one training step"),
         ("steps_analyzed", "count", "number of profiled steps the metrics of this rank cover"),
-        ("dataloader_ms", "ms", "time per step the training loop waits for the next batch from the DataLoader"),
+        (
+            "dataloader_ms",
+            "ms",
+            "time per step the training loop waits for the next batch from the DataLoader",
+        ),
         ("forward_ms", "ms", "time per step in the forward pass"),
         ("backward_ms", "ms", "time per step in the backward pass"),
         ("optimizer_ms", "ms", "time per step in optimizer.step() (and zero_grad)"),
@@ -44,27 +48,55 @@ PER_RANK: dict[str, MetricName] = _table(
         ("exposed_comm_ms", "ms", "communication time per step not hidden behind computation"),
         ("other_ms", "ms", "step time not attributed to any other component"),
         ("overlap_ratio", "ratio", "share of communication time that overlaps computation (0-1)"),
-        ("ddp_reported_overlap_ratio", "ratio", "overlap of communication and backward as DDP's own logging reports it"),
+        (
+            "ddp_reported_overlap_ratio",
+            "ratio",
+            "overlap of communication and backward as DDP's own logging reports it",
+        ),
         ("busbw_gbps", "GB/s", "collective bus bandwidth (nccl-tests convention: comparable to link speed)"),
         ("algbw_gbps", "GB/s", "collective algorithm bandwidth (bytes / time)"),
         ("collective_wait_ms", "ms", "time per step this rank waits inside collectives for the other ranks"),
-        ("late_arrival_ms", "ms", "how late per step this rank enters collectives compared with the earliest rank"),
+        (
+            "late_arrival_ms",
+            "ms",
+            "how late per step this rank enters collectives compared with the earliest rank",
+        ),
         ("gpu_util_ratio", "ratio", "share of step time at least one kernel runs on the rank's device (0-1)"),
-        ("host_sync_ms", "ms", "time per step the host blocks waiting for the device (synchronize, .item(), ...)"),
+        (
+            "host_sync_ms",
+            "ms",
+            "time per step the host blocks waiting for the device (synchronize, .item(), ...)",
+        ),
         ("gil_contention", "ratio", "share of time Python threads wait for the GIL (gilknocker probe, 0-1)"),
         ("threads", "count", "Python threads alive in the rank's process"),
         ("dp_scatter_ms", "ms", "DataParallel: time per step scattering inputs to the replicas"),
         ("dp_replicate_ms", "ms", "DataParallel: time per step copying the module to every device"),
-        ("dp_parallel_apply_ms", "ms", "DataParallel: time per step running the replicas' forward in threads"),
+        (
+            "dp_parallel_apply_ms",
+            "ms",
+            "DataParallel: time per step running the replicas' forward in threads",
+        ),
         ("dp_gather_ms", "ms", "DataParallel: time per step gathering outputs onto the output device"),
-        ("dp_backward_reduce_ms", "ms", "DataParallel: time per step reducing gradients onto the source device"),
+        (
+            "dp_backward_reduce_ms",
+            "ms",
+            "DataParallel: time per step reducing gradients onto the source device",
+        ),
         ("dp_replicas", "count", "DataParallel: number of devices the module is replicated onto"),
         ("thread_parallelism", "x", "DataParallel: mean number of replica threads making progress at once"),
         ("peak_allocated_bytes", "bytes", "peak memory allocated by tensors on the rank's device"),
-        ("peak_reserved_bytes", "bytes", "peak memory reserved by the caching allocator on the rank's device"),
+        (
+            "peak_reserved_bytes",
+            "bytes",
+            "peak memory reserved by the caching allocator on the rank's device",
+        ),
         ("capacity_bytes", "bytes", "total memory of the rank's device"),
         ("headroom_ratio", "ratio", "1 - peak reserved / capacity on the rank's device (0-1)"),
-        ("foreign_cuda0_bytes", "bytes", "memory this rank's process holds on cuda:0 although its device is another"),
+        (
+            "foreign_cuda0_bytes",
+            "bytes",
+            "memory this rank's process holds on cuda:0 although its device is another",
+        ),
         ("ddp_bucket_count", "count", "number of DDP gradient buckets"),
         ("ddp_bucket_cap_mb", "MB", "DDP bucket_cap_mb setting"),
         ("ddp_find_unused_parameters", "flag", "DDP find_unused_parameters setting"),
@@ -72,7 +104,11 @@ PER_RANK: dict[str, MetricName] = _table(
         ("ddp_static_graph", "flag", "DDP static_graph setting"),
         ("ddp_broadcast_buffers", "flag", "DDP broadcast_buffers setting"),
         ("ddp_comm_hook", "text", "name of the DDP communication hook, if one is registered"),
-        ("ddp_unused_parameter_size_ratio", "ratio", "share of parameter bytes that got no gradient in a step"),
+        (
+            "ddp_unused_parameter_size_ratio",
+            "ratio",
+            "share of parameter bytes that got no gradient in a step",
+        ),
         ("cpu_count", "count", "CPUs available to the rank's process"),
         ("intra_op_threads", "count", "torch intra-op threads (torch.get_num_threads()) of the rank"),
         ("local_world_size", "count", "ranks on the same node"),
@@ -83,7 +119,11 @@ DERIVED: dict[str, MetricName] = _table(
     [
         ("broadcast_ms", "ms", "device time per step in broadcast collectives (from RunMetrics.collectives)"),
         ("allreduce_count", "count", "all-reduce calls per step (from RunMetrics.collectives)"),
-        ("allreduce_message_bytes", "bytes", "mean size of one all-reduce message (from RunMetrics.collectives)"),
+        (
+            "allreduce_message_bytes",
+            "bytes",
+            "mean size of one all-reduce message (from RunMetrics.collectives)",
+        ),
     ]
 )
 
@@ -94,9 +134,17 @@ RUN: dict[str, MetricName] = _table(
         ("gpu0_peak_reserved_bytes", "bytes", "peak memory reserved on cuda:0 (by every process using it)"),
         ("gpu0_capacity_bytes", "bytes", "total memory of cuda:0"),
         ("gpu0_headroom_ratio", "ratio", "1 - peak reserved / capacity on cuda:0 (0-1)"),
-        ("others_max_peak_reserved_bytes", "bytes", "largest peak reserved memory on any device other than cuda:0"),
+        (
+            "others_max_peak_reserved_bytes",
+            "bytes",
+            "largest peak reserved memory on any device other than cuda:0",
+        ),
         ("gpu0_vs_others_ratio", "x", "cuda:0 peak reserved / the largest peak reserved on another device"),
-        ("step_skew_ratio", "x", "how much slower the slowest rank's step compute is than the fastest's"),
+        (
+            "step_skew_ratio",
+            "ratio",
+            "(slowest - fastest median step) / fastest median step over ranks (0 = equal)",
+        ),
         ("straggler_rank", "rank", "the rank the others wait for (None when no rank stands out)"),
         ("straggler_wait_ms", "ms", "time per step the other ranks wait for the straggler in collectives"),
     ]

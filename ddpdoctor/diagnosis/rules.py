@@ -1,4 +1,4 @@
-"""Rule files: one TOML file per rule, ``<name>.toml``, in the built-in ``rules/`` folder or a ``--rules-dir``.
+"""Rule files: one TOML file per rule, ``<name>.toml``, in the built-in ``rules/`` folder or a --rules-dir.
 
 Keys (required unless marked optional)::
 
@@ -46,7 +46,18 @@ else:  # pragma: no cover
 APPLIES_TO = ("dp", "ddp", "any")
 SCOPES = ("run", "rank")
 DOC_SECTIONS = ("what_it_does", "why_is_this_bad", "example", "fix", "references")
-_REQUIRED = ("id", "name", "severity", "applies_to", "scope", "summary", "when", "message", "recommendation", "docs")
+_REQUIRED = (
+    "id",
+    "name",
+    "severity",
+    "applies_to",
+    "scope",
+    "summary",
+    "when",
+    "message",
+    "recommendation",
+    "docs",
+)
 _OPTIONAL = ("backends", "ranks_where", "estimated_gain_ms", "clauses", "params")
 _ID_RE = re.compile(r"^[A-Z]{2,}[0-9]{3,}$")
 _NAME_RE = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
@@ -113,7 +124,7 @@ class Rule:
         return frozenset(names)
 
     def with_params(self, overrides: Mapping[str, Any], source: str) -> Rule:
-        """A copy with ``overrides`` applied; unknown names and wrong types are a ``RuleError`` naming ``source``."""
+        """A copy with ``overrides`` applied (unknown names, wrong types: ``RuleError`` naming ``source``)."""
         params = dict(self.params)
         origin = dict(self.params_source)
         for key, value in overrides.items():
@@ -202,11 +213,13 @@ def _build(data: Mapping[str, Any], filename: str, where: str) -> Rule:
         if value not in allowed:
             raise _Bad(f"{key} must be one of {', '.join(allowed)}, not {value!r}")
     params = data.get("params", {})
-    if not isinstance(params, dict) or not all(_same_kind(v, v) and not isinstance(v, dict) for v in params.values()):
+    if not isinstance(params, dict) or not all(
+        _same_kind(v, v) and not isinstance(v, dict) for v in params.values()
+    ):
         raise _Bad("[params] must map names to numbers or true/false")
     backends = data.get("backends", [])
     if not isinstance(backends, list) or not all(isinstance(b, str) for b in backends):
-        raise _Bad("backends must be a list of strings, e.g. [\"nccl\"]")
+        raise _Bad('backends must be a list of strings, e.g. ["nccl"]')
     s: Scope = scope  # type: ignore[assignment]
 
     def expr(key: str, text: str, expr_scope: Scope = s) -> Expr:
@@ -223,14 +236,19 @@ def _build(data: Mapping[str, Any], filename: str, where: str) -> Rule:
 
     ranks_where = data.get("ranks_where")
     if ranks_where is not None and scope != "run":
-        raise _Bad("ranks_where is only for scope = \"run\" (a per-rank rule names the ranks where `when` holds)")
+        raise _Bad(
+            'ranks_where is only for scope = "run" (a per-rank rule names the ranks where `when` holds)'
+        )
     gain = data.get("estimated_gain_ms")
     clauses = []
     for i, raw in enumerate(data.get("clauses", [])):
         if not isinstance(raw, dict) or set(raw) != {"when", "message"}:
             raise _Bad(f"[[clauses]] #{i + 1} must have exactly `when` and `message`")
         clauses.append(
-            Clause(expr(f"clauses #{i + 1} when", _text(raw, "when")), template("clauses message", raw["message"]))
+            Clause(
+                expr(f"clauses #{i + 1} when", _text(raw, "when")),
+                template("clauses message", raw["message"]),
+            )
         )
     return Rule(
         id=rule_id,
@@ -258,7 +276,9 @@ def _docs(docs: Any, params: Mapping[str, Any]) -> RuleDocs:
         raise _Bad("[docs] must be a table")
     unknown = sorted(set(docs) - set(DOC_SECTIONS) - {"options"})
     if unknown:
-        raise _Bad(f"unknown [docs] section(s) {', '.join(unknown)} (allowed: {', '.join(DOC_SECTIONS)}, options)")
+        raise _Bad(
+            f"unknown [docs] section(s) {', '.join(unknown)} (allowed: {', '.join(DOC_SECTIONS)}, options)"
+        )
     texts = {key: _text(docs, key, "docs") for key in DOC_SECTIONS if key != "references"}
     refs = docs.get("references")
     if not isinstance(refs, list) or not refs or not all(isinstance(r, str) and r.strip() for r in refs):
@@ -269,7 +289,10 @@ def _docs(docs: Any, params: Mapping[str, Any]) -> RuleDocs:
     if not isinstance(options, dict) or set(options) != set(params):
         missing = sorted(set(params) - set(options)) if isinstance(options, dict) else sorted(params)
         extra = sorted(set(options) - set(params)) if isinstance(options, dict) else []
-        raise _Bad(f"[docs.options] must describe every param (missing: {missing or 'none'}, unknown: {extra or 'none'})")
+        raise _Bad(
+            f"[docs.options] must describe every param "
+            f"(missing: {missing or 'none'}, unknown: {extra or 'none'})"
+        )
     return RuleDocs(**texts, references=tuple(refs), options={k: str(v) for k, v in options.items()})
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import read_json, run_cli, write_script
+from helpers import read_json, run_cli, write_script
 
 pytestmark = [pytest.mark.integration]
 

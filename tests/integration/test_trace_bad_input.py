@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from conftest import run_cli, write_script
+from helpers import run_cli, write_script
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

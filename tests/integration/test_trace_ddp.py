@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import read_json, run_cli
+from helpers import read_json, run_cli
 
 pytestmark = [pytest.mark.integration]
 

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import read_json
+from helpers import read_json
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 

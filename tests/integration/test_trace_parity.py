@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import run_cli, write_script
+from helpers import run_cli, write_script
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 

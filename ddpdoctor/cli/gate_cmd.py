@@ -1,0 +1,113 @@
+"""``ddpdoctor baseline RUN`` (write a baseline file) and ``ddpdoctor gate RUN --baseline FILE`` (fail CI on a
+performance regression).
+
+Exit status of ``gate``: 0 pass, 1 regression (or a new finding at/above ``--fail-on``, or with ``--strict-env`` a
+different environment), 2 usage or input error (one line on stderr). Files (``--output``, ``--junit``) are
+written atomically. With ``GITHUB_ACTIONS`` set, failures and warnings are also printed as ``::error``/``::warning``
+workflow commands and the result table is appended to ``$GITHUB_STEP_SUMMARY``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from ddpdoctor.cli.compare_cmd import emit
+from ddpdoctor.errors import DDPDoctorError
+
+_GATE_EPILOG = """\
+thresholds (METRIC=THRESHOLD, repeatable; also [tool.ddpdoctor.gate.thresholds] in pyproject.toml):
+  +5%% relative to the baseline, +2ms / +512MiB / -0.1 absolute, off to stop gating a metric.
+  defaults: %(defaults)s
+metrics: %(metrics)s
+a metric regresses when its change passes the threshold AND the bootstrap interval of the change over the
+per-step samples excludes 0 (not noise)."""
+
+
+def _epilog() -> str:
+    from ddpdoctor.compare.catalog import METRICS
+
+    defaults = ", ".join(f"{m.name}={m.threshold}" for m in METRICS if m.threshold)
+    return _GATE_EPILOG % {"defaults": defaults, "metrics": ", ".join(m.name for m in METRICS)}
+
+
+def register(subparsers: Any, name: str, help_text: str) -> None:
+    if name == "baseline":
+        p = subparsers.add_parser(name, help=help_text, description=help_text + " (metrics, per-step samples and "
+                                  "environment as small, reviewable JSON meant to be committed).")
+        p.add_argument("run", metavar="RUN", help="a ddpdoctor run directory (or traces)")
+        p.add_argument("--output", "-o", metavar="FILE", help="write the baseline to FILE (default: stdout)")
+        p.set_defaults(func=run_baseline)
+        return
+    from ddpdoctor.compare.render import GateFormat
+
+    p = subparsers.add_parser(name, help=help_text, description=help_text, epilog=_epilog(),
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run", metavar="RUN", help="the run to check (a ddpdoctor run directory)")
+    p.add_argument("--baseline", "-b", required=True, metavar="FILE",
+                   help="baseline file from `ddpdoctor baseline` (or a run directory)")
+    p.add_argument("--threshold", "-t", action="append", default=[], metavar="METRIC=THRESHOLD",
+                   help="override a threshold, e.g. step_ms.median=+5%% (repeatable)")
+    p.add_argument("--fail-on", choices=("info", "warning", "error", "off"), default=None,
+                   help="fail on new findings at or above this severity (default: error)")
+    p.add_argument("--strict-env", action="store_true", default=None,
+                   help="fail when the environment (world size, backend, devices, torch) differs from the baseline")
+    p.add_argument("--format", choices=[f.value for f in GateFormat], default=GateFormat.TEXT.value,
+                   help="output format (default: text)")
+    p.add_argument("--output", "-o", metavar="FILE", help="write the result to FILE instead of stdout")
+    p.add_argument("--junit", metavar="FILE", help="also write JUnit XML to FILE")
+    p.add_argument("--config", metavar="FILE",
+                   help="read [tool.ddpdoctor.gate] from FILE instead of the nearest pyproject.toml")
+    p.set_defaults(func=run_gate)
+
+
+def run_baseline(args: argparse.Namespace) -> int:
+    from ddpdoctor.compare import read_input
+
+    from ddpdoctor.compare.snapshot import dumps
+
+    snapshot = read_input(args.run)
+    text = dumps(snapshot)
+    emit(lambda _, stream: stream.write(text), None, args.output)
+    if args.output is not None:
+        metrics = sum(v is not None for v in snapshot.metrics.values())
+        print(f"ddpdoctor: wrote baseline {args.output}: {metrics} metrics, "
+              f"{len(snapshot.samples.get('step_ms', []))} step samples", file=sys.stderr)
+    return 0
+
+
+def _github(result: Any, report_on_stdout: bool) -> None:
+    if os.environ.get("GITHUB_ACTIONS", "").lower() in ("", "0", "false"):
+        return
+    from ddpdoctor.compare.render import github
+
+    # workflow commands are read from stdout and stderr; keep a JSON/Markdown report on stdout clean
+    github.write_annotations(result, sys.stderr if report_on_stdout else sys.stdout)
+    summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if summary:
+        try:
+            github.append_step_summary(result, summary)
+        except OSError as exc:
+            raise DDPDoctorError(f"{summary}: cannot append the step summary: {exc.strerror or exc}") from None
+
+
+def run_gate(args: argparse.Namespace) -> int:
+    from ddpdoctor.compare import gate, load_config, read_input
+    from ddpdoctor.compare.render import GATE_RENDERERS, GateFormat, junit
+    from ddpdoctor.rundir import atomic_write_bytes
+
+    config = load_config(args.config, args.threshold, fail_on=args.fail_on, strict_env=args.strict_env)
+    baseline = read_input(args.baseline)
+    current = read_input(args.run)
+    result = gate(current, baseline, config)
+    if args.junit:  # files first: a closed stdout (`| head`) must not cost the CI its JUnit report
+        try:
+            atomic_write_bytes(Path(args.junit), junit.to_bytes(result))
+        except OSError as exc:
+            raise DDPDoctorError(f"{args.junit}: cannot write: {exc.strerror or exc}") from None
+    emit(GATE_RENDERERS[GateFormat(args.format)], result, args.output)
+    _github(result, report_on_stdout=args.output is None and args.format != GateFormat.TEXT.value)
+    return result.exit_code

@@ -1,0 +1,44 @@
+"""GitHub Actions output of ``ddpdoctor gate`` (when ``GITHUB_ACTIONS`` is set): ``::error``/``::warning``
+workflow commands (annotations on the run) and a Markdown table appended to ``$GITHUB_STEP_SUMMARY``."""
+
+from __future__ import annotations
+
+from typing import TextIO
+
+from ddpdoctor.compare.gate import FAIL, WARN, GateResult
+from ddpdoctor.compare.render.gate_text import env_lines, markdown_lines
+from ddpdoctor.report import fmt
+
+
+def _data(text: str) -> str:
+    """A workflow command's message: %, CR and LF escaped as the runner expects."""
+    return fmt.plain(text).replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def _prop(text: str) -> str:
+    return _data(text).replace(":", "%3A").replace(",", "%2C")
+
+
+def annotations(result: GateResult) -> list[str]:
+    """One ``::error`` per failure, one ``::warning`` per warning and per environment difference."""
+    out = []
+    for check in (*result.metrics, *result.rules):
+        if check.outcome in (FAIL, WARN):
+            name = getattr(check, "metric", None) or getattr(check, "rule", "")
+            level = "error" if check.outcome == FAIL else "warning"
+            out.append(f"::{level} title={_prop('ddpdoctor gate: ' + name)}::{_data(check.message)}")
+    level = "error" if result.env_failed else "warning"
+    out += [f"::{level} title={_prop('ddpdoctor gate: environment')}::{_data(line)}" for line in env_lines(result)]
+    return out
+
+
+def write_annotations(result: GateResult, stream: TextIO) -> None:
+    for line in annotations(result):
+        stream.write(line + "\n")
+    stream.flush()
+
+
+def append_step_summary(result: GateResult, path: str) -> None:
+    """Append the Markdown table to the job summary file (appending: other steps write there too)."""
+    with open(path, "a", encoding="utf-8") as f:
+        f.write("\n".join(markdown_lines(result)) + "\n")

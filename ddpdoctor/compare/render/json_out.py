@@ -1,0 +1,23 @@
+"""``--format json`` of compare and gate: the documents of ``render.document``, strict JSON (no NaN)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, TextIO
+
+from ddpdoctor.compare.diff import Comparison
+from ddpdoctor.compare.gate import GateResult
+from ddpdoctor.compare.render import document
+
+
+def _dump(doc: dict[str, Any], stream: TextIO) -> None:
+    json.dump(doc, stream, indent=2, allow_nan=False, ensure_ascii=False)
+    stream.write("\n")
+
+
+def render_comparison(c: Comparison, stream: TextIO) -> None:
+    _dump(document.comparison(c), stream)
+
+
+def render_gate(result: GateResult, stream: TextIO) -> None:
+    _dump(document.gate(result), stream)

@@ -1,0 +1,285 @@
+"""A run reduced to what ``compare`` and ``gate`` need: environment, summary metrics, per-step samples, devices,
+findings. A baseline file is a Snapshot written as JSON. Pure: ``build`` takes already-read data, never files.
+
+Baseline JSON (``kind`` "ddpdoctor-baseline", schema_version 1; keys are added, never renamed)::
+
+    {"schema_version": 1, "kind": "ddpdoctor-baseline", "created_at": "2026-01-31T12:00:00Z", "run": "runs/a",
+     "environment": {"ddpdoctor_version", "torch_version", "python", "mode", "world_size", "backend",
+                     "devices": ["NVIDIA H100 80GB HBM3", ...] | ["cpu"], "batch_size_per_rank"},
+     "metrics": {"step_ms.median": 31.2, "exposed_comm_ms": 1.4, ...},     # every catalog name, null = not measured
+     "samples": {"step_ms": [30.9, 31.4, ...], "exposed_comm_ms": [...], ...},  # per-step values
+     "sample_notes": {"step_ms": "21 steps outside the profiled windows, steps 2-29, slowest rank per step"},
+     "devices": [{"rank", "host", "device", "name", "peak_allocated_bytes", "peak_reserved_bytes",
+                  "capacity_bytes"}],
+     "findings": [{"id", "name", "severity", "ranks", "message"}] | null,   # null: the rules did not run
+     "rules_evaluated": [rule names that were decided on this run] | null,
+     "notes": ["..."]}
+
+Units: ms per step, bytes, ratios 0-1, GB/s.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from ddpdoctor import __version__
+from ddpdoctor.compare import samples as smp
+from ddpdoctor.compare.catalog import METRICS
+
+SCHEMA_VERSION = 1
+_NUMBER_LIST = re.compile(r"\[\s*((?:-?[\d.eE+-]+\s*,\s*)*-?[\d.eE+-]+)\s*\]")
+KIND = "ddpdoctor-baseline"
+ENV_KEYS = ("world_size", "mode", "backend", "devices", "torch_version")  # a difference here is a warning
+_RANK_MEAN = tuple(m.name for m in METRICS if "." not in m.name and not m.name.startswith(("gpu0", "others", "max_")))
+_RUN_LEVEL = ("straggler_wait_ms", "gpu0_peak_reserved_bytes", "others_max_peak_reserved_bytes",
+              "gpu0_vs_others_ratio")
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    source: str
+    environment: dict[str, Any]
+    metrics: dict[str, float | None]
+    samples: dict[str, list[float]] = field(default_factory=dict)
+    sample_notes: dict[str, str] = field(default_factory=dict)
+    devices: list[dict[str, Any]] = field(default_factory=list)
+    findings: list[dict[str, Any]] | None = None
+    rules_evaluated: list[str] | None = None
+    notes: list[str] = field(default_factory=list)
+    created_at: str = ""
+    is_baseline: bool = False  # read from a baseline file (not a run directory)
+
+    def value(self, name: str) -> float | None:
+        return self.metrics.get(name)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "kind": KIND,
+            "created_at": self.created_at,
+            "run": self.source,
+            "environment": self.environment,
+            "metrics": {k: _round(v) for k, v in self.metrics.items()},
+            "samples": {k: [_round(v, 4) for v in vs] for k, vs in self.samples.items()},
+            "sample_notes": self.sample_notes,
+            "devices": self.devices,
+            "findings": self.findings,
+            "rules_evaluated": self.rules_evaluated,
+            "notes": self.notes,
+        }
+
+
+def dumps(snapshot: Snapshot) -> str:
+    """The baseline file's text: one key per line, each list of numbers on one line (reviewable diffs)."""
+    text = json.dumps(snapshot.to_json(), indent=1, allow_nan=False, ensure_ascii=False)
+    return _NUMBER_LIST.sub(lambda m: "[" + ", ".join(x.strip() for x in m.group(1).split(",")) + "]", text) + "\n"
+
+
+def from_json(data: Mapping[str, Any], source: str) -> Snapshot:
+    """A Snapshot from a baseline document; ValueError naming what is wrong."""
+    if data.get("kind") != KIND:
+        raise ValueError("not a ddpdoctor baseline (no \"kind\": \"ddpdoctor-baseline\")")
+    if int(data.get("schema_version", 0)) > SCHEMA_VERSION:
+        raise ValueError(f"baseline schema_version {data.get('schema_version')} is newer than this ddpdoctor reads "
+                         f"({SCHEMA_VERSION}); upgrade ddpdoctor")
+    metrics, samples = data.get("metrics"), data.get("samples") or {}
+    if not isinstance(metrics, dict) or not isinstance(samples, dict):
+        raise ValueError("\"metrics\" and \"samples\" must be objects")
+    try:
+        return Snapshot(
+            source=str(data.get("run") or source),
+            environment=dict(data.get("environment") or {}),
+            metrics={str(k): None if v is None else float(v) for k, v in metrics.items()},
+            samples={str(k): [float(x) for x in v] for k, v in samples.items()},
+            sample_notes=dict(data.get("sample_notes") or {}),
+            devices=list(data.get("devices") or []),
+            findings=None if data.get("findings") is None else list(data["findings"]),
+            rules_evaluated=None if data.get("rules_evaluated") is None else list(data["rules_evaluated"]),
+            notes=list(data.get("notes") or []),
+            created_at=str(data.get("created_at") or ""),
+            is_baseline=True,
+        )
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"a metric or sample is not a number ({exc})") from None
+
+
+def build(source: str, captures: Sequence[Mapping[str, Any]], metrics: Any = None, diagnosis: Any = None,
+          notes: Sequence[str] = ()) -> Snapshot:
+    """The Snapshot of a run from its capture files (``ranks/rank<R>.json``, sorted by rank; may be empty for
+    foreign traces), its ``RunMetrics`` (None when the traces were not analysed) and its ``Diagnosis``."""
+    values: dict[str, float | None] = {m.name: None for m in METRICS}
+    samples: dict[str, list[float]] = {}
+    sample_notes: dict[str, str] = {}
+    if metrics is not None:
+        _from_metrics(metrics, values, samples)
+    steps, how = smp.job_step_times(captures)
+    if steps:
+        samples["step_ms"], sample_notes["step_ms"] = steps, how
+    elif "step_ms" in samples:
+        sample_notes["step_ms"] = "profiled steps (from the traces), slowest rank per step"
+    gil = smp.gil_samples(captures)
+    if gil:
+        samples["gil_contention"] = gil
+    for m in METRICS:  # a metric with samples is the statistic of its samples: one number everywhere
+        if m.samples and samples.get(m.samples):
+            values[m.name] = smp.statistic(samples[m.samples], m.statistic)
+    devices = _capture_devices(captures) or _metrics_devices(metrics)
+    values.update({k: v for k, v in _memory(devices).items() if v is not None})
+    return Snapshot(
+        source=source,
+        environment=environment(captures, metrics),
+        metrics=values,
+        samples=samples,
+        sample_notes=sample_notes,
+        devices=devices,
+        findings=None if diagnosis is None else [_finding(f) for f in diagnosis.findings],
+        rules_evaluated=None if diagnosis is None else sorted({*(f.name for f in diagnosis.findings),
+                                                               *diagnosis.passed}),
+        notes=list(notes),
+        created_at=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    )
+
+
+def with_source(snapshot: Snapshot, source: str) -> Snapshot:
+    return replace(snapshot, source=source)
+
+
+# ---- helpers ---------------------------------------------------------------------------------------------------
+def _num(value: Any) -> float | None:
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(out) or math.isinf(out) else out
+
+
+def _round(value: float | None, digits: int = 6) -> float | None:
+    if value is None:
+        return None
+    return float(f"{value:.{digits}g}") if abs(value) < 1e6 else float(round(value))
+
+
+def _from_metrics(metrics: Any, values: dict[str, float | None], samples: dict[str, list[float]]) -> None:
+    ranks = [dict(r) for r in (getattr(metrics, "ranks", None) or [])]
+    for name in _RANK_MEAN:
+        found = [v for v in (_num(r.get(name)) for r in ranks) if v is not None]
+        values[name] = float(np.mean(found)) if found else None
+    run = dict(getattr(metrics, "run", None) or {})
+    for name in _RUN_LEVEL:
+        if _num(run.get(name)) is not None:
+            values[name] = _num(run.get(name))
+    per_step = getattr(metrics, "per_step", None)
+    if per_step is None or len(per_step) == 0:
+        return
+    df = per_step.copy()
+    if "analyzed" in df.columns:  # steps the metrics leave out (a window's last step on a GPU) stay out here too
+        df = df[df["analyzed"].astype(bool)]
+    if "overlap_ratio" not in df.columns and {"comm_ms", "exposed_comm_ms"} <= set(df.columns):
+        comm = df["comm_ms"].astype(float)
+        df["overlap_ratio"] = (1.0 - df["exposed_comm_ms"].astype(float) / comm).where(comm > 0)
+    for m in METRICS:
+        key = m.samples
+        if key and key != "step_ms" and key in df.columns:
+            col = df[key].astype(float).dropna()
+            if len(col):
+                samples[key] = col.tolist()  # pooled over ranks and steps: its mean is the mean over ranks
+    if "step_ms" in df.columns and {"rank", "step"} <= set(df.columns):
+        job = df.groupby("step")["step_ms"].max().dropna()
+        if len(job):
+            samples["step_ms"] = job.astype(float).tolist()
+
+
+def environment(captures: Sequence[Mapping[str, Any]], metrics: Any = None) -> dict[str, Any]:
+    """What must match for two runs' numbers to be comparable (see ``ENV_KEYS``), plus context."""
+    run = dict(getattr(metrics, "run", None) or {})
+    first = captures[0] if captures else {}
+    names: list[str] = []
+    for c in captures:
+        devs = (c.get("memory") or {}).get("devices") or []
+        names += [str(d.get("name") or d.get("device")) for d in devs] or [str(c.get("device") or "cpu")]
+    mode = run.get("mode") or _capture_mode(captures)
+    batch = None
+    for c in captures:
+        for loader in ((c.get("setup") or {}).get("data_loaders") or []):
+            if loader.get("batches_yielded") and loader.get("batch_size"):
+                batch = int(loader["batch_size"])
+                break
+        if batch is not None:
+            break
+    return {
+        "ddpdoctor_version": __version__,
+        "torch_version": first.get("torch_version"),
+        "python": first.get("python"),
+        "mode": mode,
+        "world_size": int(first.get("world_size") or run.get("world_size") or len(captures) or 1),
+        "backend": first.get("backend") or run.get("backend"),
+        "devices": sorted(set(names)) or None,
+        "batch_size_per_rank": batch,
+    }
+
+
+def _capture_mode(captures: Sequence[Mapping[str, Any]]) -> str | None:
+    if not captures:
+        return None
+    if any(c.get("ddp") for c in captures):
+        return "ddp"
+    if any(c.get("dp") for c in captures):
+        return "dp"
+    return "ddp" if int(captures[0].get("world_size") or 1) > 1 else "single"
+
+
+def _capture_devices(captures: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for c in captures:
+        for d in (c.get("memory") or {}).get("devices") or []:
+            out.append({
+                "rank": c.get("rank"), "host": c.get("hostname"), "device": d.get("device"),
+                "index": d.get("index"), "name": d.get("name"),
+                **{k: _num(d.get(k)) for k in ("peak_allocated_bytes", "peak_reserved_bytes", "capacity_bytes")},
+            })
+    return out
+
+
+def _metrics_devices(metrics: Any) -> list[dict[str, Any]]:
+    df = getattr(metrics, "devices", None)
+    if df is None or len(df) == 0:
+        return []
+    out = []
+    for row in df.to_dict("records"):
+        device = str(row.get("device"))
+        index = int(device.split(":")[-1]) if device.split(":")[-1].isdigit() else None
+        out.append({"rank": row.get("rank"), "host": None, "device": device, "index": index, "name": None,
+                    **{k: _num(row.get(k)) for k in ("peak_allocated_bytes", "peak_reserved_bytes",
+                                                     "capacity_bytes")}})
+    return out
+
+
+def _memory(devices: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
+    """GPU 0 vs the rest: reserved bytes summed over the processes using a device (per host)."""
+    reserved: dict[tuple[Any, Any], float] = {}
+    for d in devices:
+        if d.get("index") is None or d.get("peak_reserved_bytes") is None:
+            continue
+        key = (d.get("host"), int(d["index"]))
+        reserved[key] = reserved.get(key, 0.0) + float(d["peak_reserved_bytes"])
+    gpu0 = max((v for (_, i), v in reserved.items() if i == 0), default=None)
+    others = max((v for (_, i), v in reserved.items() if i != 0), default=None)
+    allocated = [float(d["peak_allocated_bytes"]) for d in devices if d.get("peak_allocated_bytes") is not None]
+    return {
+        "gpu0_peak_reserved_bytes": gpu0,
+        "others_max_peak_reserved_bytes": others,
+        "gpu0_vs_others_ratio": gpu0 / others if gpu0 is not None and others else None,
+        "max_peak_allocated_bytes": max(allocated) if allocated else None,
+    }
+
+
+def _finding(f: Any) -> dict[str, Any]:
+    return {"id": f.id, "name": f.name, "severity": f.severity, "ranks": list(f.ranks), "message": f.message}

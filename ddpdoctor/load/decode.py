@@ -1,0 +1,340 @@
+"""Decode one Kineto trace file (plain or gzipped JSON) into compact columns.
+
+Speed and memory: the file is decompressed into one preallocated buffer; msgspec checks the whole document
+and keeps
+``traceEvents`` as a raw slice; the slice is then cut at event boundaries into ~1 MB chunks that are decoded
+with typed
+structs (only the fields in ``schema``), turned into numpy columns and dropped. Peak memory is the JSON text
+plus the
+columns plus one chunk, instead of one Python dict per event.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import re
+import struct
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+import pandas as pd
+
+from ddpdoctor.errors import TraceError
+from ddpdoctor.load.categories import canonical
+from ddpdoctor.load.schema import Args, Event, Header, LooseEvent, loosen
+
+CHUNK_BYTES = 1 << 20
+_EVENT_GAP = re.compile(rb"\}\s*,\s*\{")
+_STREAM_TID = re.compile(r"^\s*stream\s+(\d+)\s*$", re.IGNORECASE)
+COMM_NAME = re.compile(r"^(nccl:|gloo:|ucc:|mpi:|record_param_comms$|c10d::)")
+_NO_ARGS = Args()
+
+_EVENTS = msgspec.json.Decoder(list[Event])
+_LOOSE_EVENTS = msgspec.json.Decoder(list[LooseEvent])
+_HEADER = msgspec.json.Decoder(Header)
+_RAW_LIST = msgspec.json.Decoder(list[msgspec.Raw])
+
+
+class NameTable:
+    """Interns strings into int codes shared by all spans of a rank; ``flags[code]`` marks names matching
+    ``flag``."""
+
+    def __init__(self, flag: re.Pattern[str] | None = None) -> None:
+        self.index: dict[str, int] = {}
+        self.flag = flag
+        self.flags: list[bool] = []
+
+    def codes(self, values: list[str]) -> np.ndarray:
+        if not values:
+            return np.zeros(0, dtype=np.int32)
+        local, uniques = pd.factorize(pd.Series(values, dtype=object), use_na_sentinel=False)
+        table = np.fromiter((self._code(u) for u in uniques), dtype=np.int32, count=len(uniques))
+        return table[local]
+
+    def _code(self, value: str) -> int:
+        code = self.index.get(value)
+        if code is None:
+            code = self.index[value] = len(self.index)
+            self.flags.append(bool(self.flag.match(value)) if self.flag is not None else False)
+        return code
+
+    def names(self) -> list[str]:
+        out = [""] * len(self.index)
+        for name, code in self.index.items():
+            out[code] = name
+        return out
+
+
+@dataclass
+class FileColumns:
+    """The columns of one trace file. ``x_*`` are complete ("X") events, ``mem_*`` ``[memory]`` instants."""
+
+    path: str
+    distributed_info: dict[str, Any] | None = None
+    device_properties: list[dict[str, Any]] = field(default_factory=list)
+    base_time_ns: int | None = None
+    window: tuple[float, float] | None = None
+    x: dict[str, list[np.ndarray]] = field(default_factory=dict)
+    mem: dict[str, list[np.ndarray]] = field(default_factory=dict)
+    comm_rows: list[dict[str, Any]] = field(default_factory=list)
+    thread_names: dict[tuple[int, int], str] = field(default_factory=dict)
+    process_labels: dict[int, str] = field(default_factory=dict)
+    n_x: int = 0
+    n_events: int = 0
+
+    def column(self, group: str, key: str, dtype: Any) -> np.ndarray:
+        parts = getattr(self, group).get(key, [])
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
+
+
+def read_bytes(path: Path) -> bytes | bytearray:
+    """The (decompressed) bytes of a trace file; TraceError naming the file when it is empty or corrupt."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(2)
+            if not head:
+                raise TraceError(f"{path}: empty file")
+            if head != b"\x1f\x8b":
+                return _read_plain(f)
+            return _gunzip(f)
+    except TraceError:
+        raise
+    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+        raise TraceError(f"{path}: truncated or corrupt gzip file ({exc})") from None
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot read ({exc.strerror or exc})") from None
+
+
+def _read_plain(f: Any) -> bytearray:
+    # read into a buffer of the file's size: f.read() may briefly hold the file twice
+    size = os.fstat(f.fileno()).st_size
+    f.seek(0)
+    return _fill(f, size)
+
+
+def _gunzip(f: Any) -> bytes | bytearray:
+    # The gzip trailer holds the uncompressed size (mod 4 GiB): decompress straight into a buffer of that size
+    # instead of growing one (which briefly needs twice the memory).
+    f.seek(-4, 2)
+    size = struct.unpack("<I", f.read(4))[0]
+    f.seek(0)
+    with gzip.GzipFile(fileobj=f) as gz:
+        buf = _fill(gz, size)
+        rest = gz.read()
+    return bytes(buf) + rest if rest else buf  # > 4 GiB or several gzip members
+
+
+def _fill(f: Any, size: int) -> bytearray:
+    """Read up to ``size`` bytes from ``f`` into one buffer, 1 MiB at a time (no full-size temporaries)."""
+    buf = bytearray(size)
+    view = memoryview(buf)
+    got = 0
+    while got < size:
+        n = f.readinto(view[got : got + CHUNK_BYTES])
+        if not n:
+            break
+        got += n
+    view.release()
+    if got < size:
+        del buf[got:]
+    return buf
+
+
+@dataclass
+class RankTables:
+    """Interning tables shared by all files (spans) of one rank, so that their codes agree."""
+
+    names: NameTable = field(default_factory=lambda: NameTable(COMM_NAME))
+    cats: NameTable = field(default_factory=NameTable)
+    # non-numeric pid/tid strings ("Spans") -> negative codes
+    strings: dict[str, int] = field(default_factory=dict)
+
+
+def decode_file(path: Path, tables: RankTables) -> FileColumns:
+    """Decode ``path`` into columns, interning names/categories into the rank's ``tables``."""
+    data = read_bytes(path)
+    out = FileColumns(path=str(path))
+    events_raw = _header(path, data, out)
+    view = memoryview(events_raw)
+    try:
+        for chunk in _chunks(view):
+            _add_chunk(out, _decode_chunk(chunk), tables)
+    except msgspec.DecodeError:
+        # a cut fell inside a string or a nested object: fall back to one raw slice per event
+        out = FileColumns(path=str(path))
+        _header(path, data, out)
+        raws = _RAW_LIST.decode(events_raw)
+        for i in range(0, len(raws), 8192):
+            _add_chunk(out, _decode_chunk(b"[" + b",".join(raws[i : i + 8192]) + b"]"), tables)
+    finally:
+        view.release()
+    if out.n_events == 0:
+        raise TraceError(f"{path}: the trace has no events")
+    return out
+
+
+def _header(path: Path, data: bytes | bytearray, out: FileColumns) -> msgspec.Raw:
+    try:
+        header = _HEADER.decode(data)
+    except msgspec.ValidationError:
+        # the Chrome "JSON array" format: the document is the list of events itself
+        if data.lstrip()[:1] == b"[":
+            try:
+                rows = _RAW_LIST.decode(data)
+            except msgspec.DecodeError as exc:
+                raise TraceError(f"{path}: not valid JSON ({exc})") from None
+            first = msgspec.json.decode(rows[0]) if rows else None
+            if isinstance(first, dict) and first.get("ph") is not None:
+                return msgspec.Raw(bytes(data))
+        raise TraceError(f"{path}: JSON, but not a Chrome/Kineto trace (no traceEvents)") from None
+    except msgspec.DecodeError as exc:
+        raise TraceError(f"{path}: not valid JSON ({exc})") from None
+    if len(header.traceEvents) == 0:
+        raise TraceError(f"{path}: JSON, but not a Chrome/Kineto trace (no traceEvents)")
+    if isinstance(header.distributedInfo, dict):
+        out.distributed_info = header.distributedInfo
+    if isinstance(header.deviceProperties, list):
+        out.device_properties = [d for d in header.deviceProperties if isinstance(d, dict)]
+    if isinstance(header.baseTimeNanoseconds, int):
+        out.base_time_ns = header.baseTimeNanoseconds
+    raw = header.traceEvents
+    if bytes(memoryview(raw)[:1]) != b"[":
+        raise TraceError(f"{path}: traceEvents is not a list")
+    return raw
+
+
+def _chunks(view: memoryview):
+    """Yield ``[...]`` byte strings of ~CHUNK_BYTES each, cut between two events of the array ``view``."""
+    end = len(view) - 1  # the closing ']'
+    pos = 1
+    while pos < end:
+        if end - pos <= CHUNK_BYTES:
+            yield b"".join((b"[", view[pos:end], b"]"))
+            return
+        m = _EVENT_GAP.search(view, pos + CHUNK_BYTES, end)
+        if m is None:
+            yield b"".join((b"[", view[pos:end], b"]"))
+            return
+        yield b"".join((b"[", view[pos : m.start() + 1], b"]"))
+        pos = m.end() - 1
+
+
+def _decode_chunk(chunk: bytes) -> list[Event]:
+    try:
+        return _EVENTS.decode(chunk)
+    except msgspec.ValidationError:
+        return [loosen(e) for e in _LOOSE_EVENTS.decode(chunk)]
+
+
+def _ids(values: list[int | str], strings: dict[str, int]) -> np.ndarray:
+    if all(v.__class__ is int for v in values):
+        return np.array(values, dtype=np.int64)
+    return np.array([v if v.__class__ is int else _id_of(v, strings) for v in values], dtype=np.int64)
+
+
+def _id_of(value: Any, strings: dict[str, int]) -> int:
+    text = str(value)
+    if text.strip().lstrip("-").isdigit():
+        return int(text)
+    m = _STREAM_TID.match(text)
+    if m:
+        return int(m.group(1))
+    return strings.setdefault(text, -1 - len(strings))
+
+
+def _append(group: dict[str, list[np.ndarray]], key: str, values: np.ndarray) -> None:
+    group.setdefault(key, []).append(values)
+
+
+def _add_chunk(out: FileColumns, events: list[Event], tables: RankTables) -> None:
+    names, cats, strings = tables.names, tables.cats, tables.strings
+    out.n_events += len(events)
+    xs = [e for e in events if e.ph == "X"]
+    memory = [e for e in events if e.name == "[memory]" and (e.ph == "i" or e.ph == "I")]
+    meta = [e for e in events if e.ph == "M"]
+    for e in meta:
+        _add_meta(out, e, strings)
+    if xs:
+        cat_names = [canonical(e.cat) for e in xs]
+        traces = [i for i, c in enumerate(cat_names) if c == "trace"]
+        for i in traces:
+            e = xs[i]
+            if out.window is None and "PyTorch Profiler" in e.name:
+                out.window = (e.ts, e.ts + e.dur)
+        if traces:
+            keep = set(traces)
+            xs = [e for i, e in enumerate(xs) if i not in keep]
+            cat_names = [c for i, c in enumerate(cat_names) if i not in keep]
+        args = [e.args or _NO_ARGS for e in xs]
+        x = out.x
+        name_codes = names.codes([e.name for e in xs])
+        _append(x, "name", name_codes)
+        _append(x, "cat", cats.codes(cat_names))
+        _append(x, "ts", np.array([e.ts for e in xs], dtype=np.float64))
+        _append(x, "dur", np.array([e.dur for e in xs], dtype=np.float64))
+        _append(x, "pid", _ids([e.pid for e in xs], strings))
+        _append(x, "tid", _ids([e.tid for e in xs], strings))
+        ext = np.array([a.external_id for a in args], dtype=np.int64)
+        ext_v1 = np.array([a.external_id_v1 for a in args], dtype=np.int64)
+        _append(x, "external_id", np.where(ext >= 0, ext, ext_v1))
+        _append(x, "correlation", np.array([a.correlation for a in args], dtype=np.int64))
+        _append(x, "device", np.array([a.device for a in args], dtype=np.int64))
+        _append(x, "stream", np.array([a.stream for a in args], dtype=np.int64))
+        _add_comm_rows(out, args, name_codes, names)
+        out.n_x += len(xs)
+    if memory:
+        args = [e.args or _NO_ARGS for e in memory]
+        m = out.mem
+        _append(m, "ts", np.array([e.ts for e in memory], dtype=np.float64))
+        _append(m, "pid", _ids([e.pid for e in memory], strings))
+        _append(m, "tid", _ids([e.tid for e in memory], strings))
+        _append(m, "bytes", np.array([a.bytes for a in args], dtype=np.int64))
+        _append(m, "total_allocated", np.array([a.total_allocated for a in args], dtype=np.float64))
+        _append(m, "total_reserved", np.array([a.total_reserved for a in args], dtype=np.float64))
+        _append(m, "device_type", np.array([a.device_type for a in args], dtype=np.int64))
+        _append(m, "device_id", np.array([a.device_id for a in args], dtype=np.int64))
+
+
+def _add_meta(out: FileColumns, e: Event, strings: dict[str, int]) -> None:
+    args = e.args or _NO_ARGS
+    pid = e.pid if e.pid.__class__ is int else _id_of(e.pid, strings)
+    tid = e.tid if e.tid.__class__ is int else _id_of(e.tid, strings)
+    if e.name == "thread_name" and args.name:
+        # later entries win: Kineto writes "thread 6023 (python)" and then the real "(pt_gloo_runloop)" name
+        if not (args.name.endswith("(python)") and (pid, tid) in out.thread_names):
+            out.thread_names[(pid, tid)] = args.name
+    elif e.name == "process_labels" and args.labels:
+        out.process_labels[pid] = args.labels
+
+
+def _add_comm_rows(out: FileColumns, args: list[Args], codes: np.ndarray, names: NameTable) -> None:
+    for i in np.flatnonzero(np.array(names.flags, dtype=bool)[codes]):
+        a = args[i]
+        out.comm_rows.append(
+            {
+                "row": out.n_x + int(i),
+                "in_nelems": a.in_nelems,
+                "out_nelems": a.out_nelems,
+                "group_size": a.group_size,
+                "dtype": a.dtype,
+                "collective_name": a.collective_name,
+                "pg_name": a.pg_name,
+                "seq": a.seq,
+                "input_dims": _raw_value(a.input_dims),
+                "input_type": _raw_value(a.input_type),
+            }
+        )
+
+
+def _raw_value(raw: msgspec.Raw) -> Any:
+    if len(raw) == 0:
+        return None
+    try:
+        return msgspec.json.decode(raw)
+    except msgspec.DecodeError:
+        return None

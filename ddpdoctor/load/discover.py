@@ -1,0 +1,62 @@
+"""Find the trace files under a path and group them by the worker (rank) that wrote them.
+
+Handles a ddpdoctor run directory (``rank<R>.<span>.pt.trace.json.gz``), ``tensorboard_trace_handler`` folders
+(``<worker>.<ms>.pt.trace.json[.gz]``, several spans per worker), HTA-style ``rank-N.json.gz`` and single
+files.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from ddpdoctor.errors import TraceError
+from ddpdoctor.rundir import MANIFEST
+
+_PT_TRACE = re.compile(r"\.pt\.trace\.json(\.gz)?$", re.IGNORECASE)
+_JSON = re.compile(r"\.json(\.gz)?$", re.IGNORECASE)
+_RANK_IN_NAME = re.compile(r"(?:^|[^a-z0-9])rank[-_]?(\d+)", re.IGNORECASE)
+_SPAN_SUFFIX = re.compile(r"\.\d+$")
+
+
+def trace_files(path: Path) -> list[Path]:
+    """The trace files a path stands for: the file itself, or the trace files directly inside a folder."""
+    if path.is_file():
+        return [path]
+    if not path.is_dir():
+        raise TraceError(f"{path}: no such file or directory")
+    entries = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
+    pt = [p for p in entries if _PT_TRACE.search(p.name)]
+    files = pt or [p for p in entries if _JSON.search(p.name) and p.name != MANIFEST]
+    if not files:
+        below = sorted({p.parent.name for p in path.glob("*/*") if p.is_file() and _JSON.search(p.name)})
+        hint = f"; folders below it with traces: {', '.join(below)}" if below else ""
+        raise TraceError(f"{path}: no trace files (*.pt.trace.json[.gz], *.json[.gz]) in this folder{hint}")
+    return files
+
+
+def worker_name(path: Path) -> str:
+    """The worker part of a trace file name: ``rank0.1732900000000.pt.trace.json.gz`` -> ``rank0``."""
+    name = path.name
+    stem = _PT_TRACE.sub("", name) if _PT_TRACE.search(name) else _JSON.sub("", name)
+    return _SPAN_SUFFIX.sub("", stem) or stem
+
+
+def rank_from_name(path: Path) -> int | None:
+    """The rank written in a file name (``rank3``, ``rank-3``, ``rank_3``), if any."""
+    m = _RANK_IN_NAME.search(path.name)
+    return int(m.group(1)) if m else None
+
+
+def group_by_worker(files: list[Path]) -> dict[str, list[Path]]:
+    """Files grouped by the worker that wrote them (its spans), in a stable order."""
+    groups: dict[str, list[Path]] = {}
+    for f in files:
+        rank = rank_from_name(f)
+        key = f"rank{rank}" if rank is not None else worker_name(f)
+        groups.setdefault(key, []).append(f)
+    return dict(sorted(groups.items(), key=lambda kv: _natural(kv[0])))
+
+
+def _natural(text: str) -> list[object]:
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", text)]

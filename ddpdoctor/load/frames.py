@@ -1,0 +1,200 @@
+"""Assemble the decoded columns of one rank's files (spans) into the ``RankTrace`` frames of ``model``."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+from ddpdoctor.load.categories import DEVICE_CATS
+from ddpdoctor.load.decode import FileColumns, RankTables
+from ddpdoctor.load.model import RankTrace
+
+_STEP = re.compile(r"^ProfilerStep\s*#\s*(\d+)$")
+_COMM_ARG_COLUMNS = (
+    "in_nelems",
+    "out_nelems",
+    "group_size",
+    "dtype",
+    "collective_name",
+    "pg_name",
+    "seq",
+    "input_dims",
+    "input_type",
+)
+
+
+def build_rank_trace(rank: int, files: list[FileColumns], tables: RankTables) -> RankTrace:
+    """One ``RankTrace`` from the columns of its files, spans ordered by start time."""
+    files = sorted(files, key=_file_start)
+    names = pd.Index(_table(tables.names.index), dtype=object)
+    cats = pd.Index(_table(tables.cats.index), dtype=object)
+
+    x, comm_rows = _concat_x(files)
+    cat_codes = x["cat"]
+    device_cat_codes = [i for i, c in enumerate(cats) if c in DEVICE_CATS]
+    on_device = np.isin(cat_codes, device_cat_codes)
+
+    def frame(mask: np.ndarray, extra: tuple[str, ...]) -> pd.DataFrame:
+        cols = {
+            "name": pd.Categorical.from_codes(x["name"][mask], categories=names),
+            "cat": pd.Categorical.from_codes(cat_codes[mask], categories=cats),
+            "ts_us": x["ts"][mask],
+            "dur_us": x["dur"][mask],
+        }
+        cols["end_us"] = cols["ts_us"] + cols["dur_us"]
+        cols["pid"] = x["pid"][mask]
+        cols["tid"] = x["tid"][mask]
+        for key in extra:
+            cols[key] = x[key][mask]
+        cols["span"] = x["span"][mask]
+        return pd.DataFrame(cols, copy=False)
+
+    ops = frame(~on_device, ("external_id", "correlation"))
+    kernels = frame(on_device, ("device", "stream", "correlation", "external_id"))
+    memory = _memory_frame(files, names, cats)
+
+    row_to_op = np.cumsum(~on_device) - 1
+    steps = _steps(ops)
+    comm_ops = _comm_ops(ops, comm_rows, row_to_op, on_device)
+
+    first = files[0] if files else None
+    thread_names: dict[tuple[int, int], str] = {}
+    process_labels: dict[int, str] = {}
+    for f in files:
+        thread_names.update(f.thread_names)
+        process_labels.update(f.process_labels)
+    for text, code in tables.strings.items():
+        thread_names.setdefault((-1, code), text)
+    return RankTrace(
+        rank=rank,
+        files=[f.path for f in files],
+        distributed_info=next((f.distributed_info for f in files if f.distributed_info), None),
+        device_properties=first.device_properties if first else [],
+        ops=ops,
+        kernels=kernels,
+        memory=memory,
+        steps=steps,
+        comm_ops=comm_ops,
+        thread_names=thread_names,
+        process_labels=process_labels,
+        windows=[f.window for f in files if f.window is not None],
+        base_time_ns=first.base_time_ns if first else None,
+    )
+
+
+def _table(index: dict[str, int]) -> list[str]:
+    out = [""] * len(index)
+    for value, code in index.items():
+        out[code] = value
+    return out
+
+
+def _file_start(f: FileColumns) -> float:
+    if f.window is not None:
+        return f.window[0]
+    ts = f.x.get("ts")
+    return float(min(a.min() for a in ts if len(a))) if ts and any(len(a) for a in ts) else 0.0
+
+
+def _concat_x(files: list[FileColumns]) -> tuple[dict[str, np.ndarray], list[dict]]:
+    dtypes = {
+        "name": np.int32,
+        "cat": np.int32,
+        "ts": np.float64,
+        "dur": np.float64,
+        "pid": np.int64,
+        "tid": np.int64,
+        "external_id": np.int64,
+        "correlation": np.int64,
+        "device": np.int64,
+        "stream": np.int64,
+    }
+    x: dict[str, np.ndarray] = {}
+    for key, dtype in dtypes.items():
+        parts = [f.column("x", key, dtype) for f in files]
+        x[key] = np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
+        for f in files:
+            f.x.pop(key, None)  # free as we go
+    x["span"] = (
+        np.concatenate([np.full(f.n_x, i, dtype=np.int32) for i, f in enumerate(files)])
+        if files
+        else np.zeros(0, dtype=np.int32)
+    )
+    comm_rows: list[dict] = []
+    offset = 0
+    for f in files:
+        for row in f.comm_rows:
+            comm_rows.append({**row, "row": row["row"] + offset})
+        offset += f.n_x
+    return x, comm_rows
+
+
+def _memory_frame(files: list[FileColumns], names: pd.Index, cats: pd.Index) -> pd.DataFrame:
+    cols: dict[str, np.ndarray] = {}
+    for key, dtype in (
+        ("ts", np.float64),
+        ("pid", np.int64),
+        ("tid", np.int64),
+        ("bytes", np.int64),
+        ("total_allocated", np.float64),
+        ("total_reserved", np.float64),
+        ("device_type", np.int64),
+        ("device_id", np.int64),
+    ):
+        parts = [f.column("mem", key, dtype) for f in files]
+        cols[key] = np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
+    n = len(cols["ts"])
+    span = (
+        np.concatenate(
+            [np.full(len(f.column("mem", "ts", np.float64)), i, dtype=np.int32) for i, f in enumerate(files)]
+        )
+        if files
+        else np.zeros(0, dtype=np.int32)
+    )
+    return pd.DataFrame(
+        {
+            "name": pd.Categorical(["[memory]"] * n, categories=["[memory]"]),
+            "cat": pd.Categorical(["cpu_instant_event"] * n, categories=["cpu_instant_event"]),
+            "ts_us": cols["ts"],
+            "dur_us": np.zeros(n),
+            "end_us": cols["ts"].copy(),
+            "pid": cols["pid"],
+            "tid": cols["tid"],
+            "bytes": cols["bytes"],
+            "total_allocated": cols["total_allocated"],
+            "total_reserved": cols["total_reserved"],
+            "device_type": cols["device_type"],
+            "device_id": cols["device_id"],
+            "span": span,
+        }
+    )
+
+
+def _steps(ops: pd.DataFrame) -> pd.DataFrame:
+    """``ProfilerStep#N`` ranges recorded on the CPU (not their GPU-side copies), sorted by start."""
+    step_names = {n: int(m.group(1)) for n in ops["name"].cat.categories if (m := _STEP.match(n))}
+    if not step_names:
+        return ops.iloc[0:0].assign(step=np.zeros(0, dtype=np.int64))
+    mask = ops["name"].isin(list(step_names)) & ops["cat"].isin(["user_annotation", "cpu_op"])
+    steps = ops[mask].copy()
+    steps["step"] = steps["name"].map(step_names).astype(np.int64)
+    return steps.sort_values("ts_us", kind="stable").reset_index(drop=True)
+
+
+def _comm_ops(
+    ops: pd.DataFrame, rows: list[dict], row_to_op: np.ndarray, on_device: np.ndarray
+) -> pd.DataFrame:
+    keep = [r for r in rows if not on_device[r["row"]]]
+    idx = np.array([row_to_op[r["row"]] for r in keep], dtype=np.int64)
+    out = ops.iloc[idx].reset_index(drop=True)
+    for key in _COMM_ARG_COLUMNS:
+        values = [r[key] for r in keep]
+        out[key] = pd.Series(
+            values,
+            dtype=object
+            if key in ("dtype", "collective_name", "pg_name", "input_dims", "input_type")
+            else np.int64,
+        )
+    return out

@@ -1,0 +1,244 @@
+"""``load(path)``: a run directory, a folder of torch.profiler traces or one trace file -> ``Run``.
+
+Ranks are decoded in parallel worker processes (one rank per task, all its spans together); a single rank is
+decoded
+in-process. A file that cannot be read is skipped and listed in ``Run.skipped`` as long as another file can
+be read;
+otherwise ``TraceError`` names the file and the problem.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from ddpdoctor.errors import TraceError
+from ddpdoctor.load.decode import RankTables, decode_file
+from ddpdoctor.load.discover import group_by_worker, rank_from_name, trace_files
+from ddpdoctor.load.frames import build_rank_trace
+from ddpdoctor.load.model import RankTrace, Run
+from ddpdoctor.rundir import MANIFEST, RANKS_DIR, is_run_dir
+
+Progress = Callable[[int, int, str], None]
+
+
+def load(
+    path: str | os.PathLike[str],
+    *,
+    workers: int | None = None,
+    progress: Progress | None = None,
+    use_summaries: bool = False,
+) -> Run:
+    """Load every rank's traces under ``path``.
+
+    ``workers``: processes decoding ranks in parallel (default min(cpu count, ranks)); 1 decodes in-process.
+    ``progress``: called as ``progress(done, total, label)`` after each rank.
+    ``use_summaries``: in a run directory where every rank left ``ranks/rank<R>.summary.json``, return ranks
+    that carry
+    those summaries (``RankTrace.summary``) without decoding any trace (frames are None).
+    """
+    root = Path(path)
+    if not root.exists():
+        raise TraceError(f"{root}: no such file or directory")
+    run_dir = root.is_dir() and is_run_dir(root)
+    manifest = _read_json_quietly(root / MANIFEST) if run_dir else None
+    capture = _read_captures(root) if run_dir else {}
+
+    if use_summaries and run_dir:
+        summarized = _summaries(root, capture)
+        if summarized is not None:
+            return _make_run(root, summarized, "distributedInfo", capture, manifest, [])
+
+    groups = group_by_worker(trace_files(root))
+    results = _decode_groups(groups, workers, progress)
+    skipped = [s for _, _, errs in results for s in errs]
+    loaded = [(key, rt) for key, rt, _ in results if rt is not None]
+    if not loaded:
+        raise TraceError(
+            skipped[0]
+            if len(skipped) == 1
+            else f"{root}: none of its {len(skipped)} trace files could be read; first: {skipped[0]}"
+        )
+    ranks, source = _assign_ranks(loaded, groups)
+    return _make_run(root, ranks, source, capture, manifest, skipped)
+
+
+def _decode_group(key: str, paths: list[Path]) -> tuple[str, RankTrace | None, list[str]]:
+    tables = RankTables()
+    decoded, errors = [], []
+    for p in paths:
+        try:
+            decoded.append(decode_file(p, tables))
+        except TraceError as exc:
+            errors.append(str(exc))
+    if not decoded:
+        return key, None, errors
+    return key, build_rank_trace(-1, decoded, tables), errors
+
+
+def _decode_groups(
+    groups: dict[str, list[Path]], workers: int | None, progress: Progress | None
+) -> list[tuple[str, RankTrace | None, list[str]]]:
+    total = len(groups)
+    n = min(workers or os.cpu_count() or 1, total)
+    results = []
+    if n <= 1:
+        for key, paths in groups.items():
+            results.append(_decode_group(key, paths))
+            if progress:
+                progress(len(results), total, key)
+        return results
+    with ProcessPoolExecutor(max_workers=n) as pool:
+        futures = [pool.submit(_decode_group, key, paths) for key, paths in groups.items()]
+        for fut in futures:
+            results.append(fut.result())
+            if progress:
+                progress(len(results), total, results[-1][0])
+    return results
+
+
+def _assign_ranks(
+    loaded: list[tuple[str, RankTrace]], groups: dict[str, list[Path]]
+) -> tuple[list[RankTrace], str]:
+    """Rank of each worker: distributedInfo.rank, else the rank in its file name, else its order."""
+    info = [rt.distributed_info.get("rank") if rt.distributed_info else None for _, rt in loaded]
+    named = [rank_from_name(groups[key][0]) for key, _ in loaded]
+    if all(isinstance(r, int) for r in info):
+        ranks, source = info, "distributedInfo"
+    elif all(isinstance(r, int) or n is not None for r, n in zip(info, named, strict=False)):
+        ranks = [r if isinstance(r, int) else n for r, n in zip(info, named, strict=False)]
+        source = "filename"
+    else:
+        ranks, source = list(range(len(loaded))), "order"
+    by_rank: dict[int, RankTrace] = {}
+    for rank, (_, rt) in zip(ranks, loaded, strict=False):
+        assert rank is not None
+        rt.rank = int(rank)
+        by_rank[rt.rank] = _merge(by_rank[rt.rank], rt) if rt.rank in by_rank else rt
+    return [by_rank[r] for r in sorted(by_rank)], source
+
+
+def _merge(a: RankTrace, b: RankTrace) -> RankTrace:
+    """Two workers that report the same rank: their files are spans of one rank."""
+    spans = len(a.files)
+    for attr in ("ops", "kernels", "memory", "steps", "comm_ops"):
+        fa, fb = getattr(a, attr), getattr(b, attr).assign(span=lambda d: d["span"] + spans)
+        merged = pd.concat([fa, fb], ignore_index=True)
+        for col in ("name", "cat"):
+            if col in fa and isinstance(fa[col].dtype, pd.CategoricalDtype):
+                union = pd.api.types.union_categoricals([fa[col], fb[col]]).categories
+                merged[col] = pd.Categorical(merged[col].astype(object), categories=union)
+        setattr(a, attr, merged)
+    a.steps = a.steps.sort_values("ts_us", kind="stable").reset_index(drop=True)
+    a.files += b.files
+    a.windows += b.windows
+    a.thread_names.update(b.thread_names)
+    a.process_labels.update(b.process_labels)
+    return a
+
+
+def _make_run(
+    root: Path,
+    ranks: list[RankTrace],
+    source: str,
+    capture: dict[int, dict[str, Any]],
+    manifest: dict[str, Any] | None,
+    skipped: list[str],
+) -> Run:
+    world_sizes = [rt.distributed_info.get("world_size") for rt in ranks if rt.distributed_info]
+    world_sizes += [c.get("world_size") for c in capture.values()]
+    if manifest:
+        world_sizes.append(manifest.get("world_size"))
+    world_size = max([w for w in world_sizes if isinstance(w, int)] or [len(ranks)])
+    return Run(
+        path=root,
+        ranks=ranks,
+        world_size=world_size,
+        mode=_mode(ranks, capture, world_size),
+        backend=_backend(ranks, capture),
+        rank_source=source,
+        capture=capture,
+        manifest=manifest,
+        skipped=skipped,
+    )
+
+
+def _names(rt: RankTrace) -> list[str]:
+    if rt.ops is None:
+        return []
+    return list(rt.ops["name"].cat.categories)
+
+
+def _mode(ranks: list[RankTrace], capture: dict[int, dict[str, Any]], world_size: int) -> str:
+    names = {n for rt in ranks for n in _names(rt)}
+    if any(c.get("dp") for c in capture.values()) or any(n.startswith("DataParallel.") for n in names):
+        return "dp"
+    if (
+        world_size > 1
+        or any(c.get("ddp") for c in capture.values())
+        or any(n.startswith("DistributedDataParallel.") for n in names)
+    ):
+        return "ddp"
+    return "single"
+
+
+def _backend(ranks: list[RankTrace], capture: dict[int, dict[str, Any]]) -> str | None:
+    for rt in ranks:
+        backend = (rt.distributed_info or {}).get("backend")
+        if isinstance(backend, str) and backend:
+            return backend
+    for c in capture.values():
+        if isinstance(c.get("backend"), str):
+            return c["backend"]
+    names = {n for rt in ranks for n in _names(rt)}
+    if any(n.startswith("nccl:") for n in names):
+        return "nccl"
+    if any(n.startswith("gloo:") for n in names):
+        return "gloo"
+    return None
+
+
+def _read_json_quietly(path: Path) -> Any:
+    try:
+        with open(path, "rb") as f:
+            return json.loads(f.read())
+    except (OSError, ValueError):
+        return None
+
+
+def _read_captures(root: Path) -> dict[int, dict[str, Any]]:
+    out: dict[int, dict[str, Any]] = {}
+    folder = root / RANKS_DIR
+    if not folder.is_dir():
+        return out
+    for p in sorted(folder.glob("rank*.json")):
+        if p.name.endswith(".summary.json"):
+            continue
+        data = _read_json_quietly(p)
+        if isinstance(data, dict) and isinstance(data.get("rank"), int):
+            out[data["rank"]] = data
+    return out
+
+
+def _summaries(root: Path, capture: dict[int, dict[str, Any]]) -> list[RankTrace] | None:
+    """Ranks from ``ranks/rank<R>.summary.json``; None unless every captured rank has one."""
+    folder = root / RANKS_DIR
+    found: dict[int, dict[str, Any]] = {}
+    for p in sorted(folder.glob("rank*.summary.json")):
+        data = _read_json_quietly(p)
+        if isinstance(data, dict) and isinstance(data.get("rank"), int):
+            found[data["rank"]] = data
+    if not found or (capture and set(capture) - set(found)):
+        return None
+    return [
+        RankTrace(
+            rank=r, files=list(s.get("files", [])), distributed_info=s.get("distributed_info"), summary=s
+        )
+        for r, s in sorted(found.items())
+    ]

@@ -1,0 +1,95 @@
+"""``analyze(run) -> RunMetrics``: per-rank summaries (from traces, or the capture's summary files), then the
+cross-rank and run-level metrics."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ddpdoctor.load.model import Run
+from ddpdoctor.metrics.cross_rank import cross_rank, transfer_bandwidth
+from ddpdoctor.metrics.result import RANK_METRICS, RunMetrics
+from ddpdoctor.metrics.summary import summarize_rank
+
+
+def analyze(run: Run) -> RunMetrics:
+    """All metrics of a loaded run. Pure: no I/O, no printing."""
+    summaries = [
+        rt.summary
+        if rt.summary is not None and not rt.has_trace
+        else summarize_rank(rt, run.capture.get(rt.rank))
+        for rt in run.ranks
+    ]
+    waits, straggler = cross_rank(summaries)
+    hosts = Counter(c.get("hostname") for c in run.capture.values() if c.get("hostname"))
+    ranks = []
+    for s in summaries:
+        m = {k: s["metrics"].get(k) for k in RANK_METRICS}
+        m = {"rank": s["rank"], **m}
+        m.update(waits.get(s["rank"], {}))
+        host = (run.capture.get(s["rank"]) or {}).get("hostname")
+        m["local_world_size"] = hosts.get(host) if host else None
+        ranks.append(m)
+    per_step = (
+        pd.concat([pd.DataFrame(s["per_step"]).assign(rank=s["rank"]) for s in summaries], ignore_index=True)
+        if summaries
+        else pd.DataFrame()
+    )
+    if len(per_step):
+        per_step = per_step[["rank"] + [c for c in per_step.columns if c != "rank"]]
+    devices = pd.DataFrame(
+        [{"rank": s["rank"], **d} for s in summaries for d in s["devices"]],
+        columns=["rank", "device", "peak_allocated_bytes", "peak_reserved_bytes", "capacity_bytes"],
+    )
+    run_metrics = _run_level(run, ranks, devices, summaries)
+    run_metrics.update(straggler)
+    return RunMetrics(
+        run=run_metrics,
+        ranks=ranks,
+        per_step=per_step,
+        collectives=transfer_bandwidth(summaries),
+        devices=devices,
+    )
+
+
+def _run_level(
+    run: Run, ranks: list[dict[str, Any]], devices: pd.DataFrame, summaries: list[dict[str, Any]]
+) -> dict[str, Any]:
+    medians = [r["step_ms_median"] for r in ranks if r.get("step_ms_median")]
+    out: dict[str, Any] = {
+        "path": str(run.path),
+        "mode": run.mode,
+        "world_size": run.world_size,
+        "backend": run.backend,
+        "ranks_loaded": len(ranks),
+        "rank_source": run.rank_source,
+        "steps_analyzed": min((r["steps_analyzed"] or 0) for r in ranks) if ranks else 0,
+        "step_skew_ratio": (max(medians) - min(medians)) / min(medians) if len(medians) >= 2 else None,
+    }
+    # devices shared by the ranks of one node: sum what every rank reserved on each device
+    reserved = devices.assign(used=devices["peak_reserved_bytes"].fillna(devices["peak_allocated_bytes"]))
+    per_device = (
+        reserved.groupby("device")["used"].sum(min_count=1) if len(reserved) else pd.Series(dtype=float)
+    )
+    gpu0 = per_device.get("cuda:0")
+    others = per_device[[d for d in per_device.index if d.startswith("cuda:") and d != "cuda:0"]].dropna()
+    capacity = devices.loc[devices["device"] == "cuda:0", "capacity_bytes"].dropna()
+    out["gpu0_peak_reserved_bytes"] = int(gpu0) if gpu0 is not None and not np.isnan(gpu0) else None
+    out["gpu0_capacity_bytes"] = int(capacity.iloc[0]) if len(capacity) else None
+    out["gpu0_headroom_ratio"] = (
+        1.0 - out["gpu0_peak_reserved_bytes"] / out["gpu0_capacity_bytes"]
+        if out["gpu0_peak_reserved_bytes"] is not None and out["gpu0_capacity_bytes"]
+        else None
+    )
+    out["others_max_peak_reserved_bytes"] = int(others.max()) if len(others) else None
+    out["gpu0_vs_others_ratio"] = (
+        out["gpu0_peak_reserved_bytes"] / out["others_max_peak_reserved_bytes"]
+        if out["gpu0_peak_reserved_bytes"] and out["others_max_peak_reserved_bytes"]
+        else None
+    )
+    out["straggler_rank"] = None
+    out["straggler_wait_ms"] = None
+    return out

@@ -1,0 +1,89 @@
+"""Metrics read from a rank's capture file (``ranks/rank<R>.json``): GIL, threads, DDP's own configuration
+and timers.
+
+``ddp[].logging_data`` is ``DistributedDataParallel._get_ddp_logging_data()``; its times are ns and its lists
+are
+comma-separated strings (``"bucket_sizes": "1071144, 526336"``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _ints(text: Any) -> list[int]:
+    if isinstance(text, (list, tuple)):
+        return [int(v) for v in text if isinstance(v, (int, float))]
+    if not isinstance(text, str):
+        return []
+    return [int(t) for t in text.replace(",", " ").split() if t.strip().lstrip("-").isdigit()]
+
+
+def _bool(value: Any) -> bool | None:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        return bool(value)
+    if isinstance(value, str) and value.lower() in ("true", "false", "0", "1"):
+        return value.lower() in ("true", "1")
+    return None
+
+
+def ddp_metrics(capture: dict[str, Any] | None) -> dict[str, Any]:
+    """``ddp_*`` configuration metrics and ``ddp_reported_overlap_ratio`` (0-1) of the first DDP module."""
+    out: dict[str, Any] = {
+        k: None
+        for k in (
+            "ddp_bucket_count",
+            "ddp_bucket_cap_mb",
+            "ddp_find_unused_parameters",
+            "ddp_gradient_as_bucket_view",
+            "ddp_static_graph",
+            "ddp_broadcast_buffers",
+            "ddp_comm_hook",
+            "ddp_unused_parameter_size_ratio",
+            "ddp_reported_overlap_ratio",
+        )
+    }
+    modules = (capture or {}).get("ddp") or []
+    data = next(
+        (m.get("logging_data") for m in modules if isinstance(m, dict) and m.get("logging_data")), None
+    )
+    if not isinstance(data, dict):
+        return out
+    buckets = _ints(data.get("rebuilt_bucket_sizes")) or _ints(data.get("bucket_sizes"))
+    out["ddp_bucket_count"] = len(buckets) or None
+    cap = data.get("bucket_cap_bytes")
+    out["ddp_bucket_cap_mb"] = cap / 2**20 if isinstance(cap, (int, float)) and cap > 0 else None
+    out["ddp_find_unused_parameters"] = _bool(data.get("find_unused_parameters"))
+    out["ddp_gradient_as_bucket_view"] = _bool(data.get("gradient_as_bucket_view"))
+    out["ddp_static_graph"] = _bool(data.get("static_graph"))
+    out["ddp_broadcast_buffers"] = _bool(data.get("broadcast_buffers"))
+    hook = data.get("comm_hook")
+    out["ddp_comm_hook"] = hook if isinstance(hook, str) and hook else None
+    unused, total = data.get("unused_parameter_size"), data.get("total_parameter_size_bytes")
+    if isinstance(unused, (int, float)) and isinstance(total, (int, float)) and total > 0:
+        out["ddp_unused_parameter_size_ratio"] = unused / total
+    overlap, comm = data.get("avg_backward_compute_comm_overlap_time"), data.get("avg_backward_comm_time")
+    if isinstance(overlap, (int, float)) and isinstance(comm, (int, float)) and comm > 0:
+        out["ddp_reported_overlap_ratio"] = min(max(overlap / comm, 0.0), 1.0)
+    return out
+
+
+def thread_metrics(capture: dict[str, Any] | None, ranks_on_host: int | None) -> dict[str, Any]:
+    """``gil_contention`` (mean over steps, 0-1), ``threads`` (max), ``cpu_count``, ``intra_op_threads``,
+    ``local_world_size``."""
+    capture = capture or {}
+    gil = (capture.get("gil") or {}).get("per_step") or {}
+    contention = [c for c in gil.get("contention") or [] if isinstance(c, (int, float))]
+    threads = [t for t in gil.get("threads") or [] if isinstance(t, (int, float))]
+    info = capture.get("threads") or {}
+    return {
+        "gil_contention": sum(contention) / len(contention) if contention else None,
+        "threads": max(threads) if threads else None,
+        "cpu_count": info.get("cpu_count") if isinstance(info.get("cpu_count"), int) else None,
+        "intra_op_threads": info.get("torch_intra_op_threads")
+        if isinstance(info.get("torch_intra_op_threads"), int)
+        else None,
+        "local_world_size": ranks_on_host,
+    }

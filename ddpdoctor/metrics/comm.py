@@ -1,0 +1,325 @@
+"""Communication of one rank: what runs when (interval sets) and the list of its collective calls.
+
+- GPU (NCCL/RCCL): communication = device kernels named ``nccl*Kernel*`` (Holistic Trace Analysis' rule);
+  computation = the other kernels except memcpy/memset/``*Sync`` (same rule), so ``overlap_ratio`` is HTA's
+  ``comp_comm_overlap_pctg`` / 100.
+- CPU (gloo): communication = the ``gloo:*`` ranges, which run on gloo's own threads; computation = the CPU
+ops on
+  every other thread, except the calls that only start or wait for communication (``c10d::*``, ...).
+
+Collectives (kinds all_reduce, broadcast, all_gather, reduce_scatter, all_to_all, reduce, barrier, send, recv,
+send_recv): bytes = max(In/Out msg nelems) × dtype size from ``record_param_comms``, or the product of the
+call's
+Input Dims × dtype size; timed on the device (NCCL kernels) or on the gloo thread.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+import pandas as pd
+
+from ddpdoctor.load.model import RankTrace
+from ddpdoctor.metrics import intervals as iv
+from ddpdoctor.metrics.phases import names_matching
+from ddpdoctor.metrics.steps import launch_times
+
+COMM_KERNEL = re.compile(r"^(nccl|rccl).*kernel", re.IGNORECASE)
+_NOT_COMPUTE = re.compile(r"(^nccl.*Kernel)|(.*(Memcpy)|(Memset))|(.*Sync)")  # HTA's is_compute_kernel()
+_CPU_COMM_RANGE = re.compile(r"^(gloo|ucc|mpi):")
+_COMM_CALL = re.compile(r"^(nccl|gloo|ucc|mpi):")
+_NOT_CPU_COMPUTE = re.compile(
+    r"^(c10d::|record_param_comms$|nccl:|gloo:|ucc:|mpi:|aten::wait|c10d_functional)"
+)
+KINDS = (
+    "all_reduce",
+    "broadcast",
+    "all_gather",
+    "reduce_scatter",
+    "all_to_all",
+    "reduce",
+    "barrier",
+    "send_recv",
+    "send",
+    "recv",
+)
+COLLECTIVE_COLUMNS = ["kind", "start_us", "end_us", "dur_us", "bytes", "group_size", "source"]
+
+_DTYPE_BYTES = {
+    "float": 4,
+    "float32": 4,
+    "c10::float": 4,
+    "double": 8,
+    "float64": 8,
+    "half": 2,
+    "float16": 2,
+    "c10::half": 2,
+    "bfloat16": 2,
+    "c10::bfloat16": 2,
+    "int": 4,
+    "int32": 4,
+    "long": 8,
+    "int64": 8,
+    "short": 2,
+    "int16": 2,
+    "char": 1,
+    "int8": 1,
+    "byte": 1,
+    "uint8": 1,
+    "bool": 1,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+    "c10::float8_e4m3fn": 1,
+    "c10::float8_e5m2": 1,
+}
+
+
+def kind_of(name: str) -> str | None:
+    """Collective kind from a call, ``Collective name`` or kernel name (``nccl:all_reduce``,
+    ``AllGather``...)."""
+    text = re.sub(
+        r"[^a-z]",
+        "",
+        name.split(":", 1)[-1]
+        .lower()
+        .replace("ncclkernel", "")
+        .replace("ncclkernel", "")
+        .replace("nccldevkernel", ""),
+    )
+    for key, kind in (
+        ("reducescatter", "reduce_scatter"),
+        ("allgather", "all_gather"),
+        ("allreduce", "all_reduce"),
+        ("alltoall", "all_to_all"),
+        ("broadcast", "broadcast"),
+        ("barrier", "barrier"),
+        ("sendrecv", "send_recv"),
+        ("reduce", "reduce"),
+        ("send", "send"),
+        ("recv", "recv"),
+        ("gather", "all_gather"),
+        ("scatter", "reduce_scatter"),
+    ):
+        if key in text:
+            return kind
+    return None
+
+
+def dtype_bytes(dtype: str | None) -> int | None:
+    if not dtype:
+        return None
+    return _DTYPE_BYTES.get(dtype.strip().lower())
+
+
+def bus_factor(kind: str, n: int) -> float:
+    """nccl-tests' busbw/algbw factor for a collective over ``n`` ranks."""
+    if n <= 1:
+        return 1.0
+    if kind == "all_reduce":
+        return 2.0 * (n - 1) / n
+    if kind in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) / n
+    return 1.0
+
+
+def comm_kernels(rt: RankTrace) -> pd.DataFrame:
+    k = rt.kernels
+    if k is None or len(k) == 0:
+        return pd.DataFrame(columns=["name", "ts_us", "end_us"])
+    return k[(k["cat"] == "kernel") & names_matching(k, COMM_KERNEL)]
+
+
+def busy_sets(rt: RankTrace) -> tuple[iv.Intervals, iv.Intervals, bool]:
+    """(communication, computation, on_device): the interval sets that define overlap and exposed comm."""
+    k = rt.kernels
+    kernels = k[k["cat"] == "kernel"] if k is not None else None
+    if kernels is not None and len(kernels):
+        comm = kernels[names_matching(kernels, COMM_KERNEL)]
+        comp = kernels[~names_matching(kernels, _NOT_COMPUTE)]
+        return (
+            iv.union(comm["ts_us"].to_numpy(), comm["end_us"].to_numpy()),
+            iv.union(comp["ts_us"].to_numpy(), comp["end_us"].to_numpy()),
+            True,
+        )
+    ops = rt.ops
+    comm = ops[names_matching(ops, _CPU_COMM_RANGE)]
+    comm_threads = set(comm["tid"].unique())
+    comp = ops[
+        (ops["cat"] == "cpu_op") & ~ops["tid"].isin(comm_threads) & ~names_matching(ops, _NOT_CPU_COMPUTE)
+    ]
+    return (
+        iv.union(comm["ts_us"].to_numpy(), comm["end_us"].to_numpy()),
+        iv.union(comp["ts_us"].to_numpy(), comp["end_us"].to_numpy()),
+        False,
+    )
+
+
+def collectives(rt: RankTrace) -> pd.DataFrame:
+    """One row per collective call: ``kind, start_us, end_us, dur_us, bytes, group_size, source``.
+
+    ``bytes`` is NaN where the trace records no size; ``source`` says what was timed ("kernel" or the call's
+    name).
+    """
+    calls = _calls(rt)
+    kernels = comm_kernels(rt)
+    if len(kernels):
+        rows = _kernel_collectives(rt, kernels, calls)
+    else:
+        timed = calls[calls["name"].astype(str).str.match(_CPU_COMM_RANGE)] if len(calls) else calls
+        rows = (
+            pd.DataFrame(
+                {
+                    "kind": timed["kind"],
+                    "start_us": timed["ts_us"],
+                    "end_us": timed["end_us"],
+                    "dur_us": timed["dur_us"],
+                    "bytes": timed["bytes"],
+                    "group_size": timed["group_size"],
+                    "source": timed["name"].astype(str),
+                }
+            )
+            if len(timed)
+            else pd.DataFrame(columns=COLLECTIVE_COLUMNS)
+        )
+    rows = rows[rows["kind"].notna()]
+    return rows.sort_values("start_us", kind="stable").reset_index(drop=True)[COLLECTIVE_COLUMNS]
+
+
+def _calls(rt: RankTrace) -> pd.DataFrame:
+    """The ``nccl:*``/``gloo:*`` calls with kind, bytes and group size filled in from the ops around them."""
+    c = rt.comm_ops
+    if c is None or len(c) == 0:
+        return pd.DataFrame(
+            columns=["name", "tid", "ts_us", "end_us", "dur_us", "kind", "bytes", "group_size"]
+        )
+    names = c["name"].astype(str)
+    is_call = names.str.match(_COMM_CALL)
+    calls = c[is_call].copy()
+    if len(calls) == 0:  # older traces: the record_param_comms ops are the calls
+        calls = c[(names == "record_param_comms") & c["collective_name"].notna()].copy()
+        calls["kind"] = calls["collective_name"].map(kind_of)
+    else:
+        calls["kind"] = calls["name"].astype(str).map(kind_of)
+    params = c[names == "record_param_comms"].reset_index(drop=True)
+    outer = c[names.str.startswith("c10d::")].reset_index(drop=True)
+    p_at = _enclosing(params, calls)
+    o_at = _enclosing(outer, calls)
+    p_rows = list(params.itertuples())
+    o_rows = list(outer.itertuples())
+    bytes_, groups = [], []
+    for row, pi, oi in zip(calls.itertuples(), p_at, o_at, strict=False):
+        p = p_rows[pi] if pi >= 0 else None
+        o = o_rows[oi] if oi >= 0 else None
+        bytes_.append(_bytes(row, p, o))
+        gs = (
+            p.group_size
+            if p is not None and p.group_size > 0
+            else (row.group_size if row.group_size > 0 else -1)
+        )
+        groups.append(gs)
+    calls["bytes"] = np.array(bytes_, dtype=np.float64)
+    calls["group_size"] = np.array(groups, dtype=np.int64)
+    return calls.reset_index(drop=True)
+
+
+def _enclosing(frame: pd.DataFrame, calls: pd.DataFrame) -> np.ndarray:
+    """For each call, the row of ``frame`` on its thread that encloses it (the innermost), or -1."""
+    out = np.full(len(calls), -1, dtype=np.int64)
+    if len(frame) == 0 or len(calls) == 0:
+        return out
+    for tid, rows in frame.groupby("tid").groups.items():
+        rows = frame.loc[rows].sort_values("ts_us", kind="stable")
+        sel = np.flatnonzero(calls["tid"].to_numpy() == tid)
+        if len(sel) == 0:
+            continue
+        ts = calls["ts_us"].to_numpy()[sel]
+        te = calls["end_us"].to_numpy()[sel]
+        j = np.searchsorted(rows["ts_us"].to_numpy(), ts, side="right") - 1
+        ok = (j >= 0) & (rows["end_us"].to_numpy()[np.maximum(j, 0)] >= te)
+        out[sel[ok]] = rows.index.to_numpy()[j[ok]]
+    return out
+
+
+def _bytes(call, params, outer) -> float:  # noqa: ANN001
+    for src in (params, call):
+        if src is not None and max(src.in_nelems, src.out_nelems) > 0:
+            size = (
+                dtype_bytes(src.dtype)
+                or _type_bytes(src.input_type)
+                or (_type_bytes(call.input_type) if src is not call else None)
+            )
+            if size:
+                return float(max(src.in_nelems, src.out_nelems) * size)
+    for src in (call, outer):
+        if src is None:
+            continue
+        n = _numel(src.input_dims)
+        size = (
+            _type_bytes(src.input_type)
+            or _type_bytes(call.input_type)
+            or (dtype_bytes(params.dtype) if params is not None else None)
+        )
+        if n and size:
+            return float(n * size)
+    return math.nan
+
+
+def _numel(dims: object) -> int:
+    """Elements of the first tensor (or tensor list) argument in an ``Input Dims`` value."""
+    if not isinstance(dims, list) or not dims:
+        return 0
+    first = dims[0]
+    if isinstance(first, list) and first and all(isinstance(d, list) for d in first):
+        return sum(math.prod(d) for d in first)  # TensorList
+    if isinstance(first, list) and all(isinstance(d, int) for d in first):
+        return math.prod(first) if first else 0
+    return 0
+
+
+def _type_bytes(types: object) -> int | None:
+    if isinstance(types, list):
+        for t in types:
+            if isinstance(t, str) and (size := dtype_bytes(t)):
+                return size
+    return None
+
+
+def _kernel_collectives(rt: RankTrace, kernels: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
+    """Comm kernels, each matched to the call that launched it (same thread, launch inside the call)."""
+    launched = launch_times(rt, kernels)
+    ops = rt.ops
+    runtime_tid = (
+        ops.drop_duplicates("correlation").set_index("correlation")["tid"]
+        if len(ops)
+        else pd.Series(dtype=np.int64)
+    )
+    tids = runtime_tid.reindex(kernels["correlation"].to_numpy()).to_numpy()
+    kind = np.array(kernels["name"].astype(str).map(kind_of).tolist(), dtype=object)
+    nbytes = np.full(len(kernels), np.nan)
+    group = np.full(len(kernels), -1, dtype=np.int64)
+    source = np.array(["kernel"] * len(kernels), dtype=object)
+    for tid, idx in calls.groupby("tid").groups.items() if len(calls) else []:
+        cs = calls.loc[idx].sort_values("ts_us", kind="stable")
+        lo, hi = cs["ts_us"].to_numpy(), cs["end_us"].to_numpy()
+        sel = np.flatnonzero(tids == tid)
+        j = np.searchsorted(lo, launched[sel], side="right") - 1
+        ok = (j >= 0) & (launched[sel] <= hi[np.maximum(j, 0)])
+        sel, j = sel[ok], j[ok]
+        call_kind = cs["kind"].to_numpy(dtype=object)[j]
+        kind[sel] = np.where(pd.notna(call_kind), call_kind, kind[sel])
+        nbytes[sel] = cs["bytes"].to_numpy()[j]
+        group[sel] = cs["group_size"].to_numpy()[j]
+        source[sel] = "kernel (" + cs["name"].astype(str).to_numpy(dtype=object)[j] + ")"
+    return pd.DataFrame(
+        {
+            "kind": kind,
+            "start_us": kernels["ts_us"].to_numpy(),
+            "end_us": kernels["end_us"].to_numpy(),
+            "dur_us": kernels["dur_us"].to_numpy(),
+            "bytes": nbytes,
+            "group_size": group,
+            "source": source,
+        }
+    )

@@ -1,0 +1,109 @@
+"""Interval algebra on numpy arrays (times in µs): union, intersection, difference, per-window coverage.
+
+An ``Intervals`` is a pair of float arrays (starts, ends); ``union`` returns them sorted and disjoint, which
+every
+other function here expects.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+Intervals = tuple[np.ndarray, np.ndarray]
+EMPTY: Intervals = (np.zeros(0), np.zeros(0))
+
+
+def union(starts: np.ndarray, ends: np.ndarray) -> Intervals:
+    """The union of possibly overlapping intervals, as sorted disjoint intervals (empty ones dropped)."""
+    starts = np.asarray(starts, dtype=np.float64)
+    ends = np.asarray(ends, dtype=np.float64)
+    keep = ends > starts
+    starts, ends = starts[keep], ends[keep]
+    if len(starts) == 0:
+        return EMPTY
+    order = np.argsort(starts, kind="stable")
+    s, e = starts[order], ends[order]
+    reach = np.maximum.accumulate(e)
+    new = np.empty(len(s), dtype=bool)
+    new[0] = True
+    new[1:] = s[1:] > reach[:-1]
+    first = np.flatnonzero(new)
+    last = np.append(first[1:] - 1, len(s) - 1)
+    return s[first], reach[last]
+
+
+def union_all(*parts: Intervals) -> Intervals:
+    if not parts:
+        return EMPTY
+    return union(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
+
+
+def total(iv: Intervals) -> float:
+    """Total length of disjoint intervals (µs)."""
+    return float(np.sum(iv[1] - iv[0]))
+
+
+def _sweep(a: Intervals, b: Intervals, want: int) -> Intervals:
+    # a weighs 1, b weighs 2: coverage 1 = only a, 2 = only b, 3 = both
+    pts = np.concatenate([a[0], a[1], b[0], b[1]])
+    if len(pts) == 0:
+        return EMPTY
+    w = np.concatenate(
+        [np.ones(len(a[0])), -np.ones(len(a[1])), np.full(len(b[0]), 2.0), np.full(len(b[1]), -2.0)]
+    )
+    order = np.argsort(pts, kind="stable")
+    pts, w = pts[order], w[order]
+    # several boundaries at one instant: only the level after the last of them counts
+    level = np.cumsum(w)
+    last_at_t = np.append(pts[1:] != pts[:-1], True)
+    pts, level = pts[last_at_t], level[last_at_t]
+    inside = level[:-1] == want
+    return union(pts[:-1][inside], pts[1:][inside])
+
+
+def intersect(a: Intervals, b: Intervals) -> Intervals:
+    """a ∩ b for two disjoint sorted interval sets."""
+    if len(a[0]) == 0 or len(b[0]) == 0:
+        return EMPTY
+    return _sweep(a, b, 3)
+
+
+def subtract(a: Intervals, b: Intervals) -> Intervals:
+    """a minus b for two disjoint sorted interval sets."""
+    if len(a[0]) == 0 or len(b[0]) == 0:
+        return a
+    return _sweep(a, b, 1)
+
+
+def clip(iv: Intervals, lo: float, hi: float) -> Intervals:
+    s = np.maximum(iv[0], lo)
+    e = np.minimum(iv[1], hi)
+    keep = e > s
+    return s[keep], e[keep]
+
+
+def coverage(iv: Intervals, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """For each window [lo[i], hi[i]], how much of it the disjoint intervals ``iv`` cover (µs)."""
+    lo = np.asarray(lo, dtype=np.float64)
+    hi = np.asarray(hi, dtype=np.float64)
+    if len(iv[0]) == 0:
+        return np.zeros(len(lo))
+    return np.maximum(_covered_until(iv, hi) - _covered_until(iv, lo), 0.0)
+
+
+def _covered_until(iv: Intervals, t: np.ndarray) -> np.ndarray:
+    starts, ends = iv
+    lengths = ends - starts
+    before = np.concatenate([[0.0], np.cumsum(lengths)])
+    i = np.searchsorted(starts, t, side="right") - 1
+    inside = np.where(i >= 0, np.clip(t - starts[np.maximum(i, 0)], 0.0, lengths[np.maximum(i, 0)]), 0.0)
+    return before[np.maximum(i, 0)] * (i >= 0) + inside
+
+
+def locate(iv_starts: np.ndarray, iv_ends: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Index of the (sorted, disjoint) interval containing each time in ``t``, or -1."""
+    if len(iv_starts) == 0:
+        return np.full(len(t), -1, dtype=np.int64)
+    i = np.searchsorted(iv_starts, t, side="right") - 1
+    ok = (i >= 0) & (t <= iv_ends[np.maximum(i, 0)])
+    return np.where(ok, i, -1)

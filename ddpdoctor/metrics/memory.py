@@ -1,0 +1,99 @@
+"""Device memory of one rank: peaks per device from ``[memory]`` events and the capture's ``memory.devices``.
+
+Bytes throughout. The rank's own device comes from the capture (``"device": "cuda:3"``), else the device its
+kernels
+ran on. ``foreign_cuda0_bytes``: what a rank whose own device is not cuda:0 reserved (else allocated) on
+cuda:0 —
+the classic "every rank creates a context on GPU 0" mistake.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ddpdoctor.load.model import RankTrace
+
+CUDA = 1  # c10::DeviceType::CUDA in "Device Type"
+
+
+def own_device(rt: RankTrace | None, capture: dict[str, Any] | None) -> str | None:
+    """``"cuda:N"`` / ``"cpu"`` of the rank, or None when unknown."""
+    dev = (capture or {}).get("device")
+    if isinstance(dev, str) and dev:
+        return dev if ":" in dev or dev == "cpu" else f"{dev}:0"
+    if rt is not None and rt.kernels is not None and len(rt.kernels):
+        devices = rt.kernels["device"]
+        devices = devices[devices >= 0]
+        if len(devices):
+            return f"cuda:{int(devices.mode().iloc[0])}"
+        pids = rt.kernels["pid"]
+        if len(pids):
+            return f"cuda:{int(pids.mode().iloc[0])}"
+    return None
+
+
+def device_rows(rt: RankTrace | None, capture: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Per device: ``device, peak_allocated_bytes, peak_reserved_bytes, capacity_bytes`` (None when
+    unknown)."""
+    rows: dict[str, dict[str, Any]] = {}
+    capacities: dict[str, int] = {}
+    if rt is not None:
+        for props in rt.device_properties:
+            if isinstance(props.get("id"), int) and isinstance(props.get("totalGlobalMem"), int):
+                capacities[f"cuda:{props['id']}"] = props["totalGlobalMem"]
+        mem = rt.memory
+        if mem is not None and len(mem):
+            cuda = mem[(mem["device_type"] == CUDA) & (mem["device_id"] >= 0)]
+            for dev_id, g in cuda.groupby("device_id"):
+                rows[f"cuda:{int(dev_id)}"] = {
+                    "peak_allocated_bytes": _max(g["total_allocated"].to_numpy()),
+                    "peak_reserved_bytes": _max(g["total_reserved"].to_numpy()),
+                }
+    for d in ((capture or {}).get("memory") or {}).get("devices") or []:
+        if not isinstance(d, dict):
+            continue
+        name = d.get("device") if isinstance(d.get("device"), str) else f"cuda:{d.get('index')}"
+        if name.startswith("cuda") and ":" not in name:
+            name = f"cuda:{d.get('index', 0)}"
+        row = rows.setdefault(name, {"peak_allocated_bytes": None, "peak_reserved_bytes": None})
+        for key in ("peak_allocated_bytes", "peak_reserved_bytes"):
+            if isinstance(d.get(key), int):
+                row[key] = max(row[key] or 0, d[key])
+        if isinstance(d.get("capacity_bytes"), int):
+            capacities[name] = d["capacity_bytes"]
+    return [
+        {"device": name, **row, "capacity_bytes": capacities.get(name)} for name, row in sorted(rows.items())
+    ]
+
+
+def _max(values: np.ndarray) -> int | None:
+    values = values[~np.isnan(values)]
+    return int(values.max()) if len(values) else None
+
+
+def memory_metrics(devices: list[dict[str, Any]], own: str | None) -> dict[str, Any]:
+    """Per-rank memory metrics for the rank's own device (bytes, ratio 0-1)."""
+    mine = next((d for d in devices if d["device"] == own), None)
+    out: dict[str, Any] = {
+        "peak_allocated_bytes": None,
+        "peak_reserved_bytes": None,
+        "capacity_bytes": None,
+        "headroom_ratio": None,
+        "foreign_cuda0_bytes": None,
+    }
+    if mine is not None:
+        out.update({k: mine[k] for k in ("peak_allocated_bytes", "peak_reserved_bytes", "capacity_bytes")})
+        used = mine["peak_reserved_bytes"] or mine["peak_allocated_bytes"]
+        if used is not None and mine["capacity_bytes"]:
+            out["headroom_ratio"] = 1.0 - used / mine["capacity_bytes"]
+    if own is not None and own.startswith("cuda"):
+        if own == "cuda:0":
+            out["foreign_cuda0_bytes"] = 0
+        else:
+            cuda0 = next((d for d in devices if d["device"] == "cuda:0"), None)
+            out["foreign_cuda0_bytes"] = (
+                (cuda0["peak_reserved_bytes"] or cuda0["peak_allocated_bytes"] or 0) if cuda0 else 0
+            )
+    return out

@@ -1,0 +1,147 @@
+"""``summarize_rank``: everything one rank's own trace tells, as a JSON-serialisable dict.
+
+The capture calls it at the end of each rank (``ranks/rank<R>.summary.json``) and ``analyze`` calls it for
+ranks
+loaded from traces, so both paths give the same numbers. Cross-rank metrics (waits, late arrival, straggler)
+are
+left to ``analyze``, which matches the ``collectives`` lists of all ranks.
+
+Layout (``schema_version`` 1)::
+
+    {"schema_version", "rank", "files", "distributed_info", "hostname", "own_device",
+     "metrics":     {per-rank metric name: value or None},
+     "per_step":    {column: [...]}   # step, span, start_us, end_us, analyzed, step_ms, breakdown columns,
+     ...
+     "collectives": {column: [...]}   # step, kind, index, start_us, end_us, dur_us, bytes, group_size
+     "devices":     [{"device", "peak_allocated_bytes", "peak_reserved_bytes", "capacity_bytes"}]}
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ddpdoctor.load.model import RankTrace
+from ddpdoctor.metrics.breakdown import BREAKDOWN, per_step
+from ddpdoctor.metrics.capture import ddp_metrics, thread_metrics
+from ddpdoctor.metrics.comm import bus_factor, collectives
+from ddpdoctor.metrics.dp import dp_per_step, dp_rank_metrics
+from ddpdoctor.metrics.memory import device_rows, memory_metrics, own_device
+from ddpdoctor.metrics.steps import step_windows
+
+SCHEMA_VERSION = 1
+STEP_MEANS = BREAKDOWN + (
+    "comm_ms",
+    "gpu_util_ratio",
+    "host_sync_ms",
+    "dp_scatter_ms",
+    "dp_replicate_ms",
+    "dp_parallel_apply_ms",
+    "dp_gather_ms",
+    "dp_backward_reduce_ms",
+)
+
+
+def summarize_rank(rank_trace: RankTrace, capture: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Per-rank metrics (see CONTRACTS.md), per-step rows and the collective list of one rank. Pure; no
+    I/O."""
+    rt = rank_trace
+    windows = step_windows(rt)
+    steps = per_step(rt, windows)
+    lo, hi = steps["start_us"].to_numpy(), steps["end_us"].to_numpy()
+    if any(str(n).startswith("DataParallel.") for n in rt.ops["name"].cat.categories):
+        for key, values in dp_per_step(rt.ops, lo, hi).items():
+            steps[key] = values
+    analysed = steps[steps["analyzed"]]
+    world = (rt.distributed_info or {}).get("world_size") or (capture or {}).get("world_size") or 1
+    colls = _assign_steps(collectives(rt), steps)
+    metrics: dict[str, Any] = {"rank": rt.rank}
+    metrics.update(_step_metrics(analysed))
+    comm_total = float(analysed["comm_ms"].sum())
+    metrics["overlap_ratio"] = (
+        float(analysed["overlapped_comm_ms"].sum()) / comm_total if comm_total > 0 else None
+    )
+    metrics.update(_bandwidth(colls[colls["step"].isin(analysed["step"])], world))
+    metrics["collective_wait_ms"] = None  # cross-rank: filled in by analyze()
+    metrics["late_arrival_ms"] = None
+    metrics.update(dp_rank_metrics(rt.ops, analysed["start_us"].to_numpy(), analysed["end_us"].to_numpy()))
+    own = own_device(rt, capture)
+    devices = device_rows(rt, capture)
+    metrics.update(memory_metrics(devices, own))
+    metrics.update(ddp_metrics(capture))
+    metrics.update(thread_metrics(capture, None))
+    return _jsonable(
+        {
+            "schema_version": SCHEMA_VERSION,
+            "rank": rt.rank,
+            "files": [str(f) for f in rt.files],
+            "distributed_info": rt.distributed_info,
+            "hostname": (capture or {}).get("hostname"),
+            "world_size": world,
+            "own_device": own,
+            "metrics": metrics,
+            "per_step": {c: steps[c].tolist() for c in steps.columns},
+            "collectives": {c: colls[c].tolist() for c in colls.columns},
+            "devices": devices,
+        }
+    )
+
+
+def _step_metrics(analysed: pd.DataFrame) -> dict[str, Any]:
+    step_ms = analysed["step_ms"].to_numpy()
+    out: dict[str, Any] = {
+        "steps_analyzed": len(analysed),
+        "step_ms_median": float(np.median(step_ms)) if len(step_ms) else None,
+        "step_ms_p90": float(np.percentile(step_ms, 90)) if len(step_ms) else None,
+        "step_ms_mean": float(np.mean(step_ms)) if len(step_ms) else None,
+    }
+    for col in STEP_MEANS:
+        values = analysed[col].to_numpy(dtype=np.float64) if col in analysed else np.zeros(0)
+        values = values[~np.isnan(values)]
+        out[col] = float(values.mean()) if len(values) else None
+    return out
+
+
+def _assign_steps(colls: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+    """Add ``step`` (the step window holding the collective's start; -1 outside) and ``index`` (its order
+    among
+    the same kind in that step), the key that matches a collective across ranks."""
+    lo, hi = steps["start_us"].to_numpy(), steps["end_us"].to_numpy()
+    order = np.argsort(lo, kind="stable")
+    i = np.searchsorted(lo[order], colls["start_us"].to_numpy(), side="right") - 1
+    ok = (i >= 0) & (colls["start_us"].to_numpy() < hi[order][np.maximum(i, 0)])
+    step_ids = steps["step"].to_numpy()[order]
+    colls = colls.assign(step=np.where(ok, step_ids[np.maximum(i, 0)], -1))
+    colls["index"] = colls.groupby(["step", "kind"]).cumcount()
+    return colls[["step", "kind", "index", "start_us", "end_us", "dur_us", "bytes", "group_size"]]
+
+
+def _bandwidth(colls: pd.DataFrame, world: int) -> dict[str, float | None]:
+    """algbw/busbw (GB/s, 1e9 bytes) over the collectives of known size, timed by their own duration."""
+    sized = colls[colls["bytes"].notna() & (colls["bytes"] > 0) & (colls["dur_us"] > 0)]
+    if len(sized) == 0:
+        return {"algbw_gbps": None, "busbw_gbps": None}
+    seconds = sized["dur_us"].sum() / 1e6
+    n = np.where(sized["group_size"] > 0, sized["group_size"], world)
+    factors = np.array([bus_factor(k, int(g)) for k, g in zip(sized["kind"], n, strict=False)])
+    return {
+        "algbw_gbps": float(sized["bytes"].sum() / seconds / 1e9),
+        "busbw_gbps": float((sized["bytes"] * factors).sum() / seconds / 1e9),
+    }
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, (np.bool_,)):
+        return bool(obj)
+    if isinstance(obj, np.integer):
+        return int(obj)
+    if isinstance(obj, (float, np.floating)):
+        return None if math.isnan(obj) or math.isinf(obj) else float(obj)
+    return obj

@@ -1,0 +1,103 @@
+"""The report as plain data: the ``--format json`` document, which the other renderers read too.
+
+Shape (schema_version 1; keys are relied on by users, add but never rename)::
+
+    {"schema_version": 1,
+     "run": {"path", "mode", "world_size", "backend", "steps_analyzed"},
+     "ranks": [{"rank", "step_ms": {"median", "p90"}, "comm_ms", "exposed_comm_ms", "overlap_ratio",
+                "dataloader_ms", "gil_contention", "forward_ms", "backward_ms", "optimizer_ms", "other_ms",
+                "devices": [{"device", "peak_allocated_bytes", "peak_reserved_bytes", "capacity_bytes"}]}],
+     "findings": [{"id", "name", "severity", "ranks", "message", "recommendation", "evidence",
+                   "estimated_gain_ms"}],
+     "not_evaluated": [{"name", "reason"}],
+     "passed": [rule names evaluated without a finding]}
+
+Times are ms per step, ratios 0-1, sizes bytes; a value that was not measured is null.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ddpdoctor.diagnosis.expr import clean_value
+from ddpdoctor.diagnosis.findings import Diagnosis
+
+SCHEMA_VERSION = 1
+RANK_KEYS = ("comm_ms", "exposed_comm_ms", "overlap_ratio", "dataloader_ms", "gil_contention")
+BREAKDOWN_KEYS = ("forward_ms", "backward_ms", "optimizer_ms", "other_ms")
+DEVICE_KEYS = ("peak_allocated_bytes", "peak_reserved_bytes", "capacity_bytes")
+
+
+def jsonable(value: Any) -> Any:
+    """Numpy scalars, NaN and tuples made JSON-ready (NaN -> None), recursively."""
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    value = clean_value(value)
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
+
+
+def frame(metrics: Any, name: str) -> Any:
+    """``metrics.<name>`` as a DataFrame, or None when absent or empty."""
+    df = getattr(metrics, name, None)
+    if df is None or not hasattr(df, "columns") or len(df) == 0:
+        return None
+    return df
+
+
+def _devices(metrics: Any, rank: int, row: dict[str, Any]) -> list[dict[str, Any]]:
+    df = frame(metrics, "devices")
+    if df is not None and "rank" in df.columns:
+        rows = df[df["rank"] == rank]
+        return [
+            {"device": jsonable(r.get("device")), **{k: jsonable(r.get(k)) for k in DEVICE_KEYS}}
+            for r in rows.to_dict("records")
+        ]
+    if any(row.get(k) is not None for k in DEVICE_KEYS):
+        return [{"device": jsonable(row.get("device")), **{k: jsonable(row.get(k)) for k in DEVICE_KEYS}}]
+    return []
+
+
+def build(result: Diagnosis) -> dict[str, Any]:
+    """The report document of ``result`` (see the module docstring)."""
+    metrics = result.metrics
+    run = dict(getattr(metrics, "run", {}) or {})
+    ranks = []
+    for i, raw in enumerate(getattr(metrics, "ranks", []) or []):
+        row = dict(raw)
+        rank = int(clean_value(row.get("rank")) if row.get("rank") is not None else i)
+        entry: dict[str, Any] = {
+            "rank": rank,
+            "step_ms": {
+                "median": jsonable(row.get("step_ms_median")),
+                "p90": jsonable(row.get("step_ms_p90")),
+            },
+        }
+        entry.update({k: jsonable(row.get(k)) for k in (*RANK_KEYS, *BREAKDOWN_KEYS)})
+        entry["devices"] = _devices(metrics, rank, row)
+        ranks.append(entry)
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "run": {
+            "path": None if run.get("path") is None else str(run["path"]),
+            "mode": jsonable(run.get("mode")),
+            "world_size": jsonable(run.get("world_size")),
+            "backend": jsonable(run.get("backend")),
+            "steps_analyzed": jsonable(run.get("steps_analyzed")),
+        },
+        "ranks": ranks,
+        "findings": [jsonable(f.to_json()) for f in result.findings],
+        "not_evaluated": [n.to_json() for n in result.not_evaluated],
+        "passed": list(result.passed),
+    }
+
+
+def grouped_not_evaluated(result: Diagnosis) -> dict[str, list[str]]:
+    """reason -> rule names, in order of first appearance (so "applies to ddp runs" is said once)."""
+    groups: dict[str, list[str]] = {}
+    for item in result.not_evaluated:
+        groups.setdefault(item.reason, []).append(item.name)
+    return groups

@@ -1,0 +1,201 @@
+"""One self-contained HTML file: inline CSS and inline SVG charts, no scripts, no external requests.
+
+Everything that comes from a trace, a rule file or the file system is escaped with ``fmt.esc``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TextIO
+
+from ddpdoctor.diagnosis.expr import clean_value
+from ddpdoctor.diagnosis.findings import Diagnosis, format_ranks
+from ddpdoctor.report import fmt, svg
+from ddpdoctor.report.document import build, frame, grouped_not_evaluated
+
+_CSS = """
+body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;max-width:1100px;
+color:#222;padding:0 1em}
+h1{font-size:1.5em;margin-bottom:.2em}h2{font-size:1.2em;margin-top:2em;border-bottom:1px solid #ddd}
+.facts{color:#666}.finding{border-left:5px solid #999;padding:.4em .9em;margin:.8em 0;background:#fafafa}
+.finding.error{border-color:#d62728}.finding.warning{border-color:#f0a30a}.finding.info{border-color:#1f77b4}
+.sev{font-weight:bold;text-transform:uppercase;font-size:.85em}.gain{float:right;font-weight:bold}
+.rec{color:#225522}table{border-collapse:collapse;margin:.5em 0}
+td,th{border-bottom:1px solid #e4e4e4;padding:3px 9px;text-align:right}th{background:#f3f3f3}
+td.l,th.l{text-align:left}.ev td{font-size:.85em;color:#555}svg text{font:11px sans-serif;fill:#333}
+svg .lg{font-size:11px}svg .grid{stroke:#ddd}.note{color:#777;font-size:.9em}
+"""
+
+_BREAKDOWN = (
+    ("dataloader", "dataloader_ms"),
+    ("forward", "forward_ms"),
+    ("backward", "backward_ms"),
+    ("optimizer", "optimizer_ms"),
+    ("exposed comm", "exposed_comm_ms"),
+    ("other", "other_ms"),
+)
+
+
+def _finding_html(i: int, f: Any) -> str:
+    evidence = "".join(
+        f'<tr><td class="l">{fmt.esc(k)}</td><td>{fmt.esc(fmt.evidence_value(v))}</td></tr>'
+        for k, v in f.evidence.items()
+    )
+    gain = (
+        f'<span class="gain">{fmt.esc(fmt.gain(f.estimated_gain_ms))}</span>' if f.estimated_gain_ms else ""
+    )
+    return (
+        f'<div class="finding {fmt.esc(f.severity)}">{gain}'
+        f'<div><span class="sev">{fmt.esc(f.severity)}</span> {i}. <b>{fmt.esc(f.id)} {fmt.esc(f.name)}</b> '
+        f"({fmt.esc(format_ranks(f.ranks))})</div>"
+        f'<p>{fmt.esc(f.message)}</p><p class="rec">&rarr; {fmt.esc(f.recommendation)}</p>'
+        f'<table class="ev">{evidence}</table></div>'
+    )
+
+
+def _overlap_series(metrics: Any) -> dict[str, list[tuple[float, float]]]:
+    df = frame(metrics, "per_step")
+    if df is None or not {"rank", "step"} <= set(df.columns):
+        return {}
+    series: dict[str, list[tuple[float, float]]] = {}
+    for row in df.to_dict("records"):
+        value = clean_value(row.get("overlap_ratio"))
+        if value is None:
+            comm, exposed = clean_value(row.get("comm_ms")), clean_value(row.get("exposed_comm_ms"))
+            if comm and exposed is not None:
+                value = 1.0 - exposed / comm
+        step = clean_value(row.get("step"))
+        if value is not None and step is not None:
+            series.setdefault(f"rank {clean_value(row['rank'])}", []).append((float(step), float(value)))
+    return {k: sorted(v) for k, v in series.items()}
+
+
+def _collectives_table(metrics: Any) -> str:
+    df = frame(metrics, "collectives")
+    if df is None:
+        return '<p class="note">No collectives in this run.</p>'
+    cols = [
+        c for c in ("rank", "kind", "count", "bytes", "ms", "algbw_gbps", "busbw_gbps") if c in df.columns
+    ]
+    head = "".join(f'<th class="{"l" if c == "kind" else ""}">{fmt.esc(c)}</th>' for c in cols)
+    body = []
+    for row in df[cols].to_dict("records"):
+        cells = []
+        for c in cols:
+            v = clean_value(row[c])
+            if c == "bytes":
+                text = fmt.size(v)
+            elif isinstance(v, float):
+                text = f"{v:,.2f}"
+            else:
+                text = "—" if v is None else str(v)
+            cells.append(f'<td class="{"l" if c == "kind" else ""}">{fmt.esc(text)}</td>')
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
+
+
+def _rank_table(doc: dict[str, Any]) -> str:
+    head = "".join(
+        f"<th>{h}</th>"
+        for h in (
+            "rank",
+            "step p50",
+            "step p90",
+            "data",
+            "fwd",
+            "bwd",
+            "optim",
+            "comm",
+            "exposed",
+            "overlap",
+            "other",
+            "GIL",
+        )
+    )
+    rows = []
+    for r in doc["ranks"]:
+        cells = [str(r["rank"]), fmt.ms(r["step_ms"]["median"]), fmt.ms(r["step_ms"]["p90"])]
+        cells += [
+            fmt.ms(r[k])
+            for k in (
+                "dataloader_ms",
+                "forward_ms",
+                "backward_ms",
+                "optimizer_ms",
+                "comm_ms",
+                "exposed_comm_ms",
+            )
+        ]
+        cells += [
+            fmt.ratio_pct(r["overlap_ratio"]),
+            fmt.ms(r["other_ms"]),
+            fmt.ratio_pct(r["gil_contention"]),
+        ]
+        rows.append("<tr>" + "".join(f"<td>{fmt.esc(c)}</td>" for c in cells) + "</tr>")
+    return f"<table><tr>{head}</tr>{''.join(rows)}</table>"
+
+
+def _body(result: Diagnosis) -> list[str]:
+    doc = build(result)
+    run = doc["run"]
+    facts = (
+        f"mode {run['mode'] or '?'} · "
+        f"world size {run['world_size'] if run['world_size'] is not None else '?'} · "
+        f"backend {run['backend'] or 'none'} · "
+        f"{run['steps_analyzed'] if run['steps_analyzed'] is not None else '?'} steps analysed"
+    )
+    out = [
+        f'<h1>ddpdoctor diagnosis</h1><div class="facts">{fmt.esc(run["path"] or "unknown run")}<br>'
+        f"{fmt.esc(facts)}</div>",
+        f"<h2>Findings ({len(result.findings)})</h2>",
+    ]
+    out += [_finding_html(i, f) for i, f in enumerate(result.findings, 1)] or ["<p>No findings.</p>"]
+    out.append("<h2>Step breakdown per rank</h2>")
+    bars = [(f"rank {r['rank']}", [(label, r[key]) for label, key in _BREAKDOWN]) for r in doc["ranks"]]
+    if any(v for _, parts in bars for _, v in parts):
+        out.append(svg.stacked_bars(bars))
+        out.append(
+            '<p class="note">ms per step, as measured per component; exposed comm is communication not '
+            "hidden behind computation.</p>"
+        )
+    out.append(_rank_table(doc))
+    series = _overlap_series(result.metrics)
+    out.append("<h2>Communication / computation overlap per step</h2>")
+    out.append(
+        svg.line_chart(series) if series else '<p class="note">No per-step communication measured.</p>'
+    )
+    devices = [
+        (
+            f"r{r['rank']} {d['device'] if d['device'] is not None else '?'}",
+            d["peak_allocated_bytes"],
+            d["peak_reserved_bytes"],
+            d["capacity_bytes"],
+        )
+        for r in doc["ranks"]
+        for d in r["devices"]
+    ]
+    out.append("<h2>Memory per device</h2>")
+    out.append(svg.capacity_bars(devices) if devices else '<p class="note">No device memory recorded.</p>')
+    out.append("<h2>Collectives</h2>")
+    out.append('<p class="note">Per rank and kind, summed over the analysed steps; bandwidths in GB/s.</p>')
+    out.append(_collectives_table(result.metrics))
+    if result.not_evaluated:
+        out.append(f"<h2>Not evaluated ({len(result.not_evaluated)})</h2><ul>")
+        out += [
+            f"<li><b>{fmt.esc(', '.join(names))}</b>: {fmt.esc(reason)}</li>"
+            for reason, names in grouped_not_evaluated(result).items()
+        ]
+        out.append("</ul>")
+    if result.passed:
+        out.append(f'<p class="note">Passed: {fmt.esc(", ".join(result.passed))}</p>')
+    return out
+
+
+def render(result: Diagnosis, stream: TextIO) -> None:
+    """Write the HTML report of ``result`` to ``stream`` as one self-contained document."""
+    title = fmt.esc(f"ddpdoctor: {(getattr(result.metrics, 'run', {}) or {}).get('path') or 'diagnosis'}")
+    stream.write(
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{title}</title><style>{_CSS}</style></head><body>\n"
+    )
+    stream.write("\n".join(_body(result)))
+    stream.write("\n</body></html>\n")

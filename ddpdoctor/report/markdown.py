@@ -1,0 +1,109 @@
+"""Markdown report (for PR comments, CI summaries). Every dynamic string is escaped with ``fmt.md``."""
+
+from __future__ import annotations
+
+from typing import Any, TextIO
+
+from ddpdoctor.diagnosis.findings import Diagnosis, format_ranks
+from ddpdoctor.report import fmt
+from ddpdoctor.report.document import build, grouped_not_evaluated
+
+_ICON = {"error": "🛑", "warning": "⚠️", "info": "ℹ️"}
+
+
+def _table(header: list[str], rows: list[list[str]], align: str) -> list[str]:
+    lines = [
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join("---:" if a == "r" else ":---" for a in align) + "|",
+    ]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return lines
+
+
+def _lines(result: Diagnosis) -> list[str]:
+    doc: dict[str, Any] = build(result)
+    run = doc["run"]
+    out = [
+        "# ddpdoctor diagnosis",
+        "",
+        f"**Run:** {fmt.md(run['path'] or 'unknown')} — mode {fmt.md(run['mode'] or '?')}, "
+        f"world size {fmt.md(run['world_size'] if run['world_size'] is not None else '?')}, "
+        f"backend {fmt.md(run['backend'] or 'none')}, "
+        f"{fmt.md(run['steps_analyzed'] if run['steps_analyzed'] is not None else '?')} steps analysed",
+        "",
+        f"## Findings ({len(result.findings)})",
+        "",
+    ]
+    if not result.findings:
+        out += ["No findings.", ""]
+    for i, f in enumerate(result.findings, 1):
+        gain = f", est. gain {fmt.gain(f.estimated_gain_ms)}" if f.estimated_gain_ms is not None else ""
+        out += [
+            f"### {i}. {_ICON.get(f.severity, '')} {f.severity} — {fmt.md(f.id)} {fmt.md(f.name)} "
+            f"({fmt.md(format_ranks(f.ranks))}{gain})",
+            "",
+            fmt.md(f.message),
+            "",
+            f"**Recommendation:** {fmt.md(f.recommendation)}",
+            "",
+            "Evidence: "
+            + "; ".join(f"{fmt.md(k)} = {fmt.md(fmt.evidence_value(v))}" for k, v in f.evidence.items()),
+            "",
+        ]
+    out += ["## Per-rank step breakdown (ms per step)", ""]
+    keys = ("dataloader_ms", "forward_ms", "backward_ms", "optimizer_ms", "comm_ms", "exposed_comm_ms")
+    rows = [
+        [
+            str(r["rank"]),
+            fmt.ms(r["step_ms"]["median"]),
+            fmt.ms(r["step_ms"]["p90"]),
+            *(fmt.ms(r[k]) for k in keys),
+            fmt.ratio_pct(r["overlap_ratio"]),
+            fmt.ms(r["other_ms"]),
+            fmt.ratio_pct(r["gil_contention"]),
+        ]
+        for r in doc["ranks"]
+    ]
+    header = [
+        "rank",
+        "step p50",
+        "step p90",
+        "data",
+        "fwd",
+        "bwd",
+        "optim",
+        "comm",
+        "exposed",
+        "overlap",
+        "other",
+        "GIL",
+    ]
+    out += _table(header, rows, "r" * len(header)) + [""]
+    devices = [(r["rank"], d) for r in doc["ranks"] for d in r["devices"]]
+    if devices:
+        out += ["## Memory per device (peak)", ""]
+        rows = [
+            [
+                str(rank),
+                fmt.md(d["device"] if d["device"] is not None else "?"),
+                fmt.size(d["peak_allocated_bytes"]),
+                fmt.size(d["peak_reserved_bytes"]),
+                fmt.size(d["capacity_bytes"]),
+            ]
+            for rank, d in devices
+        ]
+        out += _table(["rank", "device", "allocated", "reserved", "capacity"], rows, "rlrrr") + [""]
+    if result.not_evaluated:
+        out += [f"## Not evaluated ({len(result.not_evaluated)})", ""]
+        out += [
+            f"- **{', '.join(fmt.md(n) for n in names)}**: {fmt.md(reason)}"
+            for reason, names in grouped_not_evaluated(result).items()
+        ] + [""]
+    if result.passed:
+        out += [f"Passed ({len(result.passed)}): {', '.join(fmt.md(p) for p in result.passed)}", ""]
+    return out
+
+
+def render(result: Diagnosis, stream: TextIO) -> None:
+    """Write the Markdown report of ``result`` to ``stream``."""
+    stream.write("\n".join(_lines(result)))

@@ -1,0 +1,146 @@
+"""Tiny inline-SVG charts for the HTML report (no JavaScript, no external assets). Labels are HTML-escaped."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ddpdoctor.report.fmt import esc
+
+PALETTE = (
+    "#4e79a7",
+    "#f28e2b",
+    "#e15759",
+    "#76b7b2",
+    "#59a14f",
+    "#edc948",
+    "#b07aa1",
+    "#ff9da7",
+    "#9c755f",
+    "#bab0ac",
+)
+WIDTH = 760
+LABEL_W = 90
+
+
+def _label(text: str, y: int) -> str:
+    """A row label at the left, shortened to fit (the full text is in the tooltip)."""
+    short = text if len(text) <= 14 else text[:13] + "…"
+    return (
+        f'<text x="{LABEL_W - 6}" y="{y + 13}" text-anchor="end"><title>{esc(text)}</title>'
+        f"{esc(short)}</text>"
+    )
+
+
+def _legend(items: Sequence[tuple[str, str]], y: int) -> list[str]:
+    out, x = [], LABEL_W
+    for label, color in items:
+        out.append(f'<rect x="{x}" y="{y}" width="10" height="10" fill="{color}"/>')
+        out.append(f'<text x="{x + 14}" y="{y + 9}" class="lg">{esc(label)}</text>')
+        x += 24 + 7 * len(label)
+    return out
+
+
+def _pct(value: float) -> str:
+    return f"{100 * value:.0f}%"
+
+
+def stacked_bars(rows: Sequence[tuple[str, Sequence[tuple[str, float | None]]]], unit: str = "ms") -> str:
+    """One horizontal bar per row, stacked by component; missing components are skipped."""
+    components = list(dict.fromkeys(name for _, parts in rows for name, _ in parts))
+    colors = {name: PALETTE[i % len(PALETTE)] for i, name in enumerate(components)}
+    totals = [sum(v for _, v in parts if v) for _, parts in rows]
+    scale = (WIDTH - LABEL_W - 90) / (max(totals) or 1.0)
+    bar_h, gap, top = 18, 8, 26
+    height = top + len(rows) * (bar_h + gap) + 4
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" role="img">']
+    out += _legend([(c, colors[c]) for c in components], 4)
+    for i, ((label, parts), total) in enumerate(zip(rows, totals, strict=True)):
+        y = top + i * (bar_h + gap)
+        out.append(_label(label, y))
+        x = float(LABEL_W)
+        for name, value in parts:
+            if not value or value <= 0:
+                continue
+            w = value * scale
+            out.append(
+                f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="{bar_h}" fill="{colors[name]}">'
+                f"<title>{esc(label)} {esc(name)}: {value:,.1f} {esc(unit)}</title></rect>"
+            )
+            x += w
+        out.append(f'<text x="{x + 4:.1f}" y="{y + 13}">{total:,.1f} {esc(unit)}</text>')
+    out.append("</svg>")
+    return "".join(out)
+
+
+def line_chart(
+    series: dict[str, Sequence[tuple[float, float]]], y_max: float = 1.0, percent: bool = True
+) -> str:
+    """Lines over steps (x) with y in [0, y_max]; one line per series (e.g. per rank)."""
+    points = [p for s in series.values() for p in s]
+    if not points:
+        return ""
+    x_min, x_max = min(p[0] for p in points), max(p[0] for p in points)
+    plot_w, plot_h, top = WIDTH - LABEL_W - 20, 160, 26
+    height = top + plot_h + 26
+
+    def sx(x: float) -> float:
+        return LABEL_W + (0 if x_max == x_min else (x - x_min) / (x_max - x_min) * plot_w)
+
+    def sy(y: float) -> float:
+        return top + plot_h - max(0.0, min(y, y_max)) / y_max * plot_h
+
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" role="img">']
+    names = list(series)
+    out += _legend([(n, PALETTE[i % len(PALETTE)]) for i, n in enumerate(names)], 4)
+    for frac in (0.0, 0.5, 1.0):
+        y = sy(frac * y_max)
+        label = f"{frac * y_max * 100:.0f}%" if percent else f"{frac * y_max:g}"
+        out.append(f'<line x1="{LABEL_W}" x2="{LABEL_W + plot_w}" y1="{y:.1f}" y2="{y:.1f}" class="grid"/>')
+        out.append(f'<text x="{LABEL_W - 6}" y="{y + 4:.1f}" text-anchor="end">{label}</text>')
+    out.append(f'<text x="{LABEL_W}" y="{height - 6}">step {x_min:g}</text>')
+    out.append(f'<text x="{LABEL_W + plot_w}" y="{height - 6}" text-anchor="end">step {x_max:g}</text>')
+    for i, name in enumerate(names):
+        color = PALETTE[i % len(PALETTE)]
+        pts = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in series[name])
+        out.append(f'<polyline points="{pts}" fill="none" stroke="{color}" stroke-width="2"/>')
+        for x, y in series[name]:
+            out.append(
+                f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="2.5" fill="{color}">'
+                f"<title>{esc(name)} step {x:g}: {_pct(y) if percent else f'{y:g}'}</title>"
+                "</circle>"
+            )
+    out.append("</svg>")
+    return "".join(out)
+
+
+def capacity_bars(devices: Sequence[tuple[str, float | None, float | None, float | None]]) -> str:
+    """Per device: capacity (outline), peak reserved and peak allocated (filled), all on one byte scale."""
+    scale_max = max((max(v for v in d[1:] if v) for d in devices if any(d[1:])), default=0) or 1.0
+    scale = (WIDTH - LABEL_W - 130) / scale_max
+    bar_h, gap, top = 18, 10, 26
+    height = top + len(devices) * (bar_h + gap) + 4
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" role="img">']
+    out += _legend([("peak allocated", PALETTE[0]), ("peak reserved", "#a0cbe8"), ("capacity", "#888")], 4)
+    for i, (label, allocated, reserved, capacity) in enumerate(devices):
+        y = top + i * (bar_h + gap)
+        out.append(_label(label, y))
+        if reserved:
+            out.append(
+                f'<rect x="{LABEL_W}" y="{y}" width="{reserved * scale:.1f}" height="{bar_h}" '
+                'fill="#a0cbe8"/>'
+            )
+        if allocated:
+            out.append(
+                f'<rect x="{LABEL_W}" y="{y + 4}" width="{allocated * scale:.1f}" height="{bar_h - 8}" '
+                f'fill="{PALETTE[0]}"/>'
+            )
+        if capacity:
+            out.append(
+                f'<rect x="{LABEL_W}" y="{y - 2}" width="{capacity * scale:.1f}" height="{bar_h + 4}" '
+                'fill="none" stroke="#888" stroke-dasharray="4 2"/>'
+            )
+        gib = [f"{v / 2**30:.2f}" if v is not None else "?" for v in (allocated, reserved, capacity)]
+        right = LABEL_W + max(v or 0 for v in (allocated, reserved, capacity)) * scale
+        out.append(f'<text x="{right + 6:.1f}" y="{y + 13}">{gib[0]} / {gib[1]} / {gib[2]} GiB</text>')
+    out.append("</svg>")
+    return "".join(out)

@@ -1,0 +1,165 @@
+"""Terminal report (rich): findings first, most costly first; then per-rank step breakdown and memory.
+
+Nothing from a trace or a rule file is ever parsed as rich markup: every string goes in as ``rich.text.Text``
+(and the console has markup, emoji and highlighting off); control characters are shown escaped."""
+
+from __future__ import annotations
+
+from typing import Any, TextIO
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from ddpdoctor.diagnosis.findings import Diagnosis, format_ranks
+from ddpdoctor.report import fmt
+from ddpdoctor.report.document import build, grouped_not_evaluated
+
+SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
+WIDTH_NOT_A_TERMINAL = 100
+
+
+def _console(stream: TextIO) -> Console:
+    tty = bool(getattr(stream, "isatty", lambda: False)())
+    return Console(
+        file=stream,
+        force_terminal=tty,
+        color_system="auto" if tty else None,
+        width=None if tty else WIDTH_NOT_A_TERMINAL,
+        markup=False,
+        emoji=False,
+        highlight=False,
+        soft_wrap=False,
+    )
+
+
+def _t(value: Any, style: str = "") -> Text:
+    return Text(fmt.plain(value), style=style)
+
+
+def _header(doc: dict[str, Any]) -> Text:
+    run = doc["run"]
+    title = Text("ddpdoctor diagnosis: ", style="bold")
+    title.append(fmt.plain(run["path"] or "(unknown run)"))
+    facts = [
+        f"mode {run['mode'] or '?'}",
+        f"world size {run['world_size'] if run['world_size'] is not None else '?'}",
+        f"backend {run['backend'] or 'none'}",
+        f"{run['steps_analyzed'] if run['steps_analyzed'] is not None else '?'} steps analysed",
+    ]
+    title.append("\n" + " · ".join(fmt.plain(f) for f in facts), style="dim")
+    return title
+
+
+def _findings(console: Console, result: Diagnosis) -> None:
+    if not result.findings:
+        console.print(Text("No findings.", style="bold green"))
+        return
+    console.print(Text(f"Findings ({len(result.findings)}), most costly first", style="bold underline"))
+    for i, f in enumerate(result.findings, 1):
+        head = Text(f"{i}. ")
+        head.append(f"{f.severity.upper():<8}", style=SEVERITY_STYLE.get(f.severity, ""))
+        head.append(f" {f.id} {f.name}", style="bold")
+        head.append(f"  [{format_ranks(f.ranks)}]")
+        if f.estimated_gain_ms is not None:
+            head.append(f"  {fmt.gain(f.estimated_gain_ms)}", style="bold")
+        console.print(head)
+        console.print(_t(f.message), style="", overflow="fold")
+        console.print(Text("→ ", style="green") + _t(f.recommendation))
+        evidence = "; ".join(f"{k} = {fmt.evidence_value(v)}" for k, v in f.evidence.items())
+        console.print(Text("evidence: ", style="dim") + _t(evidence, "dim"))
+        console.print()
+
+
+def _rank_table(doc: dict[str, Any]) -> Table:
+    table = Table(
+        title="Per-rank step breakdown (ms per step; p50/p90: step time)",
+        box=box.SIMPLE_HEAD,
+        title_justify="left",
+        padding=(0, 0),
+    )
+    rows = [
+        [str(r["rank"]), fmt.ms(r["step_ms"]["median"]), fmt.ms(r["step_ms"]["p90"])]
+        + [
+            fmt.ms(r[k])
+            for k in (
+                "dataloader_ms",
+                "forward_ms",
+                "backward_ms",
+                "optimizer_ms",
+                "comm_ms",
+                "exposed_comm_ms",
+            )
+        ]
+        + [fmt.ratio_pct(r["overlap_ratio"]), fmt.ms(r["other_ms"]), fmt.ratio_pct(r["gil_contention"])]
+        for r in doc["ranks"]
+    ]
+    columns = (
+        "rank",
+        "p50",
+        "p90",
+        "data",
+        "fwd",
+        "bwd",
+        "opt",
+        "comm",
+        "exposed",
+        "overlap",
+        "other",
+        "GIL",
+    )
+    for i, col in enumerate(columns):
+        # numbers never get squeezed into "3…": the column is at least as wide as its widest value
+        table.add_column(col, justify="right", min_width=max([len(row[i]) for row in rows] + [len(col)]))
+    for row in rows:
+        table.add_row(*(_t(cell) for cell in row))
+    return table
+
+
+def _memory_table(doc: dict[str, Any]) -> Table | None:
+    rows = [(r["rank"], d) for r in doc["ranks"] for d in r["devices"]]
+    if not rows:
+        return None
+    table = Table(title="Memory per device (peak)", box=box.SIMPLE_HEAD, title_justify="left")
+    for col, justify in (
+        ("rank", "right"),
+        ("device", "left"),
+        ("allocated", "right"),
+        ("reserved", "right"),
+        ("capacity", "right"),
+        ("used", "right"),
+    ):
+        table.add_column(col, justify=justify, overflow="fold")  # type: ignore[arg-type]
+    for rank, d in rows:
+        used = None
+        if d["peak_reserved_bytes"] is not None and d["capacity_bytes"]:
+            used = d["peak_reserved_bytes"] / d["capacity_bytes"]
+        table.add_row(
+            _t(rank),
+            _t(d["device"] if d["device"] is not None else "?"),
+            _t(fmt.size(d["peak_allocated_bytes"])),
+            _t(fmt.size(d["peak_reserved_bytes"])),
+            _t(fmt.size(d["capacity_bytes"])),
+            _t(fmt.ratio_pct(used)),
+        )
+    return table
+
+
+def render(result: Diagnosis, stream: TextIO) -> None:
+    """Write the terminal report of ``result`` to ``stream`` (colour only when it is a terminal)."""
+    console = _console(stream)
+    doc = build(result)
+    console.print(_header(doc))
+    console.print()
+    _findings(console, result)
+    console.print(_rank_table(doc))
+    memory = _memory_table(doc)
+    if memory is not None:
+        console.print(memory)
+    if result.not_evaluated:
+        console.print(Text(f"Not evaluated ({len(result.not_evaluated)})", style="bold"))
+        for reason, names in grouped_not_evaluated(result).items():
+            console.print(Text("  " + ", ".join(names), style="bold") + _t(": " + reason), overflow="fold")
+    if result.passed:
+        console.print(Text(f"Passed ({len(result.passed)}): ", style="bold") + _t(", ".join(result.passed)))

@@ -1,0 +1,19 @@
+"""The ``tensorboard_plugins`` entry point: loads ``ddpdoctor.tensorboard.plugin`` only when TensorBoard starts it.
+
+In its own module, as TensorBoard asks of loaders, so a broken optional import cannot break TensorBoard itself.
+"""
+
+from __future__ import annotations
+
+from tensorboard.plugins import base_plugin
+
+
+class DDPDoctorLoader(base_plugin.TBLoader):
+    """Creates the ``ddpdoctor`` dashboard plugin; None (no plugin) when it cannot be imported."""
+
+    def load(self, context: base_plugin.TBContext) -> base_plugin.TBPlugin | None:
+        try:
+            from ddpdoctor.tensorboard.plugin import DDPDoctorPlugin
+        except ImportError:
+            return None
+        return DDPDoctorPlugin(context)

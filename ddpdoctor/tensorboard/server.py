@@ -1,0 +1,50 @@
+"""Start TensorBoard on one run directory, in this process: what ``ddpdoctor view`` runs.
+
+The logdir is the run directory itself, so TensorBoard shows its profiler traces (PyTorch Profiler tab, worker
+``rank<R>``), the event files under ``tensorboard/rank<R>`` (Scalars, Text) and the ``ddpdoctor`` dashboard.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+from pathlib import Path
+
+from ddpdoctor.errors import DDPDoctorError
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 6006
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Raise a one-line ``DDPDoctorError`` when ``host:port`` cannot be listened on (taken, or a bad address)."""
+    if port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise DDPDoctorError(f"cannot listen on {host}: {exc.strerror}") from None
+    family, _, _, _, address = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        # As the server will: SO_REUSEADDR, so a port in TIME_WAIT after a previous run still counts as free.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise DDPDoctorError(f"port {port} on {host} is already in use; pick another with --port") from None
+            raise DDPDoctorError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+
+
+def start(logdir: Path, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> str:
+    """Start TensorBoard in a background thread of this process and return its URL."""
+    os.environ.setdefault("TORCH_PROFILER_LOG_LEVEL", "WARNING")  # the profiler plugin logs every file it parses
+    from tensorboard import default, program
+
+    tb = program.TensorBoard(plugins=default.get_plugins())
+    tb.configure(argv=[None, "--logdir", str(logdir), "--host", host, "--port", str(port)])
+    try:
+        return tb.launch()
+    except program.TensorBoardServerException as exc:
+        raise DDPDoctorError(f"TensorBoard could not start: {exc.msg}") from None

@@ -1,0 +1,169 @@
+// The dashboard's sections, each built from the report JSON of one run (see ddpdoctor/tensorboard/report.py).
+import { barChart, color, lineChart } from "./charts.js";
+import { el, figure, fmtBytes, fmtGbps, fmtMs, fmtNum, fmtRatio, groupBy, isNum, mean, note, section, table }
+  from "./dom.js";
+
+const PART_LABELS = {
+  dataloader_ms: "data loading", forward_ms: "forward", backward_ms: "backward", optimizer_ms: "optimizer",
+  exposed_comm_ms: "exposed communication", other_ms: "other", dp_scatter_ms: "DP scatter",
+  dp_replicate_ms: "DP replicate", dp_parallel_apply_ms: "DP parallel_apply", dp_gather_ms: "DP gather",
+  dp_backward_reduce_ms: "DP backward reduce",
+};
+
+const rankLabel = (r) => `rank ${r}`;
+const ranksOf = (rows) => [...new Set(rows.map((r) => r.rank))].sort((a, b) => a - b);
+
+export function summary(report) {
+  const run = report.run || {};
+  const facts = [
+    ["run", run.name || run.path], ["mode", run.mode], ["world size", run.world_size], ["backend", run.backend],
+    ["steps analysed", run.steps_analyzed],
+    ["figures from", report.source === "trace" ? "the traces and capture files" : "the capture files only"],
+  ];
+  return el("div", { class: "summary" },
+    el("dl", {}, facts.map(([k, v]) => [el("dt", {}, k), el("dd", {}, v === null || v === undefined ? "–" : v)])),
+    (report.notes || []).map((n) => el("p", { class: "note" }, n)));
+}
+
+export function findings(report) {
+  const list = report.findings || [];
+  const cards = list.map((f) => el("article", { class: `finding sev-${String(f.severity).replace(/[^a-z]/g, "")}`,
+    "data-finding": f.name },
+  el("header", {}, el("span", { class: "badge" }, f.severity), el("strong", {}, `${f.id} ${f.name}`),
+    el("span", { class: "ranks" }, (f.ranks || []).length ? `ranks ${f.ranks.join(", ")}` : ""),
+    isNum(f.estimated_gain_ms) ? el("span", { class: "gain" }, `could save ~${fmtMs(f.estimated_gain_ms)}/step`) : null),
+  el("p", { class: "message" }, f.message),
+  el("p", { class: "recommendation" }, el("b", {}, "Recommendation: "), f.recommendation),
+  f.evidence && Object.keys(f.evidence).length
+    ? el("details", {}, el("summary", {}, "evidence"),
+      table(["term", "value"], Object.entries(f.evidence).map(([k, v]) => [k, JSON.stringify(v)])))
+    : null));
+  const skipped = report.not_evaluated || [];
+  return section("findings", `Findings (${list.length})`, null,
+    cards.length ? cards : note("No rule fired on this run."),
+    skipped.length ? el("details", { class: "not-evaluated" }, el("summary", {}, `Not evaluated (${skipped.length})`),
+      el("ul", {}, skipped.map((n) => el("li", {}, el("b", {}, n.name), `: ${n.reason}`)))) : null,
+    (report.passed || []).length ? el("p", { class: "passed" }, `Passed: ${report.passed.join(", ")}`) : null);
+}
+
+export function breakdown(report) {
+  const parts = report.components || [];
+  const rows = report.per_step || [];
+  if (parts.length && rows.length) {
+    const ranks = ranksOf(rows);
+    const byRank = groupBy(rows, "rank");
+    const series = parts.map((p, k) => ({ name: PART_LABELS[p] || p, color: color(k),
+      values: ranks.map((r) => mean(byRank.get(r).map((row) => row[p]))) }));
+    return section("breakdown", "Step breakdown per rank", "Mean time per profiled step, split into parts that do not overlap.",
+      figure("breakdown", "ms per step", barChart({ categories: ranks.map(rankLabel), series, stacked: true, fmt: fmtMs }),
+        series.map((s) => [s.name, s.color])));
+  }
+  const ddp = report.ddp_breakdown || [];
+  if (ddp.length) {
+    const keys = [["ddp_forward_ms", "forward compute"], ["ddp_backward_ms", "backward compute"],
+      ["ddp_backward_comm_ms", "backward communication"], ["ddp_overlap_ms", "communication overlapped"]];
+    const series = keys.map(([k, name], i) => ({ name, color: color(i), values: ddp.map((r) => r[k]) }));
+    return section("breakdown", "Step breakdown per rank",
+      "As DistributedDataParallel's own logging reports it (averages over the iterations it sampled); the trace " +
+      "breakdown appears once trace metrics are available.",
+      figure("breakdown", "ms per iteration", barChart({ categories: ddp.map((r) => rankLabel(r.rank)), series, fmt: fmtMs }),
+        series.map((s) => [s.name, s.color])));
+  }
+  return section("breakdown", "Step breakdown per rank", null, note("No step breakdown was measured for this run."));
+}
+
+export function stepTimes(report) {
+  const rows = (report.steps || []).filter((r) => isNum(r.step_ms));
+  if (!rows.length) return section("step-time", "Step time", null, note("No step times were recorded."));
+  const byRank = groupBy(rows, "rank");
+  const series = ranksOf(rows).map((r, k) => ({ name: rankLabel(r), color: color(k),
+    points: byRank.get(r).map((row) => [row.step, row.step_ms]) }));
+  const profiled = rows.filter((r) => r.profiled).map((r) => r.step);
+  const shade = profiled.length ? [Math.min(...profiled), Math.max(...profiled)] : null;
+  return section("step-time", "Step time", "Wall time of every step; the shaded steps were profiled.",
+    figure("step-time", "ms per step", lineChart({ series, fmt: fmtMs, shade, shadeLabel: "profiled steps" }),
+      series.map((s) => [s.name, s.color])));
+}
+
+export function overlap(report) {
+  const rows = (report.per_step || []).filter((r) => isNum(r.overlap_ratio));
+  if (rows.length) {
+    const steps = [...new Set(rows.map((r) => r.step))].sort((a, b) => a - b);
+    const ranks = ranksOf(rows);
+    const series = ranks.map((r, k) => ({ name: rankLabel(r), color: color(k),
+      values: steps.map((s) => (rows.find((row) => row.rank === r && row.step === s) || {}).overlap_ratio) }));
+    return section("overlap", "Communication / computation overlap per step",
+      "Share of each step's communication hidden behind computation (higher is better).",
+      figure("overlap", "overlap (0-100%)", barChart({ categories: steps.map((s) => `step ${s}`), series, fmt: fmtRatio }),
+        series.map((s) => [s.name, s.color])));
+  }
+  const ddp = (report.rank_metrics || []).filter((r) => isNum(r.ddp_reported_overlap_ratio));
+  if (ddp.length) {
+    const series = [{ name: "overlap reported by DDP", color: color(0), values: ddp.map((r) => r.ddp_reported_overlap_ratio) }];
+    return section("overlap", "Communication / computation overlap",
+      "Per-step overlap needs trace metrics; this is the overlap DistributedDataParallel's own logging reports.",
+      figure("overlap", "overlap (0-100%)", barChart({ categories: ddp.map((r) => rankLabel(r.rank)), series, fmt: fmtRatio }),
+        series.map((s) => [s.name, s.color])));
+  }
+  return section("overlap", "Communication / computation overlap", null, note("No communication was measured."));
+}
+
+export function memory(report) {
+  const rows = (report.devices || []).filter((r) => isNum(r.peak_reserved_bytes) || isNum(r.peak_allocated_bytes));
+  if (!rows.length) {
+    return section("memory", "Memory per device", null,
+      note("No CUDA device memory was recorded (a CPU run, or no allocation on a GPU)."));
+  }
+  const categories = rows.map((r) => `rank ${r.rank} ${r.device}`);
+  const series = [
+    { name: "peak reserved", color: color(0), values: rows.map((r) => r.peak_reserved_bytes) },
+    { name: "peak allocated", color: color(1), values: rows.map((r) => r.peak_allocated_bytes) },
+  ];
+  const markers = rows.map((r, index) => ({ index, value: r.capacity_bytes, label: "capacity" }))
+    .filter((m) => isNum(m.value));
+  return section("memory", "Memory per device", "Peak memory of each rank on each device it used, against the device's capacity.",
+    figure("memory", "bytes", barChart({ categories, series, markers, fmt: fmtBytes }),
+      [...series.map((s) => [s.name, s.color]), ["capacity", "#444444"]]));
+}
+
+export function collectives(report) {
+  const rows = report.collectives || [];
+  if (!rows.length) {
+    return section("collectives", "Collectives", null,
+      note(report.source === "trace" ? "No collective was found in the traces." : "Collective statistics need trace metrics."));
+  }
+  const labelled = rows.map((r) => ({ ...r, label: `rank ${r.rank} ${r.kind}` }));
+  const series = [{ name: "bus bandwidth", color: color(2), values: labelled.map((r) => r.busbw_gbps) }];
+  return section("collectives", "Collectives", "Bus bandwidth follows the nccl-tests convention: compare it with the link speed.",
+    figure("busbw", "GB/s", barChart({ categories: labelled.map((r) => r.label), series, fmt: fmtGbps }),
+      series.map((s) => [s.name, s.color])),
+    table(["rank", "kind", "calls", "bytes", "time", "algbw", "busbw"], labelled.map((r) => [String(r.rank),
+      String(r.kind), fmtNum(r.count), fmtBytes(r.bytes), fmtMs(r.ms), fmtGbps(r.algbw_gbps), fmtGbps(r.busbw_gbps)])));
+}
+
+export function skew(report) {
+  const ranks = (report.rank_metrics || []).filter((r) => isNum(r.step_ms_median));
+  if (!ranks.length) return section("skew", "Rank skew", null, note("No step times per rank."));
+  const run = report.run_metrics || {};
+  const series = [{ name: "median step time", color: color(0), values: ranks.map((r) => r.step_ms_median) }];
+  if (ranks.some((r) => isNum(r.late_arrival_ms))) {
+    series.push({ name: "late arrival at collectives", color: color(3), values: ranks.map((r) => r.late_arrival_ms) });
+  }
+  const facts = [["step skew", isNum(run.step_skew_ratio) ? `${run.step_skew_ratio.toFixed(2)}×` : "–"],
+    ["straggler", isNum(run.straggler_rank) ? rankLabel(run.straggler_rank) : "none found"],
+    ["others wait for it", fmtMs(run.straggler_wait_ms)]];
+  return section("skew", "Rank skew", "Median step time per rank; a straggler makes every other rank wait in each collective.",
+    figure("skew", "ms", barChart({ categories: ranks.map((r) => rankLabel(r.rank)), series, fmt: fmtMs }),
+      series.map((s) => [s.name, s.color])),
+    el("dl", { class: "facts" }, facts.map(([k, v]) => [el("dt", {}, k), el("dd", {}, v)])));
+}
+
+export function gil(report) {
+  const rows = (report.steps || []).filter((r) => isNum(r.gil_contention));
+  if (!rows.length) return null;
+  const byRank = groupBy(rows, "rank");
+  const series = ranksOf(rows).map((r, k) => ({ name: rankLabel(r), color: color(k),
+    points: byRank.get(r).map((row) => [row.step, row.gil_contention]) }));
+  return section("gil", "GIL contention", "Share of time Python threads waited for the GIL, per step (gilknocker).",
+    figure("gil", "contention (0-100%)", lineChart({ series, fmt: fmtRatio }), series.map((s) => [s.name, s.color])));
+}
