@@ -46,6 +46,11 @@ PER_RANK: dict[str, MetricName] = _table(
         ("optimizer_ms", "ms", "time per step in optimizer.step() (and zero_grad)"),
         ("comm_ms", "ms", "time per step the device spends in collectives (all-reduce, broadcast, ...)"),
         ("exposed_comm_ms", "ms", "communication time per step not hidden behind computation"),
+        (
+            "exposed_transfer_ms",
+            "ms",
+            "exposed communication less the time spent waiting for late peers (per step)",
+        ),
         ("other_ms", "ms", "step time not attributed to any other component"),
         ("overlap_ratio", "ratio", "share of communication time that overlaps computation (0-1)"),
         (
@@ -147,6 +152,11 @@ RUN: dict[str, MetricName] = _table(
         ),
         ("straggler_rank", "rank", "the rank the others wait for (None when no rank stands out)"),
         ("straggler_wait_ms", "ms", "time per step the other ranks wait for the straggler in collectives"),
+        (
+            "straggler_late_share",
+            "ratio",
+            "fraction of matched collectives the straggler arrived at last (about 1/world_size for noise)",
+        ),
     ]
 )
 

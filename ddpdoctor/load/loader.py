@@ -69,6 +69,15 @@ def load(
     return _make_run(root, ranks, source, capture, manifest, skipped)
 
 
+def load_rank_files(paths: list[Path], rank: int) -> RankTrace:
+    """Decode the trace files of one rank in this process (used by a rank to summarise itself)."""
+    _, rank_trace, errors = _decode_group(f"rank{rank}", paths)
+    if rank_trace is None:
+        raise TraceError(errors[0] if errors else f"rank {rank}: no trace files")
+    rank_trace.rank = rank
+    return rank_trace
+
+
 def _decode_group(key: str, paths: list[Path]) -> tuple[str, RankTrace | None, list[str]]:
     tables = RankTables()
     decoded, errors = [], []

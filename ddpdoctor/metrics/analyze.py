@@ -30,6 +30,7 @@ def analyze(run: Run) -> RunMetrics:
         m = {k: s["metrics"].get(k) for k in RANK_METRICS}
         m = {"rank": s["rank"], **m}
         m.update(waits.get(s["rank"], {}))
+        m["exposed_transfer_ms"] = _exposed_transfer(m.get("exposed_comm_ms"), m.get("collective_wait_ms"))
         host = (run.capture.get(s["rank"]) or {}).get("hostname")
         m["local_world_size"] = hosts.get(host) if host else None
         ranks.append(m)
@@ -53,6 +54,14 @@ def analyze(run: Run) -> RunMetrics:
         collectives=transfer_bandwidth(summaries),
         devices=devices,
     )
+
+
+def _exposed_transfer(exposed_ms: float | None, wait_ms: float | None) -> float | None:
+    """Exposed communication that is really moving data: exposed time less the time spent waiting for a late
+    peer (that part is the straggler's cost, not a lack of overlap)."""
+    if exposed_ms is None:
+        return None
+    return max(0.0, exposed_ms - (wait_ms or 0.0))
 
 
 def _run_level(
@@ -92,4 +101,5 @@ def _run_level(
     )
     out["straggler_rank"] = None
     out["straggler_wait_ms"] = None
+    out["straggler_late_share"] = None
     return out

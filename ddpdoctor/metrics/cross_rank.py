@@ -9,7 +9,8 @@ transfer = the shortest duration over the ranks; wait = own duration − transfe
 −
 earliest aligned start. Per step: ``collective_wait_ms`` = wall time (union) spent waiting,
 ``late_arrival_ms`` =
-mean lateness over the step's collectives.
+mean lateness over the step's collectives. ``straggler_late_share`` = the fraction of matched collectives in
+which the straggler arrived last (about 1/world_size when only noise makes ranks late).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ def cross_rank(summaries: list[dict[str, Any]]) -> tuple[dict[int, dict[str, flo
         if len(c):
             frames.append(c.assign(rank=s["rank"]))
     per_rank: dict[int, dict[str, float | None]] = {}
-    run = {"straggler_rank": None, "straggler_wait_ms": None}
+    run = {"straggler_rank": None, "straggler_wait_ms": None, "straggler_late_share": None}
     if len(frames) < 2:
         return per_rank, run
     colls = pd.concat(frames, ignore_index=True)
@@ -69,8 +70,23 @@ def cross_rank(summaries: list[dict[str, Any]]) -> tuple[dict[int, dict[str, flo
         straggler = max(per_rank, key=lambda r: per_rank[r]["late_arrival_ms"] or 0.0)
         if (per_rank[straggler]["late_arrival_ms"] or 0.0) > 0:
             others = [v["collective_wait_ms"] for r, v in per_rank.items() if r != straggler]
-            run = {"straggler_rank": int(straggler), "straggler_wait_ms": float(np.mean(others))}
+            # A real straggler is last nearly every time; with noise alone each rank is last about 1/n of the time.
+            analysed = colls[colls["step"].isin(_analysed_steps(summaries))]
+            last = analysed.loc[analysed.groupby(KEY)["aligned_start"].idxmax(), "rank"]
+            run = {
+                "straggler_rank": int(straggler),
+                "straggler_wait_ms": float(np.mean(others)),
+                "straggler_late_share": float((last == straggler).mean()) if len(last) else None,
+            }
     return per_rank, run
+
+
+def _analysed_steps(summaries: list[dict[str, Any]]) -> set[int]:
+    steps: set[int] = set()
+    for s in summaries:
+        per_step = pd.DataFrame(s["per_step"])
+        steps.update(int(x) for x in per_step.loc[per_step["analyzed"], "step"])
+    return steps
 
 
 def transfer_bandwidth(summaries: list[dict[str, Any]]) -> pd.DataFrame:

@@ -66,6 +66,7 @@ RUN_METRICS = (
     "step_skew_ratio",
     "straggler_rank",
     "straggler_wait_ms",
+    "straggler_late_share",
 )
 
 
