@@ -118,7 +118,11 @@ def load_and_analyze(path: str, steps: tuple[int, int | None] | None) -> Any:
         return analyze(run_data)
     if "steps" not in inspect.signature(analyze).parameters:
         raise UsageError("--steps is not supported by this build's metrics")
-    return analyze(run_data, steps=steps)
+    metrics = analyze(run_data, steps=steps)
+    if not metrics.run.get("steps_analyzed"):
+        last = "" if steps[1] is None else str(steps[1])
+        raise UsageError(f"--steps {steps[0]}..{last}: none of the run's profiled steps is in that range")
+    return metrics
 
 
 def run(args: argparse.Namespace) -> int:

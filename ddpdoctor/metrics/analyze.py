@@ -15,14 +15,19 @@ from ddpdoctor.metrics.result import RANK_METRICS, RunMetrics
 from ddpdoctor.metrics.summary import summarize_rank
 
 
-def analyze(run: Run) -> RunMetrics:
-    """All metrics of a loaded run. Pure: no I/O, no printing."""
-    summaries = [
-        rt.summary
-        if rt.summary is not None and not rt.has_trace
-        else summarize_rank(rt, run.capture.get(rt.rank))
-        for rt in run.ranks
-    ]
+def analyze(run: Run, steps: tuple[int, int | None] | None = None) -> RunMetrics:
+    """All metrics of a loaded run. Pure: no I/O, no printing.
+
+    ``steps``: analyse only ProfilerStep#N..M (inclusive; M None = to the end). Needs the traces, not summaries.
+    """
+    summaries = []
+    for rt in run.ranks:
+        if rt.summary is not None and not rt.has_trace:
+            if steps is not None:
+                raise ValueError("a step range needs the traces; load the run without use_summaries")
+            summaries.append(rt.summary)
+        else:
+            summaries.append(summarize_rank(rt, run.capture.get(rt.rank), steps))
     waits, straggler = cross_rank(summaries)
     hosts = Counter(c.get("hostname") for c in run.capture.values() if c.get("hostname"))
     ranks = []

@@ -45,7 +45,11 @@ STEP_MEANS = BREAKDOWN + (
 )
 
 
-def summarize_rank(rank_trace: RankTrace, capture: dict[str, Any] | None = None) -> dict[str, Any]:
+def summarize_rank(
+    rank_trace: RankTrace,
+    capture: dict[str, Any] | None = None,
+    step_range: tuple[int, int | None] | None = None,
+) -> dict[str, Any]:
     """Per-rank metrics (see CONTRACTS.md), per-step rows and the collective list of one rank. Pure; no
     I/O."""
     rt = rank_trace
@@ -55,6 +59,12 @@ def summarize_rank(rank_trace: RankTrace, capture: dict[str, Any] | None = None)
     if any(str(n).startswith("DataParallel.") for n in rt.ops["name"].cat.categories):
         for key, values in dp_per_step(rt.ops, lo, hi).items():
             steps[key] = values
+    if step_range is not None:  # only ProfilerStep#N..M (inclusive; M None = to the end)
+        first, last = step_range
+        in_range = steps["step"] >= first
+        if last is not None:
+            in_range &= steps["step"] <= last
+        steps["analyzed"] = steps["analyzed"] & in_range
     analysed = steps[steps["analyzed"]]
     world = (rt.distributed_info or {}).get("world_size") or (capture or {}).get("world_size") or 1
     colls = _assign_steps(collectives(rt), steps)
