@@ -1,9 +1,9 @@
 """Rule parameter overrides from the user's configuration.
 
-``[tool.ddpdoctor.rules.<name>]`` in the nearest ``pyproject.toml`` that has a ``[tool.ddpdoctor]`` table,
-searched from the current directory upwards (like ruff), or in the file given with ``--config`` (then no
-search
-happens). A ``--config`` file may be a pyproject.toml or a plain TOML file with ``[rules.<name>]`` tables::
+``[tool.ddpdoctor.rules.<name>]`` in the nearest ``pyproject.toml`` that has a ``[tool.ddpdoctor]``
+table, searched from the current directory upwards (like ruff), or in the file given with ``--config``
+(then no search happens). A ``--config`` file may be a pyproject.toml or a plain TOML file with
+``[rules.<name>]`` tables::
 
     [tool.ddpdoctor.rules.poor-comm-compute-overlap]
     min_overlap = 0.6

@@ -1,12 +1,9 @@
 """Decode one Kineto trace file (plain or gzipped JSON) into compact columns.
 
-Speed and memory: the file is decompressed into one preallocated buffer; msgspec checks the whole document
-and keeps
-``traceEvents`` as a raw slice; the slice is then cut at event boundaries into ~1 MB chunks that are decoded
-with typed
-structs (only the fields in ``schema``), turned into numpy columns and dropped. Peak memory is the JSON text
-plus the
-columns plus one chunk, instead of one Python dict per event.
+Speed and memory: the file is decompressed into one preallocated buffer; msgspec checks the whole document and
+keeps ``traceEvents`` as a raw slice; the slice is then cut at event boundaries into ~1 MB chunks that are
+decoded with typed structs (only the fields in ``schema``), turned into numpy columns and dropped. Peak memory
+is the JSON text plus the columns plus one chunk, instead of one Python dict per event.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """``load(path)``: a run directory, a folder of torch.profiler traces or one trace file -> ``Run``.
 
 Ranks are decoded in parallel worker processes (one rank per task, all its spans together); a single rank is
-decoded
-in-process. A file that cannot be read is skipped and listed in ``Run.skipped`` as long as another file can
-be read;
-otherwise ``TraceError`` names the file and the problem.
+decoded in-process. A file that cannot be read is skipped and listed in ``Run.skipped`` as long as another
+file can be read; otherwise ``TraceError`` names the file and the problem.
 """
 
 from __future__ import annotations
@@ -40,8 +38,7 @@ def load(
     ``workers``: processes decoding ranks in parallel (default min(cpu count, ranks)); 1 decodes in-process.
     ``progress``: called as ``progress(done, total, label)`` after each rank.
     ``use_summaries``: in a run directory where every rank left ``ranks/rank<R>.summary.json``, return ranks
-    that carry
-    those summaries (``RankTrace.summary``) without decoding any trace (frames are None).
+    that carry those summaries (``RankTrace.summary``) without decoding any trace (frames are None).
     """
     root = Path(path)
     if not root.exists():

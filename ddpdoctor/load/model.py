@@ -3,24 +3,21 @@
 Frames (all timestamps are µs floats as in the trace; ``end_us = ts_us + dur_us``):
 
 - ``ops``      CPU-side complete events (cpu_op, user_annotation, python_function, cuda_runtime, cuda_driver,
-...):
+               ...):
                ``name, cat, ts_us, dur_us, end_us, pid, tid, external_id, correlation, span``
 - ``kernels``  device-side events (kernel, gpu_memcpy, gpu_memset, gpu_user_annotation, cuda_sync):
                ``name, cat, ts_us, dur_us, end_us, pid, tid, device, stream, correlation, external_id, span``
 - ``memory``   ``[memory]`` instant events: ``name, cat, ts_us, dur_us, end_us, pid, tid, bytes,
-total_allocated,
-               total_reserved, device_type, device_id, span`` (totals NaN where the trace does not record
-               them)
+               total_allocated, total_reserved, device_type, device_id, span`` (totals NaN where the trace
+               does not record them)
 - ``steps``    ``ProfilerStep#N`` ranges on the CPU: the ``ops`` columns plus ``step`` (N)
 - ``comm_ops`` the collective calls' CPU events (``nccl:*``, ``gloo:*``, ``record_param_comms``, ``c10d::*``)
-with
-               their arguments: the ``ops`` columns plus ``in_nelems, out_nelems, group_size, dtype,
+               with their arguments: the ``ops`` columns plus ``in_nelems, out_nelems, group_size, dtype,
                collective_name, pg_name, seq, input_dims, input_type``
 
 ``name`` and ``cat`` are pandas categoricals; ``cat`` holds the canonical lower-case category names of
 ``ddpdoctor.load.categories``. ``pid``/``tid`` are int64: numeric strings become numbers, ``"stream 7"``
-becomes 7,
-other strings negative codes named in ``RankTrace.thread_names``.
+becomes 7, other strings negative codes named in ``RankTrace.thread_names``.
 """
 
 from __future__ import annotations

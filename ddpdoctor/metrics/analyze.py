@@ -18,7 +18,8 @@ from ddpdoctor.metrics.summary import summarize_rank
 def analyze(run: Run, steps: tuple[int, int | None] | None = None) -> RunMetrics:
     """All metrics of a loaded run. Pure: no I/O, no printing.
 
-    ``steps``: analyse only ProfilerStep#N..M (inclusive; M None = to the end). Needs the traces, not summaries.
+    ``steps``: analyse only ProfilerStep#N..M (inclusive; M None = to the end).
+    Needs the traces, not summaries.
     """
     summaries = []
     for rt in run.ranks:

@@ -4,13 +4,11 @@
   computation = the other kernels except memcpy/memset/``*Sync`` (same rule), so ``overlap_ratio`` is HTA's
   ``comp_comm_overlap_pctg`` / 100.
 - CPU (gloo): communication = the ``gloo:*`` ranges, which run on gloo's own threads; computation = the CPU
-ops on
-  every other thread, except the calls that only start or wait for communication (``c10d::*``, ...).
+  ops on every other thread, except the calls that only start or wait for communication (``c10d::*``, ...).
 
 Collectives (kinds all_reduce, broadcast, all_gather, reduce_scatter, all_to_all, reduce, barrier, send, recv,
 send_recv): bytes = max(In/Out msg nelems) × dtype size from ``record_param_comms``, or the product of the
-call's
-Input Dims × dtype size; timed on the device (NCCL kernels) or on the gloo thread.
+call's Input Dims × dtype size; timed on the device (NCCL kernels) or on the gloo thread.
 """
 
 from __future__ import annotations

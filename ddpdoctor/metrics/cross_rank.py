@@ -3,14 +3,11 @@ wait.
 
 A collective is identified by (step, kind, index of that kind within the step). Clocks of different hosts are
 aligned on matched collectives, not raw timestamps: a collective ends at about the same moment on every rank,
-so a
-rank's clock offset is the median of (its end − the reference rank's end). Then, per collective:
-transfer = the shortest duration over the ranks; wait = own duration − transfer; lateness = own aligned start
-−
-earliest aligned start. Per step: ``collective_wait_ms`` = wall time (union) spent waiting,
-``late_arrival_ms`` =
-mean lateness over the step's collectives. ``straggler_late_share`` = the fraction of matched collectives in
-which the straggler arrived last (about 1/world_size when only noise makes ranks late).
+so a rank's clock offset is the median of (its end − the reference rank's end). Then, per collective:
+transfer = the shortest duration over the ranks; wait = own duration − transfer; lateness = own aligned
+start − earliest aligned start. Per step: ``collective_wait_ms`` = wall time (union) spent waiting,
+``late_arrival_ms`` = mean lateness over the step's collectives. ``straggler_late_share`` = the fraction of
+matched collectives in which the straggler arrived last (about 1/world_size when only noise makes ranks late).
 """
 
 from __future__ import annotations
@@ -70,7 +67,8 @@ def cross_rank(summaries: list[dict[str, Any]]) -> tuple[dict[int, dict[str, flo
         straggler = max(per_rank, key=lambda r: per_rank[r]["late_arrival_ms"] or 0.0)
         if (per_rank[straggler]["late_arrival_ms"] or 0.0) > 0:
             others = [v["collective_wait_ms"] for r, v in per_rank.items() if r != straggler]
-            # A real straggler is last nearly every time; with noise alone each rank is last about 1/n of the time.
+            # A real straggler is last nearly every time; with noise alone each rank is last about 1/n
+            # of the time.
             analysed = colls[colls["step"].isin(_analysed_steps(summaries))]
             last = analysed.loc[analysed.groupby(KEY)["aligned_start"].idxmax(), "rank"]
             run = {

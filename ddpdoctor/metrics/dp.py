@@ -1,12 +1,10 @@
 """DataParallel (single-process, multi-GPU) metrics from the ``DataParallel.*`` ranges.
 
 ``dp_<phase>_ms``: per-step total of the
-``DataParallel.scatter/replicate/parallel_apply/gather/backward_reduce``
-ranges (ms). ``dp_replicas``: distinct ``DataParallel.replica[i]``. ``thread_parallelism``: inside
-parallel_apply,
-Σ per-thread busy time ÷ busy time of all threads together (1 = replicas ran one after another, e.g. on the
-GIL;
-N = N threads busy at once).
+``DataParallel.scatter/replicate/parallel_apply/gather/backward_reduce`` ranges (ms). ``dp_replicas``:
+distinct ``DataParallel.replica[i]``. ``thread_parallelism``: inside parallel_apply, Σ per-thread busy
+time ÷ busy time of all threads together (1 = replicas ran one after another, e.g. on the GIL; N = N
+threads busy at once).
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """Interval algebra on numpy arrays (times in µs): union, intersection, difference, per-window coverage.
 
 An ``Intervals`` is a pair of float arrays (starts, ends); ``union`` returns them sorted and disjoint, which
-every
-other function here expects.
+every other function here expects.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Device memory of one rank: peaks per device from ``[memory]`` events and the capture's ``memory.devices``.
 
 Bytes throughout. The rank's own device comes from the capture (``"device": "cuda:3"``), else the device its
-kernels
-ran on. ``foreign_cuda0_bytes``: what a rank whose own device is not cuda:0 reserved (else allocated) on
-cuda:0 —
-the classic "every rank creates a context on GPU 0" mistake.
+kernels ran on. ``foreign_cuda0_bytes``: what a rank whose own device is not cuda:0 reserved (else allocated)
+on cuda:0 — the classic "every rank creates a context on GPU 0" mistake.
 """
 
 from __future__ import annotations

@@ -1,15 +1,14 @@
 """Host-side phases of each step: dataloader, forward, backward, optimizer (interval sets in µs).
 
-- dataloader: ``enumerate(DataLoader)#...__next__`` / ``enumerate(DataPipe)#...`` ranges (torch-tb-profiler's
-rule)
+- dataloader: ``enumerate(DataLoader)#...__next__`` / ``enumerate(DataPipe)#...`` ranges
+              (torch-tb-profiler's rule)
 - optimizer:  ``Optimizer.step#...`` and ``Optimizer.zero_grad#...`` ranges
 - backward:   per step, from the first to the last autograd op (``autograd::engine::evaluate_function: ...``,
               ``*Backward``, ``AccumulateGrad``, on any thread) or DDP reducer op
               (``torch.distributed.ddp.reducer::...``)
 - forward:    per step, from the start of ``DistributedDataParallel.forward``/``DataParallel.forward`` (else
-the end of
-              the batch fetch, else the step start) to the start of backward: input copies, forward pass and
-              loss
+              the end of the batch fetch, else the step start) to the start of backward: input copies, forward
+              pass and loss
 The sets are made exclusive in the order dataloader > optimizer > backward > forward.
 """
 

@@ -1,12 +1,10 @@
 """Training-step windows of one rank, from ``ProfilerStep#N`` ranges (or the whole profiled window when
 absent).
 
-On traces with device work a step is stretched to the end of the last kernel it launched and starts no
-earlier than
-the previous step ended (torch-tb-profiler's rule), so that the device time of a step is counted in that step.
-The last step of each profiled window is not analysed when the rank has device work: kernels it launched may
-still
-have been running when the profiler stopped (Holistic Trace Analysis drops it for the same reason).
+On traces with device work a step is stretched to the end of the last kernel it launched and starts no earlier
+than the previous step ended (torch-tb-profiler's rule), so that the device time of a step is counted in that
+step. The last step of each profiled window is not analysed when the rank has device work: kernels it launched
+may still have been running when the profiler stopped (Holistic Trace Analysis drops it for the same reason).
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """``summarize_rank``: everything one rank's own trace tells, as a JSON-serialisable dict.
 
 The capture calls it at the end of each rank (``ranks/rank<R>.summary.json``) and ``analyze`` calls it for
-ranks
-loaded from traces, so both paths give the same numbers. Cross-rank metrics (waits, late arrival, straggler)
-are
-left to ``analyze``, which matches the ``collectives`` lists of all ranks.
+ranks loaded from traces, so both paths give the same numbers. Cross-rank metrics (waits, late arrival,
+straggler) are left to ``analyze``, which matches the ``collectives`` lists of all ranks.
 
 Layout (``schema_version`` 1)::
 
@@ -117,8 +115,7 @@ def _step_metrics(analysed: pd.DataFrame) -> dict[str, Any]:
 
 def _assign_steps(colls: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     """Add ``step`` (the step window holding the collective's start; -1 outside) and ``index`` (its order
-    among
-    the same kind in that step), the key that matches a collective across ranks."""
+    among the same kind in that step), the key that matches a collective across ranks."""
     lo, hi = steps["start_us"].to_numpy(), steps["end_us"].to_numpy()
     order = np.argsort(lo, kind="stable")
     i = np.searchsorted(lo[order], colls["start_us"].to_numpy(), side="right") - 1
