@@ -1,7 +1,7 @@
 """``ddpdoctor compare A B``: two runs (or baselines) side by side, with B/A for every metric.
 
-Exit status: 0, or 2 on a usage or input error (one line on stderr). ``--output`` is written atomically once the
-report is complete, so a failed run never leaves an empty or partial file.
+Exit status: 0, or 2 on a usage or input error (one line on stderr). ``--output`` is written atomically once
+the report is complete, so a failed run never leaves an empty or partial file.
 """
 
 from __future__ import annotations
@@ -35,12 +35,19 @@ def emit(render: Callable[[Any, TextIO], None], result: Any, output: str | None)
 
 def register(subparsers: Any, name: str, help_text: str) -> None:
     p = subparsers.add_parser(
-        name, help=help_text, description=help_text + ". A and B are run directories, trace folders or files, "
-        "or baseline files from `ddpdoctor baseline`; ratios are B/A.")
+        name,
+        help=help_text,
+        description=help_text + ". A and B are run directories, trace folders or files, "
+        "or baseline files from `ddpdoctor baseline`; ratios are B/A.",
+    )
     p.add_argument("a", metavar="A", help="the reference run (e.g. the DataParallel run)")
     p.add_argument("b", metavar="B", help="the run to compare with it (e.g. the DDP run)")
-    p.add_argument("--format", choices=[f.value for f in OutputFormat], default=OutputFormat.TEXT.value,
-                   help="report format (default: text; html has charts)")
+    p.add_argument(
+        "--format",
+        choices=[f.value for f in OutputFormat],
+        default=OutputFormat.TEXT.value,
+        help="report format (default: text; html has charts)",
+    )
     p.add_argument("--output", "-o", metavar="FILE", help="write the report to FILE instead of stdout")
     p.set_defaults(func=run)
 

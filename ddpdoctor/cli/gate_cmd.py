@@ -1,10 +1,10 @@
 """``ddpdoctor baseline RUN`` (write a baseline file) and ``ddpdoctor gate RUN --baseline FILE`` (fail CI on a
 performance regression).
 
-Exit status of ``gate``: 0 pass, 1 regression (or a new finding at/above ``--fail-on``, or with ``--strict-env`` a
-different environment), 2 usage or input error (one line on stderr). Files (``--output``, ``--junit``) are
-written atomically. With ``GITHUB_ACTIONS`` set, failures and warnings are also printed as ``::error``/``::warning``
-workflow commands and the result table is appended to ``$GITHUB_STEP_SUMMARY``.
+Exit status of ``gate``: 0 pass, 1 regression (or a new finding at/above ``--fail-on``, or with
+``--strict-env`` a different environment), 2 usage or input error (one line on stderr). Files (``--output``,
+``--junit``) are written atomically. With ``GITHUB_ACTIONS`` set, failures and warnings are also printed as
+``::error``/``::warning`` workflow commands and the result table is appended to ``$GITHUB_STEP_SUMMARY``.
 """
 
 from __future__ import annotations
@@ -36,37 +36,71 @@ def _epilog() -> str:
 
 def register(subparsers: Any, name: str, help_text: str) -> None:
     if name == "baseline":
-        p = subparsers.add_parser(name, help=help_text, description=help_text + " (metrics, per-step samples and "
-                                  "environment as small, reviewable JSON meant to be committed).")
+        p = subparsers.add_parser(
+            name,
+            help=help_text,
+            description=help_text + " (metrics, per-step samples and "
+            "environment as small, reviewable JSON meant to be committed).",
+        )
         p.add_argument("run", metavar="RUN", help="a ddpdoctor run directory (or traces)")
         p.add_argument("--output", "-o", metavar="FILE", help="write the baseline to FILE (default: stdout)")
         p.set_defaults(func=run_baseline)
         return
     from ddpdoctor.compare.render import GateFormat
 
-    p = subparsers.add_parser(name, help=help_text, description=help_text, epilog=_epilog(),
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = subparsers.add_parser(
+        name,
+        help=help_text,
+        description=help_text,
+        epilog=_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("run", metavar="RUN", help="the run to check (a ddpdoctor run directory)")
-    p.add_argument("--baseline", "-b", required=True, metavar="FILE",
-                   help="baseline file from `ddpdoctor baseline` (or a run directory)")
-    p.add_argument("--threshold", "-t", action="append", default=[], metavar="METRIC=THRESHOLD",
-                   help="override a threshold, e.g. step_ms.median=+5%% (repeatable)")
-    p.add_argument("--fail-on", choices=("info", "warning", "error", "off"), default=None,
-                   help="fail on new findings at or above this severity (default: error)")
-    p.add_argument("--strict-env", action="store_true", default=None,
-                   help="fail when the environment (world size, backend, devices, torch) differs from the baseline")
-    p.add_argument("--format", choices=[f.value for f in GateFormat], default=GateFormat.TEXT.value,
-                   help="output format (default: text)")
+    p.add_argument(
+        "--baseline",
+        "-b",
+        required=True,
+        metavar="FILE",
+        help="baseline file from `ddpdoctor baseline` (or a run directory)",
+    )
+    p.add_argument(
+        "--threshold",
+        "-t",
+        action="append",
+        default=[],
+        metavar="METRIC=THRESHOLD",
+        help="override a threshold, e.g. step_ms.median=+5%% (repeatable)",
+    )
+    p.add_argument(
+        "--fail-on",
+        choices=("info", "warning", "error", "off"),
+        default=None,
+        help="fail on new findings at or above this severity (default: error)",
+    )
+    p.add_argument(
+        "--strict-env",
+        action="store_true",
+        default=None,
+        help="fail when the environment (world size, backend, devices, torch) differs from the baseline",
+    )
+    p.add_argument(
+        "--format",
+        choices=[f.value for f in GateFormat],
+        default=GateFormat.TEXT.value,
+        help="output format (default: text)",
+    )
     p.add_argument("--output", "-o", metavar="FILE", help="write the result to FILE instead of stdout")
     p.add_argument("--junit", metavar="FILE", help="also write JUnit XML to FILE")
-    p.add_argument("--config", metavar="FILE",
-                   help="read [tool.ddpdoctor.gate] from FILE instead of the nearest pyproject.toml")
+    p.add_argument(
+        "--config",
+        metavar="FILE",
+        help="read [tool.ddpdoctor.gate] from FILE instead of the nearest pyproject.toml",
+    )
     p.set_defaults(func=run_gate)
 
 
 def run_baseline(args: argparse.Namespace) -> int:
     from ddpdoctor.compare import read_input
-
     from ddpdoctor.compare.snapshot import dumps
 
     snapshot = read_input(args.run)
@@ -74,8 +108,11 @@ def run_baseline(args: argparse.Namespace) -> int:
     emit(lambda _, stream: stream.write(text), None, args.output)
     if args.output is not None:
         metrics = sum(v is not None for v in snapshot.metrics.values())
-        print(f"ddpdoctor: wrote baseline {args.output}: {metrics} metrics, "
-              f"{len(snapshot.samples.get('step_ms', []))} step samples", file=sys.stderr)
+        print(
+            f"ddpdoctor: wrote baseline {args.output}: {metrics} metrics, "
+            f"{len(snapshot.samples.get('step_ms', []))} step samples",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -91,7 +128,9 @@ def _github(result: Any, report_on_stdout: bool) -> None:
         try:
             github.append_step_summary(result, summary)
         except OSError as exc:
-            raise DDPDoctorError(f"{summary}: cannot append the step summary: {exc.strerror or exc}") from None
+            raise DDPDoctorError(
+                f"{summary}: cannot append the step summary: {exc.strerror or exc}"
+            ) from None
 
 
 def run_gate(args: argparse.Namespace) -> int:

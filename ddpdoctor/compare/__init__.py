@@ -3,7 +3,8 @@
 - ``catalog``: the metrics compared and gated (unit, worse direction, default threshold, samples).
 - ``samples``: per-step samples from the capture files, leaving out steps the profiler disturbs.
 - ``snapshot``: a run reduced to environment + metrics + samples + findings; a baseline file is one, as JSON.
-- ``inputs``: read a run directory, traces or a baseline file into a Snapshot (the only module here doing I/O).
+- ``inputs``: read a run directory, traces or a baseline file into a Snapshot (the only module here doing
+I/O).
 - ``stats``: bootstrap interval of a change (is it noise?).
 - ``thresholds``: ``+5%`` / ``+2ms`` / ``-0.1`` thresholds and ``[tool.ddpdoctor.gate]``.
 - ``gate``: ``gate(current, baseline, config) -> GateResult``; ``diff``: ``compare(a, b) -> Comparison``.
@@ -18,4 +19,13 @@ from ddpdoctor.compare.inputs import read_input
 from ddpdoctor.compare.snapshot import Snapshot
 from ddpdoctor.compare.thresholds import GateConfig, load_config
 
-__all__ = ["Comparison", "GateConfig", "GateResult", "Snapshot", "compare", "gate", "load_config", "read_input"]
+__all__ = [
+    "Comparison",
+    "GateConfig",
+    "GateResult",
+    "Snapshot",
+    "compare",
+    "gate",
+    "load_config",
+    "read_input",
+]

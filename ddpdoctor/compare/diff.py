@@ -1,5 +1,6 @@
-"""``compare(a, b) -> Comparison``: two snapshots side by side, the ratio B/A of every metric, the findings only
-one of them has, and what cannot be compared between them (modes, world sizes, batch, devices, unmeasured parts).
+"""``compare(a, b) -> Comparison``: two snapshots side by side, the ratio B/A of every metric, the findings
+only one of them has, and what cannot be compared between them (modes, world sizes, batch, devices, unmeasured
+parts).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ class Row:
 
     @property
     def better(self) -> str | None:
-        """"A" or "B": which run is better on this metric (None when equal or not comparable)."""
+        """ "A" or "B": which run is better on this metric (None when equal or not comparable)."""
         if self.a is None or self.b is None or self.a == self.b:
             return None
         b_higher = self.b > self.a
@@ -54,7 +55,9 @@ def _mode_text(s: Snapshot) -> str:
     env = s.environment
     mode = _MODE.get(str(env.get("mode")), str(env.get("mode") or "unknown mode"))
     devices = ", ".join(env.get("devices") or []) or "?"
-    return f"{mode}, world size {env.get('world_size', '?')}, backend {env.get('backend') or 'none'}, {devices}"
+    return (
+        f"{mode}, world size {env.get('world_size', '?')}, backend {env.get('backend') or 'none'}, {devices}"
+    )
 
 
 def _global_batch(s: Snapshot) -> int | None:
@@ -68,14 +71,18 @@ def _headline(rows: dict[str, Row], a: Snapshot, b: Snapshot) -> list[str]:
     if step.ratio:
         faster = "B" if step.ratio < 1 else "A"
         factor = 1 / step.ratio if step.ratio < 1 else step.ratio
-        out.append(f"Speed: median step A {step.a:,.1f} ms, B {step.b:,.1f} ms (B/A = {step.ratio:.2f}): "
-                   + ("the same speed." if abs(factor - 1) < 0.02 else f"{faster} is {factor:.2f}x faster per step."))
+        out.append(
+            f"Speed: median step A {step.a:,.1f} ms, B {step.b:,.1f} ms (B/A = {step.ratio:.2f}): "
+            + ("the same speed." if abs(factor - 1) < 0.02 else f"{faster} is {factor:.2f}x faster per step.")
+        )
     for label, s in (("A", a), ("B", b)):
         balance = s.value("gpu0_vs_others_ratio")
         gpu0 = s.value("gpu0_peak_reserved_bytes")
         if balance is not None:
-            out.append(f"Memory balance {label}: GPU 0 holds {balance:.2f}x the memory of the busiest other GPU"
-                       + (" (unbalanced: GPU 0 runs out first)." if balance > 1.2 else " (balanced)."))
+            out.append(
+                f"Memory balance {label}: GPU 0 holds {balance:.2f}x the memory of the busiest other GPU"
+                + (" (unbalanced: GPU 0 runs out first)." if balance > 1.2 else " (balanced).")
+            )
         elif gpu0 is not None:
             out.append(f"Memory {label}: only GPU 0 used.")
     return out
@@ -85,19 +92,25 @@ def _not_comparable(a: Snapshot, b: Snapshot, rows: list[Row]) -> list[str]:
     ea, eb = a.environment, b.environment
     out = []
     if ea.get("mode") != eb.get("mode") or ea.get("world_size") != eb.get("world_size"):
-        out.append(f"Different set-ups: A is {_mode_text(a)}; B is {_mode_text(b)}. A step is comparable only "
-                   "when both process the same global batch.")
+        out.append(
+            f"Different set-ups: A is {_mode_text(a)}; B is {_mode_text(b)}. A step is comparable only "
+            "when both process the same global batch."
+        )
     ga, gb = _global_batch(a), _global_batch(b)
     if ga != gb:
-        out.append(f"Global batch per step: A {ga if ga is not None else 'unknown'}, "
-                   f"B {gb if gb is not None else 'unknown'} (per-rank DataLoader batch x world size)"
-                   + (": step times are not the same work." if ga and gb else "."))
+        out.append(
+            f"Global batch per step: A {ga if ga is not None else 'unknown'}, "
+            f"B {gb if gb is not None else 'unknown'} (per-rank DataLoader batch x world size)"
+            + (": step times are not the same work." if ga and gb else ".")
+        )
     for label, s in (("A", a), ("B", b)):
         env = s.environment
         if env.get("mode") == "dp" and env.get("devices") in (["cpu"], None):
-            out.append(f"{label} is DataParallel on CPU: DataParallel then calls the module directly (no scatter, "
-                       "replicas, gather or gradient reduction), so it measures a single process, not multi-GPU "
-                       "DataParallel; its DP stage times are 0.")
+            out.append(
+                f"{label} is DataParallel on CPU: DataParallel then calls the module directly (no scatter, "
+                "replicas, gather or gradient reduction), so it measures a single process, not multi-GPU "
+                "DataParallel; its DP stage times are 0."
+            )
     for key in ("backend", "torch_version", "devices"):
         if ea.get(key) != eb.get(key) and ea.get(key) is not None and eb.get(key) is not None:
             out.append(f"{key.replace('_', ' ')} differs: A {ea.get(key)}, B {eb.get(key)}.")
@@ -108,10 +121,16 @@ def _not_comparable(a: Snapshot, b: Snapshot, rows: list[Row]) -> list[str]:
         for label, names in (("A", only_a), ("B", only_b)):
             if names:
                 other = "B" if label == "A" else "A"
-                out.append(f"{section}: {', '.join(names)} measured only in {label} ({other} has none"
-                           + (": no collectives in its trace)" if section == "communication" else ")") + ".")
+                out.append(
+                    f"{section}: {', '.join(names)} measured only in {label} ({other} has none"
+                    + (": no collectives in its trace)" if section == "communication" else ")")
+                    + "."
+                )
     if all(r.a is None and r.b is None for r in rows if r.spec.section == "memory"):
-        out.append("memory: no device memory in either run (CPU runs): GPU 0 vs the other GPUs needs CUDA.")
+        out.append(
+            "memory: no device memory peaks in either run (CPU runs, or traces without memory events): "
+            "GPU 0 vs the other GPUs needs CUDA memory"
+        )
     for label, s in (("A", a), ("B", b)):
         if s.findings is None:
             out.append(f"findings: {label} has no diagnosis, so findings are not compared.")

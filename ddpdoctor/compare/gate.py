@@ -1,13 +1,15 @@
 """``gate(current, baseline, config) -> GateResult``: metric by metric, rule by rule, and the environment.
 
-A metric is a **regression** when its change goes past its threshold in the worse direction **and** the per-step
-samples show that the change is not noise: the bootstrap interval of the change (``ddpdoctor.compare.stats``)
-does not contain 0. A change past the threshold that the interval cannot tell from noise is reported as
-"within noise" (a warning, not a failure). A noisy metric (a timing) without per-step samples in both runs can
-warn but never fail; memory peaks, which do not vary from run to run, fail on the threshold alone.
+A metric is a **regression** when its change goes past its threshold in the worse direction **and** the
+per-step samples show that the change is not noise: the bootstrap interval of the change
+(``ddpdoctor.compare.stats``) does not contain 0. A change past the threshold that the interval cannot tell
+from noise is reported as "within noise" (a warning, not a failure). A noisy metric (a timing) without
+per-step samples in both runs can warn but never fail; memory peaks, which do not vary from run to run, fail
+on the threshold alone.
 
-A rule fails the gate when it fires on the current run, did not fire on the baseline, and its severity is at or
-above ``fail_on``. A different environment (``snapshot.ENV_KEYS``) is a warning, a failure with ``strict_env``.
+A rule fails the gate when it fires on the current run, did not fire on the baseline, and its severity is at
+or above ``fail_on``. A different environment (``snapshot.ENV_KEYS``) is a warning, a failure with
+``strict_env``.
 """
 
 from __future__ import annotations
@@ -41,7 +43,9 @@ class RuleCheck:
     rule: str
     rule_id: str | None
     severity: str | None
-    verdict: str  # "new finding" | "new finding below fail-on" | "already in baseline" | "resolved" | "pass"
+    # "new finding" | "new finding below fail-on" | "already in baseline" | "resolved" | "not evaluated"
+    # | "pass"
+    verdict: str
     outcome: str
     message: str
 
@@ -106,40 +110,78 @@ def check_metric(t: Threshold, baseline: Snapshot, current: Snapshot) -> MetricC
     spec = catalog.spec(t.metric)
     base, cur = baseline.value(t.metric), current.value(t.metric)
     if base is None or cur is None:
-        missing = "either run" if base is None and cur is None else "the current run" if cur is None else \
-            "the baseline"
+        missing = (
+            "either run"
+            if base is None and cur is None
+            else "the current run"
+            if cur is None
+            else "the baseline"
+        )
         outcome = WARN if base is not None else OK  # a metric that stopped being measured deserves a look
-        return MetricCheck(t.metric, t, base, cur, None, None, "not measured", outcome,
-                           f"{t.metric}: not measured in {missing}")
+        return MetricCheck(
+            t.metric,
+            t,
+            base,
+            cur,
+            None,
+            None,
+            "not measured",
+            outcome,
+            f"{t.metric}: not measured in {missing}",
+        )
     change = _change(t, base, cur)
     interval = None
     if spec.samples and spec.samples in baseline.samples and spec.samples in current.samples:
-        interval = stats.change_interval(baseline.samples[spec.samples], current.samples[spec.samples],
-                                         spec.statistic, relative=t.relative)
+        interval = stats.change_interval(
+            baseline.samples[spec.samples], current.samples[spec.samples], spec.statistic, relative=t.relative
+        )
     worse = t.exceeded_by(change)
     better = (change < -t.amount) if t.worse == "up" else (change > t.amount)
-    shown = (f"{t.metric}: {units.value(t.metric, base)} -> {units.value(t.metric, cur)} "
-             f"({format_change(t, change)}"
-             + (f", interval {format_interval(t, interval)}" if interval is not None else "")
-             + f"; threshold {t.text()})")
+    shown = (
+        f"{t.metric}: {units.value(t.metric, base)} -> {units.value(t.metric, cur)} "
+        f"({format_change(t, change)}"
+        + (f", interval {format_interval(t, interval)}" if interval is not None else "")
+        + f"; threshold {t.text()})"
+    )
     if worse:
         if interval is not None:
             if interval.excludes_zero():
-                return MetricCheck(t.metric, t, base, cur, change, interval, "regression", FAIL,
-                                   f"{shown}: regression")
-            return MetricCheck(t.metric, t, base, cur, change, interval, "within noise", WARN,
-                               f"{shown}: past the threshold but within noise (the interval contains no change)")
+                return MetricCheck(
+                    t.metric, t, base, cur, change, interval, "regression", FAIL, f"{shown}: regression"
+                )
+            return MetricCheck(
+                t.metric,
+                t,
+                base,
+                cur,
+                change,
+                interval,
+                "within noise",
+                WARN,
+                f"{shown}: past the threshold but within noise (the interval contains no change)",
+            )
         if spec.noisy:
-            return MetricCheck(t.metric, t, base, cur, change, None, "no samples", WARN,
-                               f"{shown}: past the threshold, but without {stats.MIN_SAMPLES}+ per-step samples "
-                               "in both runs it cannot be told from noise")
+            return MetricCheck(
+                t.metric,
+                t,
+                base,
+                cur,
+                change,
+                None,
+                "no samples",
+                WARN,
+                f"{shown}: past the threshold, but without {stats.MIN_SAMPLES}+ per-step samples "
+                "in both runs it cannot be told from noise",
+            )
         return MetricCheck(t.metric, t, base, cur, change, None, "regression", FAIL, f"{shown}: regression")
     if better and (interval is None and not spec.noisy or interval is not None and interval.excludes_zero()):
         return MetricCheck(t.metric, t, base, cur, change, interval, "improved", OK, f"{shown}: improved")
     return MetricCheck(t.metric, t, base, cur, change, interval, "ok", OK, f"{shown}: ok")
 
 
-def check_rules(baseline: Snapshot, current: Snapshot, fail_on: str | None) -> tuple[list[RuleCheck], list[str]]:
+def check_rules(
+    baseline: Snapshot, current: Snapshot, fail_on: str | None
+) -> tuple[list[RuleCheck], list[str]]:
     if current.findings is None:
         return [], ["rules not checked: the current run has no diagnosis (trace metrics unavailable)"]
     if baseline.findings is None:
@@ -154,13 +196,40 @@ def check_rules(baseline: Snapshot, current: Snapshot, fail_on: str | None) -> t
         if name in now and name not in before:
             failing = threshold is not None and SEVERITY_RANK.get(sev, 0) >= threshold
             verdict = "new finding" if failing else "new finding below fail-on"
-            checks.append(RuleCheck(name, rid, sev, verdict, FAIL if failing else WARN,
-                                    f"{name} ({sev}): new finding: {now[name]['message']}"))
+            checks.append(
+                RuleCheck(
+                    name,
+                    rid,
+                    sev,
+                    verdict,
+                    FAIL if failing else WARN,
+                    f"{name} ({sev}): new finding: {now[name]['message']}",
+                )
+            )
         elif name in now:
-            checks.append(RuleCheck(name, rid, sev, "already in baseline", OK,
-                                    f"{name} ({sev}): also in the baseline: {now[name]['message']}"))
-        elif name in before:
+            checks.append(
+                RuleCheck(
+                    name,
+                    rid,
+                    sev,
+                    "already in baseline",
+                    OK,
+                    f"{name} ({sev}): also in the baseline: {now[name]['message']}",
+                )
+            )
+        elif name in before and name in (current.rules_evaluated or []):
             checks.append(RuleCheck(name, rid, sev, "resolved", OK, f"{name}: in the baseline, gone now"))
+        elif name in before:
+            checks.append(
+                RuleCheck(
+                    name,
+                    rid,
+                    sev,
+                    "not evaluated",
+                    OK,
+                    f"{name}: in the baseline; could not be evaluated on the current run",
+                )
+            )
         else:
             checks.append(RuleCheck(name, rid, sev, "pass", OK, f"{name}: no finding"))
     return checks, []
@@ -170,17 +239,28 @@ def env_diffs(baseline: Snapshot, current: Snapshot) -> list[EnvDiff]:
     out = []
     for key in ENV_KEYS:
         a, b = baseline.environment.get(key), current.environment.get(key)
-        if a is not None and b is not None and a != b:
-            out.append(EnvDiff(key, a, b))
+        unknown = key in ("torch_version", "devices") and (a is None or b is None)  # foreign traces lack them
+        if a != b and not unknown:
+            out.append(EnvDiff(key, "none" if a is None else a, "none" if b is None else b))
     return out
 
 
 def gate(current: Snapshot, baseline: Snapshot, config: GateConfig) -> GateResult:
     """Compare ``current`` with ``baseline`` under ``config``'s thresholds (see the module docstring)."""
     order = [m.name for m in catalog.METRICS]
-    checks = [check_metric(config.thresholds[name], baseline, current)
-              for name in order if name in config.thresholds]
+    checks = [
+        check_metric(config.thresholds[name], baseline, current)
+        for name in order
+        if name in config.thresholds
+    ]
     rules, notes = check_rules(baseline, current, config.fail_on)
     notes += [f"current: {n}" for n in current.notes] + [f"baseline: {n}" for n in baseline.notes]
-    return GateResult(baseline, current, config, tuple(checks), tuple(rules), tuple(env_diffs(baseline, current)),
-                      tuple(notes))
+    return GateResult(
+        baseline,
+        current,
+        config,
+        tuple(checks),
+        tuple(rules),
+        tuple(env_diffs(baseline, current)),
+        tuple(notes),
+    )

@@ -1,5 +1,5 @@
-"""Read what ``compare``/``baseline``/``gate`` are given into Snapshots: a ddpdoctor run directory, a folder of
-torch.profiler traces, one trace file, or a baseline JSON written by ``ddpdoctor baseline``.
+"""Read what ``compare``/``baseline``/``gate`` are given into Snapshots: a ddpdoctor run directory, a folder
+of torch.profiler traces, one trace file, or a baseline JSON written by ``ddpdoctor baseline``.
 
 A run directory gives its capture files (every step's wall time, memory of every device, GIL per step, the
 environment) and, through ``ddpdoctor.load`` + ``ddpdoctor.metrics.analyze``, the trace metrics (breakdown,
@@ -18,8 +18,10 @@ from ddpdoctor import rundir
 from ddpdoctor.compare import snapshot as snap
 from ddpdoctor.errors import TraceError, UsageError
 
-NO_METRICS = ("trace metrics (breakdown, exposed communication, overlap, bandwidth) and findings are missing: "
-              "this build of ddpdoctor has no ddpdoctor.metrics.analyze")
+NO_METRICS = (
+    "trace metrics (breakdown, exposed communication, overlap, bandwidth) and findings are missing: "
+    "this build of ddpdoctor has no ddpdoctor.metrics.analyze"
+)
 
 
 def read_captures(path: Path) -> list[dict[str, Any]]:
@@ -38,7 +40,7 @@ def read_captures(path: Path) -> list[dict[str, Any]]:
     return sorted(out, key=lambda c: int(c.get("rank", 0)))
 
 
-def _analyze(path: Path, rules: Sequence[Any] | None) -> tuple[Any, Any, list[str]]:
+def _analyze(path: Path, rules: Sequence[Any] | None, has_capture: bool) -> tuple[Any, Any, list[str]]:
     try:
         from ddpdoctor.metrics import analyze
     except ImportError:
@@ -46,7 +48,14 @@ def _analyze(path: Path, rules: Sequence[Any] | None) -> tuple[Any, Any, list[st
     from ddpdoctor.diagnosis import apply_config, evaluate, load_config, load_rules
     from ddpdoctor.load import load
 
-    metrics = analyze(load(path))
+    try:
+        loaded = load(path)
+    except TraceError as exc:
+        if not has_capture:
+            raise
+        # e.g. a run shorter than the profiler's wait: the step times in the capture files still count
+        return None, None, [f"trace metrics and findings are missing: {exc}"]
+    metrics = analyze(loaded)
     if rules is None:
         rules = apply_config(load_rules([]), load_config())
     return metrics, evaluate(rules, metrics), []
@@ -79,7 +88,8 @@ def read_baseline(path: Path) -> snap.Snapshot:
 
 
 def read_input(arg: str, *, rules: Sequence[Any] | None = None) -> snap.Snapshot:
-    """The Snapshot of ``arg``: a baseline file, a run directory or traces. Input errors raise DDPDoctorError."""
+    """The Snapshot of ``arg``: a baseline file, a run directory or traces. Input errors raise
+    DDPDoctorError."""
     path = Path(arg)
     if not path.exists():
         raise UsageError(f"{arg}: no such file or directory")
@@ -93,8 +103,10 @@ def read_input(arg: str, *, rules: Sequence[Any] | None = None) -> snap.Snapshot
         if isinstance(data, dict) and "traceEvents" not in data:
             raise UsageError(f"{arg}: neither a ddpdoctor baseline nor a torch.profiler trace")
     captures = read_captures(path) if path.is_dir() else []
-    metrics, diagnosis, notes = _analyze(path, rules)
+    metrics, diagnosis, notes = _analyze(path, rules, bool(captures))
     if metrics is None and not captures:
-        raise UsageError(f"{arg}: not a ddpdoctor run directory (no {rundir.RANKS_DIR}/rank<R>.json), and this "
-                         "build cannot read traces without ddpdoctor.metrics")
+        raise UsageError(
+            f"{arg}: not a ddpdoctor run directory (no {rundir.RANKS_DIR}/rank<R>.json), and this "
+            "build cannot read traces without ddpdoctor.metrics"
+        )
     return snap.build(arg, captures, metrics, diagnosis, notes)

@@ -1,9 +1,10 @@
-"""Per-step samples from the capture files (``ranks/rank<R>.json``), with the steps the profiler disturbs left out.
+"""Per-step samples from the capture files (``ranks/rank<R>.json``), with the steps the profiler disturbs
+left out.
 
-``steps.wall_ms`` holds the wall time of every step. Some steps are not the training loop's own time: the first
-step (lazy initialisation, allocator warm-up), the profiler's warm-up and active steps (recording costs time) and
-the step after each profiled window (the trace is exported inside it, hundreds of ms). Those are left out when
-enough steps remain; both runs of a comparison get the same treatment.
+``steps.wall_ms`` holds the wall time of every step. Some steps are not the training loop's own time: the
+first step (lazy initialisation, allocator warm-up), the profiler's warm-up and active steps (recording costs
+time) and the step after each profiled window (the trace is exported inside it, hundreds of ms). Those are
+left out when enough steps remain; both runs of a comparison get the same treatment.
 
 The job's step time for step k is the slowest rank's wall time for that step: in DDP every rank waits for the
 others in the all-reduce, so the ranks' wall times are nearly equal and the maximum is the job's pace.
@@ -63,7 +64,7 @@ def gil_samples(captures: Sequence[Mapping[str, Any]]) -> list[float]:
     by_step: dict[int, list[float]] = {}
     for c in captures:
         per_step = ((c.get("gil") or {}).get("per_step")) or {}
-        for step, value in zip(per_step.get("step") or [], per_step.get("contention") or []):
+        for step, value in zip(per_step.get("step") or [], per_step.get("contention") or [], strict=False):
             if value is not None:
                 by_step.setdefault(int(step), []).append(float(value))
     return [float(np.mean(v)) for _, v in sorted(by_step.items())]

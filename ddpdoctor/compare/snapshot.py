@@ -1,12 +1,13 @@
-"""A run reduced to what ``compare`` and ``gate`` need: environment, summary metrics, per-step samples, devices,
-findings. A baseline file is a Snapshot written as JSON. Pure: ``build`` takes already-read data, never files.
+"""A run reduced to what ``compare`` and ``gate`` need: environment, summary metrics, per-step samples,
+devices, findings. A baseline file is a Snapshot written as JSON. Pure: ``build`` takes already-read data,
+never files.
 
 Baseline JSON (``kind`` "ddpdoctor-baseline", schema_version 1; keys are added, never renamed)::
 
     {"schema_version": 1, "kind": "ddpdoctor-baseline", "created_at": "2026-01-31T12:00:00Z", "run": "runs/a",
      "environment": {"ddpdoctor_version", "torch_version", "python", "mode", "world_size", "backend",
                      "devices": ["NVIDIA H100 80GB HBM3", ...] | ["cpu"], "batch_size_per_rank"},
-     "metrics": {"step_ms.median": 31.2, "exposed_comm_ms": 1.4, ...},     # every catalog name, null = not measured
+     "metrics": {"step_ms.median": 31.2, "exposed_comm_ms": 1.4, ...},  # every catalog name; null: unmeasured
      "samples": {"step_ms": [30.9, 31.4, ...], "exposed_comm_ms": [...], ...},  # per-step values
      "sample_notes": {"step_ms": "21 steps outside the profiled windows, steps 2-29, slowest rank per step"},
      "devices": [{"rank", "host", "device", "name", "peak_allocated_bytes", "peak_reserved_bytes",
@@ -38,9 +39,15 @@ SCHEMA_VERSION = 1
 _NUMBER_LIST = re.compile(r"\[\s*((?:-?[\d.eE+-]+\s*,\s*)*-?[\d.eE+-]+)\s*\]")
 KIND = "ddpdoctor-baseline"
 ENV_KEYS = ("world_size", "mode", "backend", "devices", "torch_version")  # a difference here is a warning
-_RANK_MEAN = tuple(m.name for m in METRICS if "." not in m.name and not m.name.startswith(("gpu0", "others", "max_")))
-_RUN_LEVEL = ("straggler_wait_ms", "gpu0_peak_reserved_bytes", "others_max_peak_reserved_bytes",
-              "gpu0_vs_others_ratio")
+_RANK_MEAN = tuple(
+    m.name for m in METRICS if "." not in m.name and not m.name.startswith(("gpu0", "others", "max_"))
+)
+_RUN_LEVEL = (
+    "straggler_wait_ms",
+    "gpu0_peak_reserved_bytes",
+    "others_max_peak_reserved_bytes",
+    "gpu0_vs_others_ratio",
+)
 
 
 @dataclass(frozen=True)
@@ -56,6 +63,12 @@ class Snapshot:
     notes: list[str] = field(default_factory=list)
     created_at: str = ""
     is_baseline: bool = False  # read from a baseline file (not a run directory)
+    origin: str | None = None  # for a baseline file: the run it was made from
+
+    @property
+    def label(self) -> str:
+        """``runs/a`` or ``perf/baseline.json (baseline of runs/a)``."""
+        return f"{self.source} (baseline of {self.origin})" if self.origin else self.source
 
     def value(self, name: str) -> float | None:
         return self.metrics.get(name)
@@ -65,10 +78,10 @@ class Snapshot:
             "schema_version": SCHEMA_VERSION,
             "kind": KIND,
             "created_at": self.created_at,
-            "run": self.source,
+            "run": self.origin or self.source,
             "environment": self.environment,
             "metrics": {k: _round(v) for k, v in self.metrics.items()},
-            "samples": {k: [_round(v, 4) for v in vs] for k, vs in self.samples.items()},
+            "samples": {k: [_round(v, 5) for v in vs] for k, vs in self.samples.items()},
             "sample_notes": self.sample_notes,
             "devices": self.devices,
             "findings": self.findings,
@@ -80,22 +93,28 @@ class Snapshot:
 def dumps(snapshot: Snapshot) -> str:
     """The baseline file's text: one key per line, each list of numbers on one line (reviewable diffs)."""
     text = json.dumps(snapshot.to_json(), indent=1, allow_nan=False, ensure_ascii=False)
-    return _NUMBER_LIST.sub(lambda m: "[" + ", ".join(x.strip() for x in m.group(1).split(",")) + "]", text) + "\n"
+    return (
+        _NUMBER_LIST.sub(lambda m: "[" + ", ".join(x.strip() for x in m.group(1).split(",")) + "]", text)
+        + "\n"
+    )
 
 
 def from_json(data: Mapping[str, Any], source: str) -> Snapshot:
     """A Snapshot from a baseline document; ValueError naming what is wrong."""
     if data.get("kind") != KIND:
-        raise ValueError("not a ddpdoctor baseline (no \"kind\": \"ddpdoctor-baseline\")")
+        raise ValueError('not a ddpdoctor baseline (no "kind": "ddpdoctor-baseline")')
     if int(data.get("schema_version", 0)) > SCHEMA_VERSION:
-        raise ValueError(f"baseline schema_version {data.get('schema_version')} is newer than this ddpdoctor reads "
-                         f"({SCHEMA_VERSION}); upgrade ddpdoctor")
+        raise ValueError(
+            f"baseline schema_version {data.get('schema_version')} is newer than this ddpdoctor reads "
+            f"({SCHEMA_VERSION}); upgrade ddpdoctor"
+        )
     metrics, samples = data.get("metrics"), data.get("samples") or {}
     if not isinstance(metrics, dict) or not isinstance(samples, dict):
-        raise ValueError("\"metrics\" and \"samples\" must be objects")
+        raise ValueError('"metrics" and "samples" must be objects')
     try:
         return Snapshot(
-            source=str(data.get("run") or source),
+            source=source,
+            origin=None if data.get("run") is None else str(data["run"]),
             environment=dict(data.get("environment") or {}),
             metrics={str(k): None if v is None else float(v) for k, v in metrics.items()},
             samples={str(k): [float(x) for x in v] for k, v in samples.items()},
@@ -111,8 +130,13 @@ def from_json(data: Mapping[str, Any], source: str) -> Snapshot:
         raise ValueError(f"a metric or sample is not a number ({exc})") from None
 
 
-def build(source: str, captures: Sequence[Mapping[str, Any]], metrics: Any = None, diagnosis: Any = None,
-          notes: Sequence[str] = ()) -> Snapshot:
+def build(
+    source: str,
+    captures: Sequence[Mapping[str, Any]],
+    metrics: Any = None,
+    diagnosis: Any = None,
+    notes: Sequence[str] = (),
+) -> Snapshot:
     """The Snapshot of a run from its capture files (``ranks/rank<R>.json``, sorted by rank; may be empty for
     foreign traces), its ``RunMetrics`` (None when the traces were not analysed) and its ``Diagnosis``."""
     values: dict[str, float | None] = {m.name: None for m in METRICS}
@@ -141,8 +165,9 @@ def build(source: str, captures: Sequence[Mapping[str, Any]], metrics: Any = Non
         sample_notes=sample_notes,
         devices=devices,
         findings=None if diagnosis is None else [_finding(f) for f in diagnosis.findings],
-        rules_evaluated=None if diagnosis is None else sorted({*(f.name for f in diagnosis.findings),
-                                                               *diagnosis.passed}),
+        rules_evaluated=None
+        if diagnosis is None
+        else sorted({*(f.name for f in diagnosis.findings), *diagnosis.passed}),
         notes=list(notes),
         created_at=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
     )
@@ -152,7 +177,8 @@ def with_source(snapshot: Snapshot, source: str) -> Snapshot:
     return replace(snapshot, source=source)
 
 
-# ---- helpers ---------------------------------------------------------------------------------------------------
+# ---- helpers
+# ---------------------------------------------------------------------------------------------------
 def _num(value: Any) -> float | None:
     try:
         out = float(value)
@@ -180,7 +206,9 @@ def _from_metrics(metrics: Any, values: dict[str, float | None], samples: dict[s
     if per_step is None or len(per_step) == 0:
         return
     df = per_step.copy()
-    if "analyzed" in df.columns:  # steps the metrics leave out (a window's last step on a GPU) stay out here too
+    if (
+        "analyzed" in df.columns
+    ):  # steps the metrics leave out (a window's last step on a GPU) stay out here too
         df = df[df["analyzed"].astype(bool)]
     if "overlap_ratio" not in df.columns and {"comm_ms", "exposed_comm_ms"} <= set(df.columns):
         comm = df["comm_ms"].astype(float)
@@ -208,7 +236,7 @@ def environment(captures: Sequence[Mapping[str, Any]], metrics: Any = None) -> d
     mode = run.get("mode") or _capture_mode(captures)
     batch = None
     for c in captures:
-        for loader in ((c.get("setup") or {}).get("data_loaders") or []):
+        for loader in (c.get("setup") or {}).get("data_loaders") or []:
             if loader.get("batches_yielded") and loader.get("batch_size"):
                 batch = int(loader["batch_size"])
                 break
@@ -240,11 +268,19 @@ def _capture_devices(captures: Sequence[Mapping[str, Any]]) -> list[dict[str, An
     out = []
     for c in captures:
         for d in (c.get("memory") or {}).get("devices") or []:
-            out.append({
-                "rank": c.get("rank"), "host": c.get("hostname"), "device": d.get("device"),
-                "index": d.get("index"), "name": d.get("name"),
-                **{k: _num(d.get(k)) for k in ("peak_allocated_bytes", "peak_reserved_bytes", "capacity_bytes")},
-            })
+            out.append(
+                {
+                    "rank": c.get("rank"),
+                    "host": c.get("hostname"),
+                    "device": d.get("device"),
+                    "index": d.get("index"),
+                    "name": d.get("name"),
+                    **{
+                        k: _num(d.get(k))
+                        for k in ("peak_allocated_bytes", "peak_reserved_bytes", "capacity_bytes")
+                    },
+                }
+            )
     return out
 
 
@@ -256,9 +292,19 @@ def _metrics_devices(metrics: Any) -> list[dict[str, Any]]:
     for row in df.to_dict("records"):
         device = str(row.get("device"))
         index = int(device.split(":")[-1]) if device.split(":")[-1].isdigit() else None
-        out.append({"rank": row.get("rank"), "host": None, "device": device, "index": index, "name": None,
-                    **{k: _num(row.get(k)) for k in ("peak_allocated_bytes", "peak_reserved_bytes",
-                                                     "capacity_bytes")}})
+        out.append(
+            {
+                "rank": row.get("rank"),
+                "host": None,
+                "device": device,
+                "index": index,
+                "name": None,
+                **{
+                    k: _num(row.get(k))
+                    for k in ("peak_allocated_bytes", "peak_reserved_bytes", "capacity_bytes")
+                },
+            }
+        )
     return out
 
 
@@ -272,7 +318,9 @@ def _memory(devices: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
         reserved[key] = reserved.get(key, 0.0) + float(d["peak_reserved_bytes"])
     gpu0 = max((v for (_, i), v in reserved.items() if i == 0), default=None)
     others = max((v for (_, i), v in reserved.items() if i != 0), default=None)
-    allocated = [float(d["peak_allocated_bytes"]) for d in devices if d.get("peak_allocated_bytes") is not None]
+    allocated = [
+        float(d["peak_allocated_bytes"]) for d in devices if d.get("peak_allocated_bytes") is not None
+    ]
     return {
         "gpu0_peak_reserved_bytes": gpu0,
         "others_max_peak_reserved_bytes": others,

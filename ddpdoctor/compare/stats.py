@@ -1,12 +1,14 @@
 """Is a change between two runs more than noise? A bootstrap confidence interval of the change of a statistic.
 
 ``change_interval`` resamples the per-step samples of the baseline and of the current run independently
-(``scipy.stats.bootstrap``, two samples, ``paired=False``, BCa, fixed seed so the same inputs always give the same
-verdict) and returns the interval of ``stat(current) - stat(baseline)`` (absolute) or
-``stat(current) / stat(baseline) - 1`` (relative). The change is not noise when the interval does not contain 0.
+(``scipy.stats.bootstrap``, two samples, ``paired=False``, BCa, fixed seed so the same inputs always give
+the same verdict) and returns the interval of ``stat(current) - stat(baseline)`` (absolute) or
+``stat(current) / stat(baseline) - 1`` (relative). The change is not noise when the interval does not
+contain 0.
 
-Caveat, said in the report: steps of one run are not independent draws (a slow minute slows many steps), so the
-interval is somewhat narrower than the truth; the thresholds are what keeps the gate from failing on small shifts.
+Caveat, said in the report: steps of one run are not independent draws (a slow minute slows many steps), so
+the interval is somewhat narrower than the truth; the thresholds are what keeps the gate from failing on small
+shifts.
 """
 
 from __future__ import annotations
@@ -50,11 +52,19 @@ def _rng_kwargs(seed: int) -> dict:
     return {key: np.random.default_rng(seed)}
 
 
-def change_interval(baseline: Sequence[float], current: Sequence[float], statistic: str, *, relative: bool,
-                    confidence: float = CONFIDENCE, seed: int = SEED) -> Interval | None:
-    """The ``confidence`` interval of the change of ``statistic`` ("median" | "p90" | "mean") from ``baseline``
-    to ``current`` (relative: a fraction, 0.05 = +5 %; absolute: in the samples' unit). None when either run
-    has fewer than ``MIN_SAMPLES`` samples, or a relative change from a baseline statistic of 0."""
+def change_interval(
+    baseline: Sequence[float],
+    current: Sequence[float],
+    statistic: str,
+    *,
+    relative: bool,
+    confidence: float = CONFIDENCE,
+    seed: int = SEED,
+) -> Interval | None:
+    """The ``confidence`` interval of the change of ``statistic`` ("median" | "p90" | "mean") from
+    ``baseline`` to ``current`` (relative: a fraction, 0.05 = +5 %; absolute: in the samples' unit). None
+    when either run has fewer than ``MIN_SAMPLES`` samples, or a relative change from a baseline statistic
+    of 0."""
     a = np.asarray(baseline, dtype=float)
     b = np.asarray(current, dtype=float)
     a, b = a[np.isfinite(a)], b[np.isfinite(b)]
@@ -77,8 +87,16 @@ def change_interval(baseline: Sequence[float], current: Sequence[float], statist
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # DegenerateDataWarning: handled below by the percentile fallback
         for method in ("BCa", "percentile"):
-            res = stats.bootstrap((a, b), change, n_resamples=N_RESAMPLES, paired=False, vectorized=True,
-                                  confidence_level=confidence, method=method, **_rng_kwargs(seed))
+            res = stats.bootstrap(
+                (a, b),
+                change,
+                n_resamples=N_RESAMPLES,
+                paired=False,
+                vectorized=True,
+                confidence_level=confidence,
+                method=method,
+                **_rng_kwargs(seed),
+            )
             low, high = float(res.confidence_interval.low), float(res.confidence_interval.high)
             if np.isfinite(low) and np.isfinite(high):
                 return Interval(low, high, confidence)

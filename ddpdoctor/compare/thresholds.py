@@ -1,13 +1,14 @@
 """Gate thresholds: ``step_ms.median=+5%``, ``exposed_comm_ms=+2ms``, ``gpu0_peak_reserved=+10%``,
 ``overlap_ratio=-0.1``, ``busbw_gbps=-15%``, ``dataloader_ms=off``.
 
-A threshold is how far a metric may move in its *worse* direction before the gate calls it a regression: ``%`` is
-relative to the baseline, anything else is absolute in the metric's unit (``ms``; bytes as ``B``, ``KiB``, ``MiB``,
-``GiB``, ``KB``, ``MB``, ``GB``; ratios as plain numbers). The sign may be left out; when given it must be the
-worse direction (``+`` for times and memory, ``-`` for overlap and bandwidth). ``off`` stops gating a metric.
+A threshold is how far a metric may move in its *worse* direction before the gate calls it a regression:
+``%`` is relative to the baseline, anything else is absolute in the metric's unit (``ms``; bytes as ``B``,
+``KiB``, ``MiB``, ``GiB``, ``KB``, ``MB``, ``GB``; ratios as plain numbers). The sign may be left out; when
+given it must be the worse direction (``+`` for times and memory, ``-`` for overlap and bandwidth). ``off``
+stops gating a metric.
 
-Sources, later ones winning: the catalog defaults, ``[tool.ddpdoctor.gate]`` in the nearest pyproject.toml (from
-the current directory upwards) or the ``--config`` file, then ``--threshold`` flags::
+Sources, later ones winning: the catalog defaults, ``[tool.ddpdoctor.gate]`` in the nearest pyproject.toml
+(from the current directory upwards) or the ``--config`` file, then ``--threshold`` flags::
 
     [tool.ddpdoctor.gate]
     fail-on = "error"            # new findings at or above this severity fail the gate ("off": never)
@@ -35,19 +36,31 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 SEVERITIES_OR_OFF = ("info", "warning", "error", "off")
-# New findings fail the gate from this severity on. Not "warning": the warning-level rules (straggler, overlap,
-# GIL...) are timing heuristics without a noise test, and on a shared runner they come and go between two runs
-# of the same code; a new warning is still reported (annotation, JUnit system-out), it just does not fail.
+# New findings fail the gate from this severity on. Not "warning": the warning-level rules (straggler,
+# overlap, GIL...) are timing heuristics without a noise test, and on a shared runner they come and go
+# between two runs of the same code; a new warning is still reported (annotation, JUnit system-out), it just
+# does not fail.
 DEFAULT_FAIL_ON = "error"
-_UNITS = {"ms": ("ms", 1.0), "s": ("ms", 1000.0), "us": ("ms", 1e-3), "b": ("bytes", 1.0),
-          "kib": ("bytes", 2.0**10), "mib": ("bytes", 2.0**20), "gib": ("bytes", 2.0**30), "kb": ("bytes", 1e3),
-          "mb": ("bytes", 1e6), "gb": ("bytes", 1e9), "gb/s": ("GB/s", 1.0)}
+_UNITS = {
+    "ms": ("ms", 1.0),
+    "s": ("ms", 1000.0),
+    "us": ("ms", 1e-3),
+    "b": ("bytes", 1.0),
+    "kib": ("bytes", 2.0**10),
+    "mib": ("bytes", 2.0**20),
+    "gib": ("bytes", 2.0**30),
+    "kb": ("bytes", 1e3),
+    "mb": ("bytes", 1e6),
+    "gb": ("bytes", 1e9),
+    "gb/s": ("GB/s", 1.0),
+}
 _THRESHOLD_RE = re.compile(r"^(?P<sign>[+-])?\s*(?P<num>\d+(?:\.\d*)?|\.\d+)\s*(?P<unit>%|[a-zA-Z/]+)?$")
 
 
 @dataclass(frozen=True)
 class Threshold:
-    """``amount`` in the metric's unit (absolute) or a fraction (relative: 0.05 = 5 %), in the worse direction."""
+    """``amount`` in the metric's unit (absolute) or a fraction (relative: 0.05 = 5 %), in the worse
+    direction."""
 
     metric: str
     amount: float
@@ -92,12 +105,16 @@ def parse_threshold(metric: str, text: str, source: str = "--threshold") -> Thre
         return None
     m = _THRESHOLD_RE.match(raw)
     if not m:
-        raise UsageError(f"{source}: {name}={raw!r} is not a threshold (examples: +5%, +2ms, +512MiB, -0.1, off)")
+        raise UsageError(
+            f"{source}: {name}={raw!r} is not a threshold (examples: +5%, +2ms, +512MiB, -0.1, off)"
+        )
     amount, unit = float(m.group("num")), (m.group("unit") or "").lower()
     want = "+" if spec.worse == "up" else "-"
     if m.group("sign") and m.group("sign") != want:
-        raise UsageError(f"{source}: {name} gets worse when it goes {'up' if want == '+' else 'down'}; "
-                         f"write its threshold as {want}{m.group('num')}{m.group('unit') or ''}")
+        raise UsageError(
+            f"{source}: {name} gets worse when it goes {'up' if want == '+' else 'down'}; "
+            f"write its threshold as {want}{m.group('num')}{m.group('unit') or ''}"
+        )
     if unit == "%":
         return Threshold(name, amount / 100.0, True, source)
     if unit:
@@ -138,9 +155,11 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise UsageError(f"{path}: not valid TOML: {exc}") from None
 
 
-def find_gate_table(config_file: str | None = None, cwd: Path | None = None) -> tuple[str | None, dict[str, Any]]:
-    """``[tool.ddpdoctor.gate]`` of ``config_file`` (a pyproject.toml, or plain TOML with a ``[gate]`` table), or
-    of the nearest pyproject.toml with a ``[tool.ddpdoctor]`` table from ``cwd`` upwards."""
+def find_gate_table(
+    config_file: str | None = None, cwd: str | Path | None = None
+) -> tuple[str | None, dict[str, Any]]:
+    """``[tool.ddpdoctor.gate]`` of ``config_file`` (a pyproject.toml, or plain TOML with a ``[gate]``
+    table), or of the nearest pyproject.toml with a ``[tool.ddpdoctor]`` table from ``cwd`` upwards."""
     if config_file is not None:
         path = Path(config_file)
         if not path.is_file():
@@ -148,7 +167,8 @@ def find_gate_table(config_file: str | None = None, cwd: Path | None = None) -> 
         data = _read_toml(path)
         table = data.get("tool", {}).get("ddpdoctor", {}) if isinstance(data.get("tool"), dict) else data
         return str(path), dict(table.get("gate") or {})
-    for folder in (cwd or Path.cwd(), *(cwd or Path.cwd()).parents):
+    start = Path(cwd) if cwd is not None else Path.cwd()
+    for folder in (start, *start.parents):
         candidate = folder / "pyproject.toml"
         if candidate.is_file():
             tool = _read_toml(candidate).get("tool", {}).get("ddpdoctor")
@@ -157,19 +177,29 @@ def find_gate_table(config_file: str | None = None, cwd: Path | None = None) -> 
     return None, {}
 
 
-def load_config(config_file: str | None = None, flags: Iterable[str] = (), *, fail_on: str | None = None,
-                strict_env: bool | None = None, cwd: Path | None = None) -> GateConfig:
+def load_config(
+    config_file: str | None = None,
+    flags: Iterable[str] = (),
+    *,
+    fail_on: str | None = None,
+    strict_env: bool | None = None,
+    cwd: str | Path | None = None,
+) -> GateConfig:
     """Defaults, then the config table, then the flags (``--threshold``, ``--fail-on``, ``--strict-env``)."""
     source, table = find_gate_table(config_file, cwd)
     thresholds: dict[str, Threshold | None] = dict(defaults())
     known = {"thresholds", "fail-on", "fail_on", "strict-env", "strict_env"}
     unknown = sorted(set(table) - known)
     if unknown:
-        raise UsageError(f"{source}: unknown key(s) in [tool.ddpdoctor.gate]: {', '.join(unknown)} "
-                         f"(known: {', '.join(sorted(known))})")
+        raise UsageError(
+            f"{source}: unknown key(s) in [tool.ddpdoctor.gate]: {', '.join(unknown)} "
+            f"(known: {', '.join(sorted(known))})"
+        )
     conf_thresholds = table.get("thresholds") or {}
     if not isinstance(conf_thresholds, Mapping):
-        raise UsageError(f"{source}: [tool.ddpdoctor.gate.thresholds] must be a table of METRIC = \"THRESHOLD\"")
+        raise UsageError(
+            f'{source}: [tool.ddpdoctor.gate.thresholds] must be a table of METRIC = "THRESHOLD"'
+        )
     for metric, text in conf_thresholds.items():
         t = parse_threshold(metric, str(text), f"{source} [tool.ddpdoctor.gate.thresholds]")
         thresholds[catalog.canonical(metric) or metric] = t
@@ -179,8 +209,9 @@ def load_config(config_file: str | None = None, flags: Iterable[str] = (), *, fa
     conf_fail_on = table.get("fail-on", table.get("fail_on", DEFAULT_FAIL_ON))
     chosen = fail_on if fail_on is not None else str(conf_fail_on)
     if chosen not in SEVERITIES_OR_OFF:
-        raise UsageError(f"{source or '--fail-on'}: fail-on must be one of {', '.join(SEVERITIES_OR_OFF)}, "
-                         f"not {chosen!r}")
+        raise UsageError(
+            f"{source or '--fail-on'}: fail-on must be one of {', '.join(SEVERITIES_OR_OFF)}, not {chosen!r}"
+        )
     strict = strict_env if strict_env is not None else table.get("strict-env", table.get("strict_env", False))
     if not isinstance(strict, bool):
         raise UsageError(f"{source}: strict-env must be true or false")

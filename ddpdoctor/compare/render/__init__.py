@@ -1,9 +1,9 @@
 """Renderers of ``compare`` and ``gate`` results. A renderer takes ``(result, stream)`` and nothing else.
 
-``COMPARE_RENDERERS`` maps every ``ddpdoctor.report.OutputFormat`` (text, json, markdown, html) to a renderer of
-a ``Comparison``; ``GATE_RENDERERS`` maps every ``GateFormat`` (text, json, markdown) to a renderer of a
-``GateResult`` (tests check that every member has one). JUnit XML and GitHub Actions output live in ``junit`` and
-``github``.
+``COMPARE_RENDERERS`` maps every ``ddpdoctor.report.OutputFormat`` (text, json, markdown, html) to a
+renderer of a ``Comparison``; ``GATE_RENDERERS`` maps every ``GateFormat`` (text, json, markdown) to a
+renderer of a ``GateResult`` (tests check that every member has one). JUnit XML and GitHub Actions output
+live in ``junit`` and ``github``.
 """
 
 from __future__ import annotations

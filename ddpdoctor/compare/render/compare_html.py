@@ -4,6 +4,7 @@ everything from a run is escaped with ``fmt.esc``."""
 
 from __future__ import annotations
 
+import math
 from typing import Any, TextIO
 
 from ddpdoctor.compare import units
@@ -23,43 +24,73 @@ td,th{border-bottom:1px solid #e4e4e4;padding:3px 9px;text-align:right}th{backgr
 td.l,th.l{text-align:left}svg text{font:11px sans-serif;fill:#333}svg .grid{stroke:#ddd}
 .note{color:#777;font-size:.9em}
 """
-_BREAKDOWN = (("data", "dataloader_ms"), ("forward", "forward_ms"), ("backward", "backward_ms"),
-              ("optimizer", "optimizer_ms"), ("exposed comm", "exposed_comm_ms"), ("other", "other_ms"))
+_BREAKDOWN = (
+    ("data", "dataloader_ms"),
+    ("forward", "forward_ms"),
+    ("backward", "backward_ms"),
+    ("optimizer", "optimizer_ms"),
+    ("exposed comm", "exposed_comm_ms"),
+    ("other", "other_ms"),
+)
 
 
 def _step_charts(c: Comparison) -> list[str]:
     out = []
-    median = [(f"{label} median", [("step time", s.value("step_ms.median"))]) for label, s in (("A", c.a), ("B", c.b))]
+    median = [
+        (f"{label} median", [("step time", s.value("step_ms.median"))])
+        for label, s in (("A", c.a), ("B", c.b))
+    ]
     if any(v for _, parts in median for _, v in parts):
         out.append(svg.stacked_bars(median))
-    bars = [(label, [(name, s.value(key)) for name, key in _BREAKDOWN]) for label, s in (("A", c.a), ("B", c.b))]
+    bars = [
+        (label, [(name, s.value(key)) for name, key in _BREAKDOWN]) for label, s in (("A", c.a), ("B", c.b))
+    ]
     if any(v for _, parts in bars for _, v in parts):
         out.append("<h3>Where a step goes (profiled steps)</h3>")
         out.append(svg.stacked_bars(bars))
-    series = {label: [(float(i), v) for i, v in enumerate(s.samples.get("step_ms", []))]
-              for label, s in (("A", c.a), ("B", c.b)) if s.samples.get("step_ms")}
+    series = {
+        label: [(float(i), v) for i, v in enumerate(s.samples.get("step_ms", []))]
+        for label, s in (("A", c.a), ("B", c.b))
+        if s.samples.get("step_ms")
+    }
     if series:
-        top = max(v for pts in series.values() for _, v in pts) * 1.1 or 1.0
-        out.append("<h3>Step time, step by step (ms)</h3>")
+        top = max(v for pts in series.values() for _, v in pts) * 1.05 or 1.0
+        magnitude = 10 ** math.floor(math.log10(top))
+        top = math.ceil(top / magnitude * 2) * magnitude / 2  # a round axis: 60 ms, not 59.7167
+        out.append("<h3>Step time, sampled step by sampled step (ms)</h3>")
         out.append(svg.line_chart(series, y_max=top, percent=False))
-        notes = "; ".join(f"{label}: {s.sample_notes['step_ms']}" for label, s in (("A", c.a), ("B", c.b))
-                          if s.sample_notes.get("step_ms"))
+        notes = "; ".join(
+            f"{label}: {s.sample_notes['step_ms']}"
+            for label, s in (("A", c.a), ("B", c.b))
+            if s.sample_notes.get("step_ms")
+        )
         out.append(f'<p class="note">{fmt.esc(notes)}</p>')
     return out
 
 
 def _memory_chart(c: Comparison) -> str:
-    devices = [(f"{label} r{d.get('rank')} {d.get('device')}", d.get("peak_allocated_bytes"),
-                d.get("peak_reserved_bytes"), d.get("capacity_bytes"))
-               for label, s in (("A", c.a), ("B", c.b)) for d in s.devices]
+    devices = [
+        (
+            f"{label} r{d.get('rank')} {d.get('device')}",
+            d.get("peak_allocated_bytes"),
+            d.get("peak_reserved_bytes"),
+            d.get("capacity_bytes"),
+        )
+        for label, s in (("A", c.a), ("B", c.b))
+        for d in s.devices
+    ]
     if not devices:
-        return '<p class="note">No device memory recorded in either run (CPU runs).</p>'
+        return (
+            '<p class="note">No device memory peaks in either run (CPU runs, or traces without memory).</p>'
+        )
     return svg.capacity_bars(devices)
 
 
 def _metrics_table(c: Comparison) -> str:
-    head = "".join(f'<th class="{"l" if h in ("metric",) else ""}">{h}</th>' for h in ("metric", "A", "B", "B/A",
-                                                                                          "better"))
+    head = "".join(
+        f'<th class="{"l" if h in ("metric",) else ""}">{h}</th>'
+        for h in ("metric", "A", "B", "B/A", "better")
+    )
     body = []
     for section in SECTIONS:
         rows = [r for r in c.rows if r.spec.section == section]
@@ -67,10 +98,20 @@ def _metrics_table(c: Comparison) -> str:
             body.append(f'<tr><th class="l" colspan="5">{fmt.esc(section)}</th></tr>')
         for r in rows:
             cells = [units.value(r.spec.name, r.a), units.value(r.spec.name, r.b), units.ratio(r.ratio)]
-            body.append(f'<tr><td class="l">{fmt.esc(r.spec.label)}</td>'
-                        + "".join(f"<td>{fmt.esc(x)}</td>" for x in cells)
-                        + f'<td class="l">{fmt.esc(r.better or "")}</td></tr>')
+            body.append(
+                f'<tr><td class="l">{fmt.esc(r.spec.label)}</td>'
+                + "".join(f"<td>{fmt.esc(x)}</td>" for x in cells)
+                + f'<td class="l">{fmt.esc(r.better or "")}</td></tr>'
+            )
     return f"<table><tr>{head}</tr>{''.join(body)}</table>"
+
+
+def _finding(f: dict) -> str:
+    sev = fmt.esc(f["severity"])
+    return (
+        f'<div class="finding {sev}"><span class="sev">{sev}</span> '
+        f"<b>{fmt.esc(f['id'])} {fmt.esc(f['name'])}</b><p>{fmt.esc(f['message'])}</p></div>"
+    )
 
 
 def _findings(c: Comparison) -> list[str]:
@@ -78,9 +119,7 @@ def _findings(c: Comparison) -> list[str]:
     for label, findings in (("only in A", c.only_a), ("only in B", c.only_b)):
         if findings:
             out.append(f"<h2>Findings {label}</h2>")
-            out += [f'<div class="finding {fmt.esc(f["severity"])}"><span class="sev">{fmt.esc(f["severity"])}</span>'
-                    f' <b>{fmt.esc(f["id"])} {fmt.esc(f["name"])}</b><p>{fmt.esc(f["message"])}</p></div>'
-                    for f in findings]
+            out += [_finding(f) for f in findings]
     if c.both:
         out.append(f'<p class="note">Findings in both: {fmt.esc(", ".join(c.both))}</p>')
     return out
@@ -88,10 +127,12 @@ def _findings(c: Comparison) -> list[str]:
 
 def _env(label: str, s: Any) -> str:
     env = s.environment
-    facts = (f"{env.get('mode') or '?'} · world size {env.get('world_size', '?')} · backend "
-             f"{env.get('backend') or 'none'} · {', '.join(env.get('devices') or []) or '?'} · "
-             f"torch {env.get('torch_version') or '?'}")
-    return f"<b>{label}</b>: {fmt.esc(s.source)}<br><span class=\"facts\">{fmt.esc(facts)}</span>"
+    facts = (
+        f"{env.get('mode') or '?'} · world size {env.get('world_size', '?')} · backend "
+        f"{env.get('backend') or 'none'} · {', '.join(env.get('devices') or []) or '?'} · "
+        f"torch {env.get('torch_version') or '?'}"
+    )
+    return f'<b>{label}</b>: {fmt.esc(s.label)}<br><span class="facts">{fmt.esc(facts)}</span>'
 
 
 def render(c: Comparison, stream: TextIO) -> None:
@@ -109,8 +150,10 @@ def render(c: Comparison, stream: TextIO) -> None:
     parts.append("<h2>Side by side</h2>")
     parts.append(_metrics_table(c))
     parts += _findings(c)
-    stream.write("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-                 f"<title>{fmt.esc('ddpdoctor compare: ' + c.a.source + ' vs ' + c.b.source)}</title>"
-                 f"<style>{_CSS}</style></head><body>\n")
+    stream.write(
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{fmt.esc('ddpdoctor compare: ' + c.a.source + ' vs ' + c.b.label)}</title>"
+        f"<style>{_CSS}</style></head><body>\n"
+    )
     stream.write("\n".join(parts))
     stream.write("\n</body></html>\n")

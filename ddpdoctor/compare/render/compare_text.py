@@ -17,9 +17,16 @@ from ddpdoctor.report import fmt
 
 
 def _metrics_table(c: Comparison) -> Table:
-    table = Table(box=box.SIMPLE_HEAD, title="Side by side (per step; B/A < 1 means B is lower)",
-                  title_justify="left")
-    for col, justify in (("metric", "left"), ("A", "right"), ("B", "right"), ("B/A", "right"), ("better", "left")):
+    table = Table(
+        box=box.SIMPLE_HEAD, title="Side by side (per step; B/A < 1 means B is lower)", title_justify="left"
+    )
+    for col, justify in (
+        ("metric", "left"),
+        ("A", "right"),
+        ("B", "right"),
+        ("B/A", "right"),
+        ("better", "left"),
+    ):
         table.add_column(col, justify=justify, no_wrap=col != "metric")  # type: ignore[arg-type]
     for section in SECTIONS:
         rows = [r for r in c.rows if r.spec.section == section]
@@ -27,8 +34,13 @@ def _metrics_table(c: Comparison) -> Table:
             continue
         table.add_row(Text(section, style="bold"), "", "", "", "")
         for r in rows:
-            table.add_row(t("  " + r.spec.label), t(units.value(r.spec.name, r.a)), t(units.value(r.spec.name, r.b)),
-                          t(units.ratio(r.ratio)), t(r.better or ""))
+            table.add_row(
+                t("  " + r.spec.label),
+                t(units.value(r.spec.name, r.a)),
+                t(units.value(r.spec.name, r.b)),
+                t(units.ratio(r.ratio)),
+                t(r.better or ""),
+            )
     return table
 
 
@@ -40,9 +52,14 @@ def _devices_table(c: Comparison) -> Table | None:
     for col in ("run", "rank", "device", "allocated", "reserved", "capacity"):
         table.add_column(col, justify="left" if col in ("run", "device") else "right")
     for label, d in rows:
-        table.add_row(t(label), t(d.get("rank")), t(f"{d.get('device')} {d.get('name') or ''}".strip()),
-                      t(fmt.size(d.get("peak_allocated_bytes"))), t(fmt.size(d.get("peak_reserved_bytes"))),
-                      t(fmt.size(d.get("capacity_bytes"))))
+        table.add_row(
+            t(label),
+            t(d.get("rank")),
+            t(f"{d.get('device')} {d.get('name') or ''}".strip()),
+            t(fmt.size(d.get("peak_allocated_bytes"))),
+            t(fmt.size(d.get("peak_reserved_bytes"))),
+            t(fmt.size(d.get("capacity_bytes"))),
+        )
     return table
 
 
@@ -51,8 +68,8 @@ def render(c: Comparison, stream: TextIO) -> None:
     out = console(stream)
     head = Text("ddpdoctor compare", style="bold")
     out.print(head)
-    out.print(Text("A: ", style="bold") + t(c.a.source))
-    out.print(Text("B: ", style="bold") + t(c.b.source))
+    out.print(Text("A: ", style="bold") + t(c.a.label))
+    out.print(Text("B: ", style="bold") + t(c.b.label))
     out.print()
     for line in c.headline:
         out.print(t(line, "bold"))

@@ -14,9 +14,16 @@ WIDTH_NOT_A_TERMINAL = 130
 
 def console(stream: TextIO) -> Console:
     tty = bool(getattr(stream, "isatty", lambda: False)())
-    return Console(file=stream, force_terminal=tty, color_system="auto" if tty else None,
-                   width=None if tty else WIDTH_NOT_A_TERMINAL, markup=False, emoji=False, highlight=False,
-                   soft_wrap=False)
+    return Console(
+        file=stream,
+        force_terminal=tty,
+        color_system="auto" if tty else None,
+        width=None if tty else WIDTH_NOT_A_TERMINAL,
+        markup=False,
+        emoji=False,
+        highlight=False,
+        soft_wrap=False,
+    )
 
 
 def t(value: Any, style: str = "") -> Text:

@@ -31,52 +31,92 @@ def verdict_line(result: GateResult) -> str:
 
 
 def env_lines(result: GateResult) -> list[str]:
-    return [f"environment differs from the baseline: {d.key} was {d.baseline}, now {d.current}"
-            + ("" if result.config.strict_env else " (numbers may not be comparable; --strict-env makes this fail)")
-            for d in result.env_diffs]
+    return [
+        f"environment differs from the baseline: {d.key} was {d.baseline}, now {d.current}"
+        + (
+            ""
+            if result.config.strict_env
+            else " (numbers may not be comparable; --strict-env makes this fail)"
+        )
+        for d in result.env_diffs
+    ]
 
 
 def render(result: GateResult, stream: TextIO) -> None:
     """Write the gate result for a terminal or a CI log."""
     out = console(stream)
     out.print(t(verdict_line(result), "bold red" if result.failed else "bold green"))
-    out.print(t(f"current:  {result.current.source}", "dim"))
-    out.print(t(f"baseline: {result.baseline.source} ({result.baseline.created_at or 'undated'})", "dim"))
+    out.print(t(f"current:  {result.current.label}", "dim"))
+    out.print(t(f"baseline: {result.baseline.label} ({result.baseline.created_at or 'undated'})", "dim"))
     for line in env_lines(result):
         out.print(t("warning: " + line, "yellow"), overflow="fold")
     table = Table(box=box.SIMPLE_HEAD)
     interval_col = f"{stats.CONFIDENCE * 100:.0f}% interval"
     for col in ("metric", "baseline", "current", "change", interval_col, "threshold", "verdict"):
-        table.add_column(col, justify="left" if col in ("metric", "verdict") else "right", no_wrap=col != "verdict")
+        table.add_column(
+            col, justify="left" if col in ("metric", "verdict") else "right", no_wrap=col != "verdict"
+        )
     for m in result.metrics:
-        table.add_row(t(m.metric), t(units.value(m.metric, m.baseline)), t(units.value(m.metric, m.current)),
-                      t(format_change(m.threshold, m.change)), t(format_interval(m.threshold, m.interval, False)),
-                      t(m.threshold.text()), t(m.verdict, _STYLE.get(m.outcome, "")))
+        table.add_row(
+            t(m.metric),
+            t(units.value(m.metric, m.baseline)),
+            t(units.value(m.metric, m.current)),
+            t(format_change(m.threshold, m.change)),
+            t(format_interval(m.threshold, m.interval, False)),
+            t(m.threshold.text()),
+            t(m.verdict, _STYLE.get(m.outcome, "")),
+        )
     out.print(table)
     for r in result.rules:
         if r.outcome in (FAIL, WARN):
-            out.print(t(("FAIL " if r.outcome == FAIL else "warning ") + r.message, _STYLE[r.outcome]),
-                      overflow="fold")
+            out.print(
+                t(("FAIL " if r.outcome == FAIL else "warning ") + r.message, _STYLE[r.outcome]),
+                overflow="fold",
+            )
     if result.rules:
         quiet = [r.rule for r in result.rules if r.outcome not in (FAIL, WARN)]
-        out.print(t(f"rules without a new finding ({len(quiet)}): {', '.join(quiet)}", "dim"), overflow="fold")
+        out.print(
+            t(f"rules without a new finding ({len(quiet)}): {', '.join(quiet)}", "dim"), overflow="fold"
+        )
     for note in result.notes:
         out.print(t("note: " + note, "dim"), overflow="fold")
-    out.print(Text(f"regression = past the threshold and outside noise: {stats.METHOD} interval of the change "
-                   "must exclude 0.", style="dim"), overflow="fold")
+    out.print(
+        Text(
+            f"regression = past the threshold and outside noise: {stats.METHOD} interval of the change "
+            "must exclude 0.",
+            style="dim",
+        ),
+        overflow="fold",
+    )
 
 
 def markdown_lines(result: GateResult) -> list[str]:
-    out = [f"### {_ICON['ok'] if not result.failed else _ICON[FAIL]} {fmt.md(verdict_line(result))}", "",
-           f"Current `{fmt.plain(result.current.source)}` vs baseline `{fmt.plain(result.baseline.source)}`", ""]
+    out = [
+        f"### {_ICON['ok'] if not result.failed else _ICON[FAIL]} {fmt.md(verdict_line(result))}",
+        "",
+        f"Current `{fmt.plain(result.current.label)}` vs baseline `{fmt.plain(result.baseline.label)}`",
+        "",
+    ]
     out += [f"- ⚠️ {fmt.md(line)}" for line in env_lines(result)] + ([""] if result.env_diffs else [])
-    rows = [[_ICON.get(m.outcome, ""), fmt.md(m.metric), fmt.md(units.value(m.metric, m.baseline)),
-             fmt.md(units.value(m.metric, m.current)), fmt.md(format_change(m.threshold, m.change)),
-             fmt.md(format_interval(m.threshold, m.interval, False)), fmt.md(m.threshold.text()), fmt.md(m.verdict)]
-            for m in result.metrics]
+    rows = [
+        [
+            _ICON.get(m.outcome, ""),
+            fmt.md(m.metric),
+            fmt.md(units.value(m.metric, m.baseline)),
+            fmt.md(units.value(m.metric, m.current)),
+            fmt.md(format_change(m.threshold, m.change)),
+            fmt.md(format_interval(m.threshold, m.interval, False)),
+            fmt.md(m.threshold.text()),
+            fmt.md(m.verdict),
+        ]
+        for m in result.metrics
+    ]
     interval_col = f"{stats.CONFIDENCE * 100:.0f}% interval"
-    out += md_table(["", "metric", "baseline", "current", "change", interval_col, "threshold", "verdict"], rows,
-                    "llrrrrrl") + [""]
+    out += md_table(
+        ["", "metric", "baseline", "current", "change", interval_col, "threshold", "verdict"],
+        rows,
+        "llrrrrrl",
+    ) + [""]
     flagged = [r for r in result.rules if r.outcome in (FAIL, WARN)]
     out += [f"- {_ICON[r.outcome]} {fmt.md(r.message)}" for r in flagged] + ([""] if flagged else [])
     out += [f"_{fmt.md(note)}_" + "  " for note in result.notes]

@@ -28,7 +28,9 @@ def annotations(result: GateResult) -> list[str]:
             level = "error" if check.outcome == FAIL else "warning"
             out.append(f"::{level} title={_prop('ddpdoctor gate: ' + name)}::{_data(check.message)}")
     level = "error" if result.env_failed else "warning"
-    out += [f"::{level} title={_prop('ddpdoctor gate: environment')}::{_data(line)}" for line in env_lines(result)]
+    out += [
+        f"::{level} title={_prop('ddpdoctor gate: environment')}::{_data(line)}" for line in env_lines(result)
+    ]
     return out
 
 

@@ -1,9 +1,10 @@
 """``ddpdoctor gate --junit FILE``: JUnit XML that CI systems show as tests.
 
-One ``<testcase>`` per gated metric (classname ``ddpdoctor.gate.metrics``), per rule (``ddpdoctor.gate.rules``)
-and one for the environment (``ddpdoctor.gate.environment``). A regression, a new finding at or above fail-on and,
-with ``--strict-env``, a different environment are ``<failure>``s; a metric not measured in either run is
-``<skipped>``; every testcase's ``<system-out>`` carries the numbers (baseline, current, change, interval).
+One ``<testcase>`` per gated metric (classname ``ddpdoctor.gate.metrics``), per rule
+(``ddpdoctor.gate.rules``) and one for the environment (``ddpdoctor.gate.environment``). A regression, a new
+finding at or above fail-on and, with ``--strict-env``, a different environment are ``<failure>``s; a metric
+not measured in either run is ``<skipped>``; every testcase's ``<system-out>`` carries the numbers
+(baseline, current, change, interval).
 """
 
 from __future__ import annotations
@@ -16,8 +17,14 @@ from ddpdoctor.compare.render.gate_text import verdict_line
 from ddpdoctor.report import fmt
 
 
-def _case(suite: ET.Element, classname: str, name: str, message: str, failure: str | None = None,
-          skipped: str | None = None) -> None:
+def _case(
+    suite: ET.Element,
+    classname: str,
+    name: str,
+    message: str,
+    failure: str | None = None,
+    skipped: str | None = None,
+) -> None:
     case = ET.SubElement(suite, "testcase", classname=classname, name=name, time="0")
     if failure is not None:
         ET.SubElement(case, "failure", message=fmt.plain(message), type=failure).text = fmt.plain(message)
@@ -31,20 +38,37 @@ def build(result: GateResult) -> ET.Element:
     root = ET.Element("testsuites", name="ddpdoctor gate")
     suite = ET.SubElement(root, "testsuite", name="ddpdoctor gate", hostname=socket.gethostname(), time="0")
     props = ET.SubElement(suite, "properties")
-    for key, value in (("baseline", result.baseline.source), ("current", result.current.source),
-                       ("verdict", verdict_line(result))):
+    for key, value in (
+        ("baseline", result.baseline.label),
+        ("current", result.current.label),
+        ("verdict", verdict_line(result)),
+    ):
         ET.SubElement(props, "property", name=key, value=fmt.plain(value))
     for m in result.metrics:
         both_missing = m.baseline is None and m.current is None
-        _case(suite, "ddpdoctor.gate.metrics", m.metric, m.message,
-              failure=m.verdict if m.outcome == FAIL else None,
-              skipped="not measured in either run" if both_missing else None)
+        _case(
+            suite,
+            "ddpdoctor.gate.metrics",
+            m.metric,
+            m.message,
+            failure=m.verdict if m.outcome == FAIL else None,
+            skipped="not measured in either run" if both_missing else None,
+        )
     for r in result.rules:
-        _case(suite, "ddpdoctor.gate.rules", r.rule, r.message, failure=r.verdict if r.outcome == FAIL else None)
-    env_text = "; ".join(f"{d.key}: baseline {d.baseline}, current {d.current}" for d in result.env_diffs) or \
-        "same environment as the baseline"
-    _case(suite, "ddpdoctor.gate.environment", "environment", env_text,
-          failure="environment differs" if result.env_failed else None)
+        _case(
+            suite, "ddpdoctor.gate.rules", r.rule, r.message, failure=r.verdict if r.outcome == FAIL else None
+        )
+    env_text = (
+        "; ".join(f"{d.key}: baseline {d.baseline}, current {d.current}" for d in result.env_diffs)
+        or "same environment as the baseline"
+    )
+    _case(
+        suite,
+        "ddpdoctor.gate.environment",
+        "environment",
+        env_text,
+        failure="environment differs" if result.env_failed else None,
+    )
     cases = suite.findall("testcase")
     suite.set("tests", str(len(cases)))
     suite.set("failures", str(sum(1 for c in cases if c.find("failure") is not None)))
