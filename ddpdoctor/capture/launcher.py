@@ -131,4 +131,4 @@ class Reporter:
             self._print(
                 "ddpdoctor: note: the run ended before the profiled window; lower --wait/--warmup or run more steps"
             )
-        self._print(f"ddpdoctor: next: ddpdoctor diagnose {out}    (or: tensorboard --logdir {out})")
+        self._print(f"ddpdoctor: next: ddpdoctor diagnose {out}    (or open it in TensorBoard: ddpdoctor view {out})")

@@ -24,7 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "compare": ("ddpdoctor.cli.compare_cmd", "compare two runs side by side (e.g. DataParallel vs DDP)"),
     "baseline": ("ddpdoctor.cli.gate_cmd", "write a run's metrics as a baseline file to commit"),
     "gate": ("ddpdoctor.cli.gate_cmd", "fail CI when a run regresses against a baseline"),
-    "view": ("ddpdoctor.cli.view_cmd", "open a run in TensorBoard: profiler traces, scalars and the ddpdoctor dashboard"),
+    "view": ("ddpdoctor.cli.view_cmd", "open a run in TensorBoard with the ddpdoctor dashboard"),
 }
 
 

@@ -1,8 +1,8 @@
 """``ddpdoctor view RUN [--port N] [--host H]``: TensorBoard on a run directory, with the ddpdoctor dashboard.
 
-Writes the run's event files first when they are missing, serves on 127.0.0.1 unless ``--host`` says otherwise,
-prints the URL and runs until Ctrl-C or SIGTERM (exit 0). A taken port or a folder that is not a run directory is a one-line
-error (exit 2).
+Writes the run's event files first when they are missing, serves on 127.0.0.1 unless ``--host`` says
+otherwise, prints the URL and runs until Ctrl-C or SIGTERM (exit 0). A taken port or a folder that is not a
+run directory is a one-line error (exit 2).
 """
 
 from __future__ import annotations
@@ -25,12 +25,24 @@ def register(subparsers: Any, name: str, help_text: str) -> None:
 
     p = subparsers.add_parser(name, help=help_text, description=help_text)
     p.add_argument("run", metavar="RUN", help="a ddpdoctor run directory (written by `ddpdoctor trace`)")
-    p.add_argument("--port", type=int, default=DEFAULT_PORT, metavar="N",
-                   help=f"port to serve on (default {DEFAULT_PORT}; 0 = any free port)")
-    p.add_argument("--host", default=DEFAULT_HOST, metavar="H",
-                   help=f"address to serve on (default {DEFAULT_HOST}: this machine only; 0.0.0.0 = every interface)")
-    p.add_argument("--rewrite-events", action="store_true",
-                   help="write the TensorBoard event files again even when they exist")
+    p.add_argument(
+        "--port",
+        type=int,
+        default=DEFAULT_PORT,
+        metavar="N",
+        help=f"port to serve on (default {DEFAULT_PORT}; 0 = any free port)",
+    )
+    p.add_argument(
+        "--host",
+        default=DEFAULT_HOST,
+        metavar="H",
+        help=f"address to serve on (default {DEFAULT_HOST}: this machine only; 0.0.0.0 = every interface)",
+    )
+    p.add_argument(
+        "--rewrite-events",
+        action="store_true",
+        help="write the TensorBoard event files again even when they exist",
+    )
     p.set_defaults(func=run)
 
 
@@ -48,27 +60,35 @@ def run(args: argparse.Namespace) -> int:
         out = write_events(path)
         print(f"ddpdoctor: wrote TensorBoard event files to {out}", flush=True)
     url = server.start(path.resolve(), args.host, args.port)
-    if args.host in _ALL_INTERFACES:
-        print("ddpdoctor: warning: serving on every network interface; anyone who can reach this machine can "
-              "read the run", flush=True)
-    print(f"ddpdoctor: TensorBoard at {url} (Ctrl-C to stop)", flush=True)
-    print(f"  ddpdoctor dashboard: {url}#ddpdoctor", flush=True)
-    print(f"  PyTorch profiler:    {url}#pytorch_profiler", flush=True)
-    print(f"  scalars:             {url}#timeseries", flush=True)
-    _wait_for_stop()
+    warning = (
+        (
+            "ddpdoctor: warning: serving on every network interface; anyone who can reach this machine can "
+            "read the run\n"
+        )
+        if args.host in _ALL_INTERFACES
+        else ""
+    )
+    _serve_until_stopped(
+        f"{warning}ddpdoctor: TensorBoard at {url} (Ctrl-C to stop)\n"
+        f"  ddpdoctor dashboard: {url}#ddpdoctor\n"
+        f"  PyTorch profiler:    {url}#pytorch_profiler\n"
+        f"  scalars:             {url}#timeseries"
+    )
     print("ddpdoctor: TensorBoard stopped", flush=True)
     return 0
 
 
-def _wait_for_stop() -> None:
-    """Block until Ctrl-C or SIGTERM; from then on a second Ctrl-C ends the process at once, whatever the
-    clean-up (TensorBoard's plugins shut down helper processes at exit) is doing."""
+def _serve_until_stopped(banner: str) -> None:
+    """Print ``banner``, then block until Ctrl-C or SIGTERM (also one arriving while the banner prints);
+    from then on a second Ctrl-C ends the process at once, whatever the clean-up (TensorBoard's plugins shut
+    down helper processes at exit) is doing."""
 
     def stop(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGTERM, stop)
     try:
+        print(banner, flush=True)
         threading.Event().wait()
     except KeyboardInterrupt:
         pass

@@ -1,9 +1,10 @@
 """Metrics from a run directory's capture files alone (``manifest.json``, ``ranks/rank<R>.json``), no trace.
 
-Used when the trace metrics (``ddpdoctor.metrics.analyze``) are not available or fail: it gives the step times,
-GIL contention, CUDA memory per device, DDP's configuration and DDP's own overlap figures, under the metric names of
-``docs/CONTRACTS.md`` so the diagnosis rules can run on what was measured (the others report "not evaluated").
-The result has the ``run`` / ``ranks`` / ``per_step`` / ``collectives`` / ``devices`` shape of ``RunMetrics``.
+Used when the trace metrics (``ddpdoctor.metrics.analyze``) are not available or fail: it gives the step
+times, GIL contention, CUDA memory per device, DDP's configuration and DDP's own overlap figures, under the
+metric names of ``docs/CONTRACTS.md`` so the diagnosis rules can run on what was measured (the others report
+"not evaluated"). The result has the ``run`` / ``ranks`` / ``per_step`` / ``collectives`` / ``devices`` shape
+of ``RunMetrics``.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ _NS_PER_MS = 1e6
 
 @dataclass
 class CaptureMetrics:
-    """``RunMetrics``-shaped metrics from the capture files (``collectives`` is always empty: it needs a trace)."""
+    """``RunMetrics``-shaped metrics from the capture files (``collectives`` stays empty: no trace)."""
 
     run: dict[str, Any]
     ranks: list[dict[str, Any]]
@@ -79,8 +80,9 @@ def step_rows(rank: int, capture: dict[str, Any]) -> list[dict[str, Any]]:
     }
     gil = (capture.get("gil") or {}).get("per_step") or {}
     for i, step in enumerate(gil.get("step") or []):
-        row = rows.setdefault(int(step), {"rank": rank, "step": int(step), "step_ms": None,
-                                          "profiled": int(step) in profiled})
+        row = rows.setdefault(
+            int(step), {"rank": rank, "step": int(step), "step_ms": None, "profiled": int(step) in profiled}
+        )
         for key, column in (("contention", "gil_contention"), ("threads", "threads")):
             values = gil.get(key) or []
             row[column] = values[i] if i < len(values) else None
@@ -90,13 +92,15 @@ def step_rows(rank: int, capture: dict[str, Any]) -> list[dict[str, Any]]:
 def device_rows(rank: int, capture: dict[str, Any]) -> list[dict[str, Any]]:
     rows = []
     for dev in (capture.get("memory") or {}).get("devices") or []:
-        rows.append({
-            "rank": rank,
-            "device": dev.get("device"),
-            "peak_allocated_bytes": dev.get("peak_allocated_bytes"),
-            "peak_reserved_bytes": dev.get("peak_reserved_bytes"),
-            "capacity_bytes": dev.get("capacity_bytes"),
-        })
+        rows.append(
+            {
+                "rank": rank,
+                "device": dev.get("device"),
+                "peak_allocated_bytes": dev.get("peak_allocated_bytes"),
+                "peak_reserved_bytes": dev.get("peak_reserved_bytes"),
+                "capacity_bytes": dev.get("capacity_bytes"),
+            }
+        )
     return rows
 
 
@@ -116,7 +120,7 @@ def _flag(value: Any) -> bool | None:
 
 
 def ddp_metrics(capture: dict[str, Any]) -> dict[str, Any]:
-    """DDP's configuration and its own timing figures (of its last logged iteration) from the first DDP module."""
+    """DDP's configuration and its own timing averages (ns -> ms), from the first DDP module's logs."""
     modules = [m for m in capture.get("ddp") or [] if isinstance(m.get("logging_data"), dict)]
     if not modules:
         return {}
@@ -139,9 +143,12 @@ def ddp_metrics(capture: dict[str, Any]) -> dict[str, Any]:
     if comm and overlap is not None:
         out["ddp_reported_overlap_ratio"] = min(1.0, max(0.0, overlap / comm))
     # DDP's own averages (ns): a per-rank breakdown when the trace metrics are missing.
-    for key, name in (("avg_forward_compute_time", "ddp_forward_ms"), ("avg_backward_compute_time", "ddp_backward_ms"),
-                      ("avg_backward_comm_time", "ddp_backward_comm_ms"),
-                      ("avg_backward_compute_comm_overlap_time", "ddp_overlap_ms")):
+    for key, name in (
+        ("avg_forward_compute_time", "ddp_forward_ms"),
+        ("avg_backward_compute_time", "ddp_backward_ms"),
+        ("avg_backward_comm_time", "ddp_backward_comm_ms"),
+        ("avg_backward_compute_comm_overlap_time", "ddp_overlap_ms"),
+    ):
         if isinstance(data.get(key), (int, float)) and data[key] > 0:
             out[name] = data[key] / _NS_PER_MS
     return out
@@ -201,8 +208,11 @@ def capture_metrics(run_dir: Path) -> CaptureMetrics:
     first = next(iter(captures.values()), {})
     backend = first.get("backend")
     world_size = manifest.get("world_size") or first.get("world_size") or len(captures)
-    mode = "ddp" if any(c.get("ddp") for c in captures.values()) else (
-        "dp" if any(c.get("dp") for c in captures.values()) else ("ddp" if backend else "single"))
+    mode = (
+        "ddp"
+        if any(c.get("ddp") for c in captures.values())
+        else ("dp" if any(c.get("dp") for c in captures.values()) else ("ddp" if backend else "single"))
+    )
     analysed = [r["steps_analyzed"] for r in ranks if r["steps_analyzed"]]
     run = {
         "path": str(run_dir),

@@ -1,7 +1,8 @@
 """Find ddpdoctor run directories under a TensorBoard logdir, and map the dashboard's run names back to them.
 
-A run name is the run directory's path relative to the logdir, with ``/`` separators (``"."`` for the logdir itself).
-The plugin only ever serves a run whose name is in ``find_runs(logdir)``: a request cannot name a path of its own.
+A run name is the run directory's path relative to the logdir, with ``/`` separators (``"."`` for the logdir
+itself). The plugin only ever serves a run whose name is in ``find_runs(logdir)``: a request cannot name a
+path of its own.
 """
 
 from __future__ import annotations

@@ -3,10 +3,11 @@
 Each rank gets ``<run>/tensorboard/rank<R>/`` (TensorBoard run ``tensorboard/rank<R>``) with, per step:
 
 - ``time/step_ms``: wall time of every step (capture files); ``time/<part>_ms``: the trace breakdown of each
-  profiled step (data loading, forward, backward, optimizer, exposed communication, other, DataParallel stages);
-- ``comm/*``: communication, exposed and overlapped communication (ms), overlap (0-1), bus bandwidth (GB/s) per
-  profiled step; a rank-level value (mean over the analysed steps) is written once, at the last analysed step, when
-  the trace metrics have no per-step column for it (bus bandwidth, and DDP's own overlap figure);
+  profiled step (data loading, forward, backward, optimizer, exposed communication, other, DataParallel
+  stages);
+- ``comm/*``: communication, exposed and overlapped communication (ms), overlap (0-1), bus bandwidth (GB/s)
+  per profiled step; a rank-level value (mean over the analysed steps) is written once, at the last analysed
+  step, when the trace metrics have no per-step column for it (bus bandwidth, and DDP's own overlap figure);
 - ``gpu/*``: device utilisation (0-1), busy and host-sync time (ms) per profiled step;
 - ``gil/contention`` (0-1) and ``gil/threads``;
 - ``memory/<device>/peak_allocated_bytes``, ``peak_reserved_bytes`` (peak since the start of the run) and
@@ -27,17 +28,35 @@ from ddpdoctor import rundir
 from ddpdoctor.tensorboard.capture_metrics import read_rank_files
 from ddpdoctor.tensorboard.report import STACK_ORDER, build_report
 
-# Trace metric -> scalar tag; other per-step columns (offsets, the profiler plugin's own figures) are left out.
+# Trace metric -> scalar tag; other per-step columns (offsets, the profiler plugin's figures) are left out.
 TAGS = {
     **{part: f"time/{part}" for part in STACK_ORDER},
-    **{name: f"comm/{name}" for name in ("comm_ms", "exposed_comm_ms", "overlapped_comm_ms", "overlap_ratio",
-                                          "busbw_gbps", "algbw_gbps", "collective_wait_ms", "late_arrival_ms",
-                                          "ddp_reported_overlap_ratio")},
+    **{
+        name: f"comm/{name}"
+        for name in (
+            "comm_ms",
+            "exposed_comm_ms",
+            "overlapped_comm_ms",
+            "overlap_ratio",
+            "busbw_gbps",
+            "algbw_gbps",
+            "collective_wait_ms",
+            "late_arrival_ms",
+            "ddp_reported_overlap_ratio",
+        )
+    },
     **{name: f"gpu/{name}" for name in ("gpu_util_ratio", "gpu_busy_ms", "host_sync_ms")},
 }
 # Rank-level values written once (at the last analysed step) when the per-step rows do not have them.
-_ONCE = ("busbw_gbps", "algbw_gbps", "overlap_ratio", "exposed_comm_ms", "collective_wait_ms", "late_arrival_ms",
-         "ddp_reported_overlap_ratio")
+_ONCE = (
+    "busbw_gbps",
+    "algbw_gbps",
+    "overlap_ratio",
+    "exposed_comm_ms",
+    "collective_wait_ms",
+    "late_arrival_ms",
+    "ddp_reported_overlap_ratio",
+)
 
 
 def _wall_times(capture: dict[str, Any]) -> dict[int, float]:
@@ -57,8 +76,10 @@ def _findings_markdown(report: dict[str, Any], rank: int) -> str:
     for f in mine:
         gain = f.get("estimated_gain_ms")
         gain_text = f" (could save ~{gain:.1f} ms/step)" if isinstance(gain, (int, float)) else ""
-        lines += [f"- **{f.get('severity')} {f.get('id')} {f.get('name')}**{gain_text}: {f.get('message')}",
-                  f"  - *Recommendation:* {f.get('recommendation')}"]
+        lines += [
+            f"- **{f.get('severity')} {f.get('id')} {f.get('name')}**{gain_text}: {f.get('message')}",
+            f"  - *Recommendation:* {f.get('recommendation')}",
+        ]
     if not mine:
         lines.append("- no finding for this rank")
     skipped = report.get("not_evaluated", [])
@@ -71,6 +92,8 @@ def _findings_markdown(report: dict[str, Any], rank: int) -> str:
 
 
 def _write_rank(writer: Any, rank: int, capture: dict[str, Any], report: dict[str, Any]) -> None:
+    from tensorboard.plugins.text.summary_v2 import text_pb
+
     walls = _wall_times(capture)
 
     def scalar(tag: str, value: Any, step: int) -> None:
@@ -89,8 +112,9 @@ def _write_rank(writer: Any, rank: int, capture: dict[str, Any], report: dict[st
             if column in TAGS and value is not None:
                 columns.add(column)
                 scalar(TAGS[column], value, int(row["step"]))
-    analysed = [int(r["step"]) for r in per_step] or [r["step"] for r in report["steps"]
-                                                      if r["rank"] == rank and r.get("profiled")]
+    analysed = [int(r["step"]) for r in per_step] or [
+        r["step"] for r in report["steps"] if r["rank"] == rank and r.get("profiled")
+    ]
     rank_row = next((r for r in report["rank_metrics"] if r.get("rank") == rank), {})
     if analysed:
         for name in _ONCE:
@@ -106,11 +130,17 @@ def _write_rank(writer: Any, rank: int, capture: dict[str, Any], report: dict[st
                     scalar(f"memory/{name}/{key}", values[i], int(step))
             scalar(f"memory/{name}/capacity_bytes", dev.get("capacity_bytes"), int(step))
     last = max([r["step"] for r in report["steps"] if r["rank"] == rank] or [0])
-    writer.add_text("ddpdoctor/findings", _findings_markdown(report, rank), last, walltime=walls.get(last))
+    # tensorboard's own text summary (SummaryWriter.add_text would append "/text_summary" to the tag)
+    summary = text_pb(
+        "ddpdoctor/findings",
+        _findings_markdown(report, rank),
+        description="ddpdoctor's findings about this rank, with the rules that could not be evaluated",
+    )
+    writer.file_writer.add_summary(summary, last, walltime=walls.get(last))
 
 
 def write_events(run_dir: str | Path) -> Path:
-    """Write ``<run>/tensorboard/rank<R>/`` for every rank with a capture file; returns ``<run>/tensorboard``."""
+    """Write ``<run>/tensorboard/rank<R>/`` per rank with a capture file; returns ``<run>/tensorboard``."""
     from torch.utils.tensorboard import SummaryWriter
 
     run_dir = Path(run_dir)

@@ -1,6 +1,6 @@
-"""The ``tensorboard_plugins`` entry point: loads ``ddpdoctor.tensorboard.plugin`` only when TensorBoard starts it.
+"""The ``tensorboard_plugins`` entry point: imports ``ddpdoctor.tensorboard.plugin`` when TensorBoard starts.
 
-In its own module, as TensorBoard asks of loaders, so a broken optional import cannot break TensorBoard itself.
+In its own module, as TensorBoard asks of loaders, so a broken import cannot break TensorBoard itself.
 """
 
 from __future__ import annotations

@@ -2,11 +2,11 @@
 
 Routes (under ``/data/plugin/ddpdoctor``):
 
-- ``/index.js``: the dashboard, an ES module TensorBoard loads into its plugin iframe (``render()``); it imports
-  ``/sections.js``, ``/charts.js`` and ``/dom.js``.
+- ``/index.js``: the dashboard, an ES module TensorBoard loads into its plugin iframe (``render()``); it
+  imports ``/sections.js``, ``/charts.js`` and ``/dom.js``.
 - ``/dashboard.html`` (``?run=NAME``): the same dashboard as a page of its own (``/standalone.js`` starts it).
 - ``/runs``: ``{"runs": [{"run": NAME, "label": ...}]}``; NAME is the run directory relative to the logdir.
-- ``/report?run=NAME``: the run's report (``ddpdoctor.tensorboard.report``), computed once per change of its files.
+- ``/report?run=NAME``: the run's report (``ddpdoctor.tensorboard.report``), rebuilt when its files change.
 
 Only run directories found under the logdir are ever read, and only by name: a request cannot name a path.
 """
@@ -81,7 +81,9 @@ class DDPDoctorPlugin(base_plugin.TBPlugin):
         return bool(self.runs())
 
     def frontend_metadata(self) -> base_plugin.FrontendMetadata:
-        return base_plugin.FrontendMetadata(es_module_path="/index.js", tab_name="ddpdoctor", disable_reload=True)
+        return base_plugin.FrontendMetadata(
+            es_module_path="/index.js", tab_name="ddpdoctor", disable_reload=True
+        )
 
     # ---- data ---------------------------------------------------------------------------------------------
     def runs(self) -> dict[str, Path]:
@@ -116,7 +118,9 @@ class DDPDoctorPlugin(base_plugin.TBPlugin):
     # ---- routes -------------------------------------------------------------------------------------------
     @wrappers.Request.application
     def _runs_route(self, request: wrappers.Request) -> wrappers.Response:
-        runs = [{"run": name, "label": path.name if name == "." else name} for name, path in self.runs().items()]
+        runs = [
+            {"run": name, "label": path.name if name == "." else name} for name, path in self.runs().items()
+        ]
         return http_util.Respond(request, {"runs": runs}, "application/json")
 
     @wrappers.Request.application
@@ -130,5 +134,7 @@ class DDPDoctorPlugin(base_plugin.TBPlugin):
             message = f"could not build the report: {type(exc).__name__}: {exc}"
             return http_util.Respond(request, {"error": message}, "application/json", code=500)
         if report is None:
-            return http_util.Respond(request, {"error": "no such run under the logdir"}, "application/json", code=404)
+            return http_util.Respond(
+                request, {"error": "no such run under the logdir"}, "application/json", code=404
+            )
         return http_util.Respond(request, report, "application/json")

@@ -3,7 +3,7 @@
 It is the ``ddpdoctor diagnose RUN --format json`` document (``schema_version, run, ranks, findings,
 not_evaluated, passed``) with the tables the charts draw added:
 
-- ``source``: ``"trace"`` (trace metrics, ``ddpdoctor.metrics.analyze``) or ``"capture"`` (capture files only);
+- ``source``: ``"trace"`` (trace metrics, ``ddpdoctor.metrics.analyze``) or ``"capture"`` (capture files);
   ``notes``: why the trace metrics are missing, in words.
 - ``rank_metrics`` / ``run_metrics``: every per-rank / run-level metric (CONTRACTS names).
 - ``steps``: wall time of every step per rank, from the capture files (``rank, step, step_ms, profiled,
@@ -25,14 +25,24 @@ from ddpdoctor.tensorboard.capture_metrics import CaptureMetrics, capture_metric
 
 SCHEMA_VERSION = 1
 # Parts of a step that do not overlap one another, in the order they are stacked.
-STACK_ORDER = ("dataloader_ms", "forward_ms", "backward_ms", "optimizer_ms", "exposed_comm_ms",
-               "dp_scatter_ms", "dp_replicate_ms", "dp_parallel_apply_ms", "dp_gather_ms", "dp_backward_reduce_ms",
-               "other_ms")
+STACK_ORDER = (
+    "dataloader_ms",
+    "forward_ms",
+    "backward_ms",
+    "optimizer_ms",
+    "exposed_comm_ms",
+    "dp_scatter_ms",
+    "dp_replicate_ms",
+    "dp_parallel_apply_ms",
+    "dp_gather_ms",
+    "dp_backward_reduce_ms",
+    "other_ms",
+)
 _DDP_BREAKDOWN = ("ddp_forward_ms", "ddp_backward_ms", "ddp_backward_comm_ms", "ddp_overlap_ms")
 
 
 def plain(value: Any) -> Any:
-    """JSON-ready: numpy/pandas scalars to Python, NaN/inf and pandas NA to None, tuples to lists, recursively."""
+    """JSON-ready: numpy/pandas scalars to Python, NaN/inf/NA to None, tuples to lists, recursively."""
     if isinstance(value, dict):
         return {str(k): plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -68,8 +78,12 @@ def step_rows(metrics: Any) -> list[dict[str, Any]]:
     rows = [r for r in records(getattr(metrics, "per_step", None)) if r.get("analyzed") is not False]
     for row in rows:
         comm, exposed = row.get("comm_ms"), row.get("exposed_comm_ms")
-        if row.get("overlap_ratio") is None and isinstance(comm, (int, float)) and comm > 0 and \
-                isinstance(exposed, (int, float)):
+        if (
+            row.get("overlap_ratio") is None
+            and isinstance(comm, (int, float))
+            and comm > 0
+            and isinstance(exposed, (int, float))
+        ):
             row["overlap_ratio"] = min(1.0, max(0.0, 1.0 - exposed / comm))
     return rows
 
@@ -80,11 +94,17 @@ def trace_metrics(run_dir: Path) -> tuple[Any | None, str | None]:
         from ddpdoctor.load import load
         from ddpdoctor.metrics import analyze
     except ImportError as exc:
-        return None, f"trace metrics are not available in this ddpdoctor ({exc}); figures come from the capture files"
+        return (
+            None,
+            f"trace metrics are not available in this ddpdoctor ({exc}); figures come from the capture files",
+        )
     try:
         return analyze(load(run_dir)), None
     except Exception as exc:  # a dashboard shows what it can: the capture files still say a lot
-        return None, f"trace metrics failed ({type(exc).__name__}: {exc}); figures come from the capture files"
+        return (
+            None,
+            f"trace metrics failed ({type(exc).__name__}: {exc}); figures come from the capture files",
+        )
 
 
 def diagnose(metrics: Any) -> tuple[dict[str, Any], str | None]:
@@ -118,7 +138,7 @@ def _bare_document(metrics: Any) -> dict[str, Any]:
 
 
 def build_report(run_dir: Path, *, name: str | None = None) -> dict[str, Any]:
-    """The dashboard document of ``run_dir`` (see the module docstring); ``name`` replaces the absolute path."""
+    """The dashboard document of ``run_dir`` (module docstring); ``name`` replaces the absolute path."""
     run_dir = Path(run_dir)
     captured: CaptureMetrics = capture_metrics(run_dir)
     metrics, why = trace_metrics(run_dir)
@@ -129,23 +149,26 @@ def build_report(run_dir: Path, *, name: str | None = None) -> dict[str, Any]:
     if why_not:
         notes.append(why_not)
     per_step = step_rows(metrics) if metrics is not None else []
-    present = {k for row in per_step for k, v in row.items() if v is not None}
+    present = {k for row in per_step for k, v in row.items() if v}  # parts that took time somewhere
     devices = records(getattr(metrics, "devices", None)) if metrics is not None else []
-    doc.update({
-        "source": source,
-        "notes": notes,
-        "run_metrics": plain(dict(getattr(used, "run", {}) or {})),
-        "rank_metrics": plain([dict(r) for r in getattr(used, "ranks", []) or []]),
-        "steps": records(captured.per_step),
-        "per_step": per_step,
-        "components": [k for k in STACK_ORDER if k in present],
-        "collectives": records(getattr(metrics, "collectives", None)) if metrics is not None else [],
-        "devices": devices or records(captured.devices),
-        "ddp_breakdown": [
-            {"rank": r["rank"], **{k: r.get(k) for k in _DDP_BREAKDOWN}}
-            for r in plain(captured.ranks) if any(r.get(k) is not None for k in _DDP_BREAKDOWN)
-        ],
-    })
+    doc.update(
+        {
+            "source": source,
+            "notes": notes,
+            "run_metrics": plain(dict(getattr(used, "run", {}) or {})),
+            "rank_metrics": plain([dict(r) for r in getattr(used, "ranks", []) or []]),
+            "steps": records(captured.per_step),
+            "per_step": per_step,
+            "components": [k for k in STACK_ORDER if k in present],
+            "collectives": records(getattr(metrics, "collectives", None)) if metrics is not None else [],
+            "devices": devices or records(captured.devices),
+            "ddp_breakdown": [
+                {"rank": r["rank"], **{k: r.get(k) for k in _DDP_BREAKDOWN}}
+                for r in plain(captured.ranks)
+                if any(r.get(k) is not None for k in _DDP_BREAKDOWN)
+            ],
+        }
+    )
     doc["schema_version"] = doc.get("schema_version", SCHEMA_VERSION)
     if name is not None:
         doc["run"]["path"] = name

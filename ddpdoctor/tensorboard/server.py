@@ -18,7 +18,7 @@ DEFAULT_PORT = 6006
 
 
 def check_port_free(host: str, port: int) -> None:
-    """Raise a one-line ``DDPDoctorError`` when ``host:port`` cannot be listened on (taken, or a bad address)."""
+    """A one-line ``DDPDoctorError`` when ``host:port`` cannot be listened on (taken, or a bad address)."""
     if port == 0:
         return
     try:
@@ -33,13 +33,17 @@ def check_port_free(host: str, port: int) -> None:
             probe.bind(address)
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
-                raise DDPDoctorError(f"port {port} on {host} is already in use; pick another with --port") from None
+                raise DDPDoctorError(
+                    f"port {port} on {host} is already in use; pick another with --port"
+                ) from None
             raise DDPDoctorError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
 
 def start(logdir: Path, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> str:
     """Start TensorBoard in a background thread of this process and return its URL."""
-    os.environ.setdefault("TORCH_PROFILER_LOG_LEVEL", "WARNING")  # the profiler plugin logs every file it parses
+    os.environ.setdefault(
+        "TORCH_PROFILER_LOG_LEVEL", "WARNING"
+    )  # the profiler plugin logs every file it parses
     from tensorboard import default, program
 
     tb = program.TensorBoard(plugins=default.get_plugins())

@@ -34,7 +34,9 @@ def logdir(tmp_path):
 
 
 def test_registered_as_a_tensorboard_plugin():
-    entry = [ep for ep in importlib.metadata.entry_points(group="tensorboard_plugins") if ep.name == "ddpdoctor"]
+    entry = [
+        ep for ep in importlib.metadata.entry_points(group="tensorboard_plugins") if ep.name == "ddpdoctor"
+    ]
     assert len(entry) == 1 and entry[0].load() is DDPDoctorLoader
 
 
@@ -50,8 +52,10 @@ def test_runs_route_lists_run_names_relative_to_the_logdir(logdir):
     assert status == 200 and response.json == {"runs": [{"run": "a/b", "label": "a/b"}]}
 
 
-@pytest.mark.parametrize("query,status", [("", 400), ("?run=nope", 404), ("?run=../secret", 404),
-                                          ("?run=/etc", 404), ("?run=..", 404)])
+@pytest.mark.parametrize(
+    "query,status",
+    [("", 400), ("?run=nope", 404), ("?run=../secret", 404), ("?run=/etc", 404), ("?run=..", 404)],
+)
 def test_report_serves_only_runs_found_under_the_logdir(logdir, query, status):
     (logdir / "exp1" / "ranks").mkdir(parents=True)
     code, response = _get(_plugin(logdir), "/report", query)

@@ -5,7 +5,7 @@ const WIDTH = 640;
 const MARGIN = { left: 64, right: 12, top: 12, bottom: 36 };
 
 export const PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
-  "#bcbd22", "#17becf"];
+  "#bcbd22", "#17becf", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896"];
 
 export function color(i) {
   return PALETTE[i % PALETTE.length];

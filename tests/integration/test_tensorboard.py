@@ -1,0 +1,322 @@
+"""A real 2-rank DDP run opened with `ddpdoctor view`: TensorBoard's profiler plugin, ddpdoctor's event files
+and the ddpdoctor dashboard, queried over HTTP and rendered in headless Chromium. One server for the
+module."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import queue
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+from helpers import read_json, run_cli, write_script
+
+pytestmark = [pytest.mark.integration]
+
+# A real user mistake the capture files alone reveal: find_unused_parameters=True with every parameter used
+# except one head. The script frees the DDP model before tearing the process group down: with ddpdoctor's
+# profiler running, gloo's destructor can otherwise deadlock on the GIL at exit (reported to capture).
+SCRIPT = """
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))
+        self.unused_head = nn.Linear(256, 10)  # never called
+
+    def forward(self, x):
+        return self.body(x)
+
+
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+model = DDP(Net(), find_unused_parameters=True)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for _ in range(8):
+    x, y = torch.randn(32, 256), torch.randint(0, 10, (32,))
+    opt.zero_grad()
+    nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+del model, opt
+dist.barrier()
+dist.destroy_process_group()
+"""
+# A run directory name a browser must show as text, never as markup.
+RUN_NAME = "run <img src=x onerror=alert(1)>"
+FAST = ["--wait", "1", "--warmup", "1", "--active", "3"]
+CHROMIUM = next(
+    (shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None
+)
+needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium is not installed")
+
+
+class View:
+    """`ddpdoctor view RUN --port 0` in its own process group; stopped like Ctrl-C in a terminal."""
+
+    def __init__(self, run_dir: Path, log: Path) -> None:
+        self.log = open(log, "w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "ddpdoctor", "view", str(run_dir), "--port", "0"],
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            text=True,
+            start_new_session=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.stdout: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+        self.url = self._wait_for_url(timeout=120)
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.stdout.append(line)
+            self.lines.put(line)
+
+    def _wait_for_url(self, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                line = self.lines.get(timeout=1)
+            except queue.Empty:
+                if self.proc.poll() is not None:
+                    break
+                continue
+            match = re.search(r"TensorBoard at (http://\S+)", line)
+            if match:
+                return match.group(1)
+        self.stop()
+        raise AssertionError(
+            f"ddpdoctor view did not print its URL: {self.stdout} {Path(self.log.name).read_text()}"
+        )
+
+    def stop(self, timeout: float = 30) -> int | None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal sends: the whole group
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+                return None
+        self.log.close()
+        return self.proc.returncode
+
+    def get(self, path: str, timeout: float = 60):
+        with urllib.request.urlopen(self.url + path.lstrip("/"), timeout=timeout) as response:
+            body = response.read()
+            if response.headers.get("Content-Encoding") == "gzip":
+                body = gzip.decompress(body)
+        return json.loads(body)
+
+    def status(self, path: str) -> int:
+        try:
+            with urllib.request.urlopen(self.url + path.lstrip("/"), timeout=60) as response:
+                return response.status
+        except urllib.error.HTTPError as exc:
+            return exc.code
+
+
+def wait_for(fetch, ok, timeout: float = 90):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = fetch()
+        if ok(value) or time.monotonic() > deadline:
+            return value
+        time.sleep(0.5)
+
+
+def q(text: str) -> str:
+    return urllib.parse.quote(text, safe="")
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tb")
+    script = write_script(root / "train_unused.py", SCRIPT)
+    out = root / RUN_NAME
+    result = run_cli(
+        "trace", "--out", str(out), *FAST, "--standalone", "--nproc-per-node", "2", str(script), timeout=180
+    )
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+@pytest.fixture(scope="module")
+def view(run_dir, tmp_path_factory):
+    server = View(run_dir, tmp_path_factory.mktemp("logs") / "view.log")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def profiler_run(view):
+    runs = wait_for(
+        lambda: view.get("data/plugin/pytorch_profiler/runs"), lambda r: r["runs"] and not r["loading"]
+    )
+    assert runs["runs"] == [RUN_NAME]
+    return q(RUN_NAME)
+
+
+def test_view_writes_event_files_per_rank_and_tensorboard_reads_them(view, run_dir):
+    assert "ddpdoctor: wrote TensorBoard event files" in "".join(view.stdout)
+    assert all(any((run_dir / "tensorboard" / f"rank{r}").glob("events.out.tfevents.*")) for r in (0, 1))
+    tags = wait_for(lambda: view.get("data/plugin/scalars/tags"), lambda t: len(t) == 2)
+    assert set(tags) == {"tensorboard/rank0", "tensorboard/rank1"}
+    for run in tags.values():
+        assert {
+            "time/step_ms",
+            "gil/contention",
+            "time/forward_ms",
+            "comm/exposed_comm_ms",
+            "comm/overlap_ratio",
+            "comm/busbw_gbps",
+        } <= set(run)
+    # the step times are the capture's own numbers, every step
+    points = view.get(f"data/plugin/scalars/scalars?run={q('tensorboard/rank0')}&tag={q('time/step_ms')}")
+    capture = read_json(run_dir / "ranks" / "rank0.json")["steps"]
+    assert [p[1] for p in points] == list(range(capture["first"], capture["first"] + len(capture["wall_ms"])))
+    assert [p[2] for p in points] == pytest.approx(capture["wall_ms"], rel=1e-5)
+    assert view.get("data/plugin/text/tags") == {
+        f"tensorboard/rank{r}": ["ddpdoctor/findings"] for r in (0, 1)
+    }
+    (entry,) = view.get(f"data/plugin/text/text?run={q('tensorboard/rank1')}&tag={q('ddpdoctor/findings')}")
+    assert "find-unused-parameters-cost" in entry["text"] and "Recommendation" in entry["text"]
+
+
+def test_profiler_plugin_shows_one_worker_per_rank_with_its_views(view, profiler_run):
+    views = view.get(f"data/plugin/pytorch_profiler/views?run={profiler_run}")
+    assert {"Overview", "Operator", "Trace", "Memory"} <= set(views)
+    for name in ("Overview", "Operator", "Trace", "Memory"):
+        assert view.get(f"data/plugin/pytorch_profiler/workers?run={profiler_run}&view={name}") == [
+            "rank0",
+            "rank1",
+        ]
+    overview = view.get(f"data/plugin/pytorch_profiler/overview?run={profiler_run}&worker=rank1&span=1")
+    assert overview["steps"]["rows"]  # per-step breakdown of rank 1's profiled steps
+
+
+def test_profiler_plugin_builds_the_distributed_view(view, profiler_run):
+    assert "Distributed" in view.get(f"data/plugin/pytorch_profiler/views?run={profiler_run}")
+    overlap = view.get(
+        f"data/plugin/pytorch_profiler/distributed/overlap?run={profiler_run}&worker=All&span=1"
+    )
+    assert set(overlap["data"]["all"]) == {"rank0", "rank1"}
+    ops = view.get(f"data/plugin/pytorch_profiler/distributed/commops?run={profiler_run}&worker=All&span=1")
+    assert [row[0] for row in ops["data"]["rank0"]["rows"]] == ["gloo:all_reduce"]
+
+
+def test_tensorboard_lists_the_ddpdoctor_dashboard_as_an_active_plugin(view):
+    listing = view.get("data/plugins_listing")
+    entry = listing["ddpdoctor"]
+    assert entry["enabled"] is True
+    assert entry["loading_mechanism"] == {"type": "IFRAME", "module_path": "/data/plugin/ddpdoctor/index.js"}
+    assert listing["pytorch_profiler"]["enabled"] is True
+
+
+def test_report_route_gives_the_diagnosis_and_chart_tables(view):
+    runs = view.get("data/plugin/ddpdoctor/runs")["runs"]
+    assert runs == [{"run": ".", "label": RUN_NAME}]
+    report = view.get("data/plugin/ddpdoctor/report?run=.")
+    assert (
+        report["schema_version"] == 1
+        and report["run"]["world_size"] == 2
+        and report["run"]["name"] == RUN_NAME
+    )
+    assert "find-unused-parameters-cost" in [f["name"] for f in report["findings"]]
+    assert {r["rank"] for r in report["steps"]} == {0, 1} and {r["rank"] for r in report["per_step"]} == {
+        0,
+        1,
+    }
+    # the parts of a step that took time (this script has no DataLoader: no data-loading part)
+    assert {"forward_ms", "backward_ms", "optimizer_ms"} <= set(report["components"])
+    assert "dataloader_ms" not in report["components"]
+    assert [c["kind"] for c in report["collectives"] if c["rank"] == 0] == ["all_reduce"]
+    assert view.status("data/plugin/ddpdoctor/report?run=..") == 404
+
+
+def _chromium(tmp_path, *args):
+    result = subprocess.run(
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--user-data-dir={tmp_path / 'chromium-profile'}",
+            "--virtual-time-budget=10000",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout
+
+
+def _assert_dashboard(dom: str, report: dict) -> None:
+    assert 'data-state="ready"' in dom, dom[-3000:]
+    findings = re.findall(r'<article class="finding [^"]*" data-finding="([^"]+)"', dom)
+    assert findings == [f["name"] for f in report["findings"]] and findings
+    assert "Recommendation:" in dom
+    charts = set(re.findall(r'<figure class="chart" data-chart="([\w-]+)"', dom))
+    assert {"breakdown", "step-time", "overlap", "busbw", "skew"} <= charts
+    assert dom.count("<svg") >= len(charts) and dom.count('class="bar"') >= 6
+    # the run's name is text, not markup
+    assert "<img" not in dom and "&lt;img src=x onerror=alert(1)&gt;" in dom
+
+
+@needs_chromium
+def test_dashboard_renders_findings_and_charts_in_chromium(view, tmp_path):
+    report = view.get("data/plugin/ddpdoctor/report?run=.")
+    page = f"{view.url}data/plugin/ddpdoctor/dashboard.html?run=."
+    _assert_dashboard(_chromium(tmp_path, "--window-size=1400,1000", "--dump-dom", page), report)
+    shot = tmp_path / "tensorboard-dashboard.png"
+    _chromium(tmp_path, "--window-size=1400,2300", f"--screenshot={shot}", page)
+    assert shot.stat().st_size > 20_000
+    if os.environ.get("DDPDOCTOR_SCREENSHOT_DIR"):  # e.g. to refresh docs/tensorboard-dashboard.png
+        shutil.copy(shot, Path(os.environ["DDPDOCTOR_SCREENSHOT_DIR"]) / shot.name)
+
+
+@needs_chromium
+def test_dashboard_renders_in_tensorboards_plugin_frame(view, tmp_path):
+    # The page TensorBoard puts in the dashboard's iframe, with TensorBoard's own Content-Security-Policy.
+    report = view.get("data/plugin/ddpdoctor/report?run=.")
+    dom = _chromium(
+        tmp_path, "--window-size=1400,1000", "--dump-dom", f"{view.url}data/plugin_entry.html?name=ddpdoctor"
+    )
+    _assert_dashboard(dom, report)
+
+
+def test_ctrl_c_stops_view_and_frees_the_port(run_dir, tmp_path):
+    server = View(run_dir, tmp_path / "view.log")
+    port = urllib.parse.urlparse(server.url).port
+    assert server.url.startswith("http://127.0.0.1:")
+    assert server.stop(timeout=30) == 0
+    assert "TensorBoard stopped" in "".join(server.stdout)
+    with socket.socket() as probe:  # the port is free again
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind(("127.0.0.1", port))
