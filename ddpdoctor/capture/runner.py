@@ -117,6 +117,20 @@ def _run_script(path: str) -> None:
             sys.modules["__main__"] = previous
 
 
+def _settle_background_threads() -> None:
+    """Let gloo's worker threads finish tearing down their last work items before we allocate (and so maybe
+    garbage-collect the script's DDP model) in this thread.
+
+    Seen here: the main thread, holding the GIL, frees a DDP Reducer whose process group joins a gloo thread, while
+    that thread is destroying a finished barrier and waits for the GIL to drop a Python object: a deadlock. A
+    bare run usually escapes it because interpreter shutdown takes long enough; a short sleep (which releases the
+    GIL) gives us the same margin.
+    """
+    import time
+
+    time.sleep(0.2)
+
+
 def _on_sigterm(signum: int, frame: object) -> None:
     raise _Terminated(signum)
 
@@ -153,6 +167,7 @@ def run(target: Target, config: CaptureConfig) -> int:
         status, code, error = "failed", 1, f"{type(exc).__name__}: {exc}"
         exc_info = (type(exc), exc, exc.__traceback__)
     finally:
+        _settle_background_threads()
         try:
             session.finish(status, 128 + signum if signum else code, error)
         finally:

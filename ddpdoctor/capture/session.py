@@ -11,6 +11,7 @@ start); that start-up trace is dropped at the first step, or kept and closed aft
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import socket
@@ -296,19 +297,31 @@ class Session:
             if self._finished:
                 return
             self._finished = True
-            self.status, self.exit_code, self.error = status, exit_code, error
-            if self.fallback["state"] == "recording":
-                self._end_fallback(ended_by="end of run")
+            # No garbage collection while we write: a collection here could free the script's DDP model, whose
+            # process group then joins gloo threads from this thread (see runner._settle_background_threads).
+            gc_was_enabled = gc.isenabled()
+            gc.disable()
             try:
-                self._remove_hooks()
-                if self._prof is not None:
-                    self._prof.stop()  # writes a window still open (partial if the run ended inside it)
-            except Exception as exc:
-                self.capture_errors.append(f"stopping the profiler failed: {type(exc).__name__}: {exc}")
-            self.gil.stop()
-            self.write_rank_file()
-            self._write_summary()
-            _current = None
+                self._finish(status, exit_code, error)
+            finally:
+                if gc_was_enabled:
+                    gc.enable()
+
+    def _finish(self, status: str, exit_code: int | None, error: str | None) -> None:
+        global _current
+        self.status, self.exit_code, self.error = status, exit_code, error
+        if self.fallback["state"] == "recording":
+            self._end_fallback(ended_by="end of run")
+        try:
+            self._remove_hooks()
+            if self._prof is not None:
+                self._prof.stop()  # writes a window still open (partial if the run ended inside it)
+        except Exception as exc:
+            self.capture_errors.append(f"stopping the profiler failed: {type(exc).__name__}: {exc}")
+        self.gil.stop()
+        self.write_rank_file()
+        self._write_summary()
+        _current = None
 
     def _hang_watchdog(self) -> None:
         timeout = float(self.config.hang_timeout_s or 0)

@@ -117,6 +117,47 @@ PER_RANK: dict[str, MetricName] = _table(
         ("cpu_count", "count", "CPUs available to the rank's process"),
         ("intra_op_threads", "count", "torch intra-op threads (torch.get_num_threads()) of the rank"),
         ("local_world_size", "count", "ranks on the same node"),
+        # the set-up checklist, from what `ddpdoctor trace` observed (ddpdoctor.metrics.setup)
+        ("distributed_sampler", "flag", "the training DataLoader's sampler is a DistributedSampler"),
+        ("sampler_shuffle", "flag", "the training DataLoader's sampler shuffles"),
+        ("dataloader_epochs", "count", "passes (epochs) over the training DataLoader"),
+        (
+            "epochs_repeating_order",
+            "count",
+            "epochs that began with the same samples in the same order as the epoch before",
+        ),
+        ("set_epoch_calls", "count", "calls of DistributedSampler.set_epoch()"),
+        ("batches_per_epoch", "count", "batches one epoch of the training DataLoader yields on the rank"),
+        ("batch_size", "count", "samples per batch of the training DataLoader on the rank"),
+        (
+            "epoch_dataset_share",
+            "ratio",
+            "share of the dataset the rank reads in one epoch (1/world size when sharded)",
+        ),
+        (
+            "ddp_sync_rounds_per_step",
+            "count",
+            "DDP gradient all-reduce rounds per optimizer step (forwards outside no_sync(); median step)",
+        ),
+        ("ddp_forwards_per_step", "count", "DDP forwards (micro-batches) per optimizer step (median step)"),
+        ("ddp_batchnorm_layers", "count", "BatchNorm layers (not SyncBatchNorm) in the DDP model"),
+        ("ddp_sync_batchnorm_layers", "count", "SyncBatchNorm layers in the DDP model"),
+        (
+            "set_device_calls",
+            "count",
+            "torch.cuda.set_device() calls of a rank that uses CUDA (None on a CPU rank)",
+        ),
+        ("gpu_shared_ranks", "count", "ranks computing on this rank's GPU, itself included (1 = its own)"),
+        (
+            "current_device_mismatch",
+            "flag",
+            "the rank computes on a GPU other than its current CUDA device (left at cuda:0)",
+        ),
+        (
+            "dp_gathered_bytes",
+            "bytes",
+            "DataParallel: bytes of outputs gathered onto the output device per step",
+        ),
     ]
 )
 
@@ -151,11 +192,16 @@ RUN: dict[str, MetricName] = _table(
             "(slowest - fastest median step) / fastest median step over ranks (0 = equal)",
         ),
         ("straggler_rank", "rank", "the rank the others wait for (None when no rank stands out)"),
-        ("straggler_wait_ms", "ms", "time per step the other ranks wait for the straggler in collectives"),
+        ("straggler_wait_ms", "ms", "time the other ranks wait for the straggler in collectives, in the median step"),
         (
             "straggler_late_share",
             "ratio",
             "fraction of matched collectives the straggler arrived at last (about 1/world_size for noise)",
+        ),
+        (
+            "data_duplication_factor",
+            "x",
+            "how many ranks read each sample per epoch (1 = every rank reads its own shard)",
         ),
     ]
 )

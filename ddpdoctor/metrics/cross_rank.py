@@ -50,6 +50,7 @@ def cross_rank(summaries: list[dict[str, Any]]) -> tuple[dict[int, dict[str, flo
     grouped = colls.groupby(KEY)
     colls["wait_us"] = colls["dur_us"] - grouped["dur_us"].transform("min")
     colls["late_us"] = colls["aligned_start"] - grouped["aligned_start"].transform("min")
+    typical_wait: dict[int, float] = {}
     for s in summaries:
         steps = pd.DataFrame(s["per_step"])
         steps = steps[steps["analyzed"]]
@@ -63,10 +64,13 @@ def cross_rank(summaries: list[dict[str, Any]]) -> tuple[dict[int, dict[str, flo
             "collective_wait_ms": float(np.mean(wait_ms)),
             "late_arrival_ms": float(late.mean()),
         }
+        typical_wait[s["rank"]] = float(np.median(wait_ms))
     if len(per_rank) >= 2:
         straggler = max(per_rank, key=lambda r: per_rank[r]["late_arrival_ms"] or 0.0)
         if (per_rank[straggler]["late_arrival_ms"] or 0.0) > 0:
-            others = [v["collective_wait_ms"] for r, v in per_rank.items() if r != straggler]
+            # The median step's wait, not the mean: one step in which the host descheduled a rank must not
+            # make it a straggler; a straggler makes the others wait in most steps.
+            others = [typical_wait[r] for r in per_rank if r != straggler]
             # A real straggler is last nearly every time; with noise alone each rank is last about 1/n
             # of the time.
             analysed = colls[colls["step"].isin(_analysed_steps(summaries))]

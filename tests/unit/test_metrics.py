@@ -52,7 +52,9 @@ def test_straggler_is_the_rank_that_sleeps(metrics) -> None:
     assert r0["collective_wait_ms"] == pytest.approx(STRAGGLER_SLEEP_MS, rel=0.5)
     assert r1["collective_wait_ms"] < 0.25 * r0["collective_wait_ms"]
     assert r1["late_arrival_ms"] > 0.5 * STRAGGLER_SLEEP_MS and r0["late_arrival_ms"] < 1.0
-    assert metrics.run["straggler_wait_ms"] == pytest.approx(r0["collective_wait_ms"])
+    # the run-level figure is rank 0's wait in its median step (robust to one descheduled step)
+    assert metrics.run["straggler_wait_ms"] == pytest.approx(STRAGGLER_SLEEP_MS, rel=0.5)
+    assert metrics.run["straggler_late_share"] >= 0.8
     # the waiting shows up as exposed communication on rank 0, not on rank 1
     assert r0["exposed_comm_ms"] > 0.5 * STRAGGLER_SLEEP_MS > r1["exposed_comm_ms"]
 
