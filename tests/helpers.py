@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -15,17 +16,25 @@ SAMPLES = REPO / "samples"
 
 
 def run_cli(*args: str, cwd: Path | None = None, timeout: float = 120, env: dict | None = None):
-    """Run ``python -m ddpdoctor ARGS`` and return the CompletedProcess (text mode)."""
+    """Run ``python -m ddpdoctor ARGS`` and return the CompletedProcess (text mode).
+
+    The command runs in its own process group, and on a timeout the whole group is killed: a torchrun launch
+    leaves no orphaned ranks behind to load the machine for the tests that follow.
+    """
     full_env = {**os.environ, **(env or {})}
     full_env.setdefault("PYTHONUNBUFFERED", "1")
-    return subprocess.run(
-        [sys.executable, "-m", "ddpdoctor", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=full_env,
+    cmd = [sys.executable, "-m", "ddpdoctor", *args]
+    proc = subprocess.Popen(
+        cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env,
+        start_new_session=True,
     )
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
 
 
 def write_script(path: Path, source: str) -> Path:
