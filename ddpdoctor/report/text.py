@@ -13,6 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ddpdoctor.diagnosis.findings import Diagnosis, format_ranks
+from ddpdoctor.report import console as report_console
 from ddpdoctor.report import fmt
 from ddpdoctor.report.document import build, grouped_not_evaluated
 
@@ -21,21 +22,10 @@ WIDTH_NOT_A_TERMINAL = 100
 
 
 def _console(stream: TextIO) -> Console:
-    tty = bool(getattr(stream, "isatty", lambda: False)())
-    return Console(
-        file=stream,
-        force_terminal=tty,
-        color_system="auto" if tty else None,
-        width=None if tty else WIDTH_NOT_A_TERMINAL,
-        markup=False,
-        emoji=False,
-        highlight=False,
-        soft_wrap=False,
-    )
+    return report_console.console(stream, WIDTH_NOT_A_TERMINAL)
 
 
-def _t(value: Any, style: str = "") -> Text:
-    return Text(fmt.plain(value), style=style)
+_t = report_console.text
 
 
 def _header(doc: dict[str, Any]) -> Text:
@@ -50,6 +40,21 @@ def _header(doc: dict[str, Any]) -> Text:
     ]
     title.append("\n" + " · ".join(fmt.plain(f) for f in facts), style="dim")
     return title
+
+
+def _input(console: Console, doc: dict[str, Any]) -> None:
+    """Files that could not be used and what else to know about the input, before any finding."""
+    skipped, notes = doc["run"]["skipped"], doc["run"]["notes"]
+    if skipped:
+        console.print(Text(f"Skipped ({len(skipped)})", style="bold yellow"))
+        for line in skipped:
+            console.print(_t("  " + line), overflow="fold")
+    if notes:
+        console.print(Text("Notes", style="bold"))
+        for line in notes:
+            console.print(_t("  " + line), overflow="fold")
+    if skipped or notes:
+        console.print()
 
 
 def _findings(console: Console, result: Diagnosis) -> None:
@@ -152,6 +157,7 @@ def render(result: Diagnosis, stream: TextIO) -> None:
     doc = build(result)
     console.print(_header(doc))
     console.print()
+    _input(console, doc)
     _findings(console, result)
     console.print(_rank_table(doc))
     memory = _memory_table(doc)

@@ -2,30 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any, TextIO
+from typing import TextIO
 
 from rich.console import Console
-from rich.text import Text
 
-from ddpdoctor.report import fmt
+from ddpdoctor.report import console as report_console
 
 WIDTH_NOT_A_TERMINAL = 130
 
 
 def console(stream: TextIO) -> Console:
-    tty = bool(getattr(stream, "isatty", lambda: False)())
-    return Console(
-        file=stream,
-        force_terminal=tty,
-        color_system="auto" if tty else None,
-        width=None if tty else WIDTH_NOT_A_TERMINAL,
-        markup=False,
-        emoji=False,
-        highlight=False,
-        soft_wrap=False,
-    )
+    return report_console.console(stream, WIDTH_NOT_A_TERMINAL)
 
 
-def t(value: Any, style: str = "") -> Text:
-    """Text from a run or a file, with control characters escaped."""
-    return Text(fmt.plain(value), style=style)
+t = report_console.text
