@@ -3,7 +3,9 @@
 Shape (schema_version 1; keys are relied on by users, add but never rename)::
 
     {"schema_version": 1,
-     "run": {"path", "mode", "world_size", "backend", "steps_analyzed"},
+     "run": {"path", "mode", "world_size", "backend", "steps_analyzed",
+             "skipped": ["<file>: <why it could not be used>", ...],
+             "notes": ["<what else to know about the input: missing ranks, no ProfilerStep, ...>", ...]},
      "ranks": [{"rank", "step_ms": {"median", "p90"}, "comm_ms", "exposed_comm_ms", "overlap_ratio",
                 "dataloader_ms", "gil_contention", "forward_ms", "backward_ms", "optimizer_ms", "other_ms",
                 "devices": [{"device", "peak_allocated_bytes", "peak_reserved_bytes", "capacity_bytes"}]}],
@@ -21,6 +23,7 @@ from typing import Any
 
 from ddpdoctor.diagnosis.expr import clean_value
 from ddpdoctor.diagnosis.findings import Diagnosis
+from ddpdoctor.report import fmt
 
 SCHEMA_VERSION = 1
 RANK_KEYS = ("comm_ms", "exposed_comm_ms", "overlap_ratio", "dataloader_ms", "gil_contention")
@@ -87,6 +90,8 @@ def build(result: Diagnosis) -> dict[str, Any]:
             "world_size": jsonable(run.get("world_size")),
             "backend": jsonable(run.get("backend")),
             "steps_analyzed": jsonable(run.get("steps_analyzed")),
+            "skipped": _lines(run.get("skipped")),
+            "notes": _lines(run.get("notes")),
         },
         "ranks": ranks,
         "findings": [jsonable(f.to_json()) for f in result.findings],
@@ -95,9 +100,44 @@ def build(result: Diagnosis) -> dict[str, Any]:
     }
 
 
+def _lines(value: Any) -> list[str]:
+    """A list of one-line strings (skipped files, notes); anything else is no lines."""
+    if not isinstance(value, (list, tuple)):
+        return []
+    return [str(v) for v in value if v is not None]
+
+
 def grouped_not_evaluated(result: Diagnosis) -> dict[str, list[str]]:
     """reason -> rule names, in order of first appearance (so "applies to ddp runs" is said once)."""
     groups: dict[str, list[str]] = {}
     for item in result.not_evaluated:
         groups.setdefault(item.reason, []).append(item.name)
     return groups
+
+
+# The per-rank step breakdown table every format shows: (long header, short header) per column.
+RANK_TABLE_COLUMNS = (
+    ("rank", "rank"),
+    ("step p50", "p50"),
+    ("step p90", "p90"),
+    ("data", "data"),
+    ("fwd", "fwd"),
+    ("bwd", "bwd"),
+    ("optim", "opt"),
+    ("comm", "comm"),
+    ("exposed", "exposed"),
+    ("overlap", "overlap"),
+    ("other", "other"),
+    ("GIL", "GIL"),
+)
+_BREAKDOWN_MS = ("dataloader_ms", "forward_ms", "backward_ms", "optimizer_ms", "comm_ms", "exposed_comm_ms")
+
+
+def rank_table_rows(doc: dict[str, Any]) -> list[list[str]]:
+    """The per-rank step breakdown as formatted cells, in RANK_TABLE_COLUMNS order (ms per step, ratios in %)."""
+    return [
+        [str(r["rank"]), fmt.ms(r["step_ms"]["median"]), fmt.ms(r["step_ms"]["p90"])]
+        + [fmt.ms(r[k]) for k in _BREAKDOWN_MS]
+        + [fmt.ratio_pct(r["overlap_ratio"]), fmt.ms(r["other_ms"]), fmt.ratio_pct(r["gil_contention"])]
+        for r in doc["ranks"]
+    ]

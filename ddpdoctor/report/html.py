@@ -10,7 +10,7 @@ from typing import Any, TextIO
 from ddpdoctor.diagnosis.expr import clean_value
 from ddpdoctor.diagnosis.findings import Diagnosis, format_ranks
 from ddpdoctor.report import fmt, svg
-from ddpdoctor.report.document import build, frame, grouped_not_evaluated
+from ddpdoctor.report.document import RANK_TABLE_COLUMNS, build, frame, grouped_not_evaluated, rank_table_rows
 
 _CSS = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;max-width:1100px;
@@ -94,43 +94,10 @@ def _collectives_table(metrics: Any) -> str:
 
 
 def _rank_table(doc: dict[str, Any]) -> str:
-    head = "".join(
-        f"<th>{h}</th>"
-        for h in (
-            "rank",
-            "step p50",
-            "step p90",
-            "data",
-            "fwd",
-            "bwd",
-            "optim",
-            "comm",
-            "exposed",
-            "overlap",
-            "other",
-            "GIL",
-        )
-    )
-    rows = []
-    for r in doc["ranks"]:
-        cells = [str(r["rank"]), fmt.ms(r["step_ms"]["median"]), fmt.ms(r["step_ms"]["p90"])]
-        cells += [
-            fmt.ms(r[k])
-            for k in (
-                "dataloader_ms",
-                "forward_ms",
-                "backward_ms",
-                "optimizer_ms",
-                "comm_ms",
-                "exposed_comm_ms",
-            )
-        ]
-        cells += [
-            fmt.ratio_pct(r["overlap_ratio"]),
-            fmt.ms(r["other_ms"]),
-            fmt.ratio_pct(r["gil_contention"]),
-        ]
-        rows.append("<tr>" + "".join(f"<td>{fmt.esc(c)}</td>" for c in cells) + "</tr>")
+    head = "".join(f"<th>{long}</th>" for long, _ in RANK_TABLE_COLUMNS)
+    rows = [
+        "<tr>" + "".join(f"<td>{fmt.esc(c)}</td>" for c in cells) + "</tr>" for cells in rank_table_rows(doc)
+    ]
     return f"<table><tr>{head}</tr>{''.join(rows)}</table>"
 
 
@@ -146,8 +113,16 @@ def _body(result: Diagnosis) -> list[str]:
     out = [
         f'<h1>ddpdoctor diagnosis</h1><div class="facts">{fmt.esc(run["path"] or "unknown run")}<br>'
         f"{fmt.esc(facts)}</div>",
-        f"<h2>Findings ({len(result.findings)})</h2>",
     ]
+    if run["skipped"]:
+        out.append(f"<h2>Skipped ({len(run['skipped'])})</h2><ul>")
+        out += [f"<li>{fmt.esc(line)}</li>" for line in run["skipped"]]
+        out.append("</ul>")
+    if run["notes"]:
+        out.append("<h2>Notes</h2><ul>")
+        out += [f"<li>{fmt.esc(line)}</li>" for line in run["notes"]]
+        out.append("</ul>")
+    out.append(f"<h2>Findings ({len(result.findings)})</h2>")
     out += [_finding_html(i, f) for i, f in enumerate(result.findings, 1)] or ["<p>No findings.</p>"]
     out.append("<h2>Step breakdown per rank</h2>")
     bars = [(f"rank {r['rank']}", [(label, r[key]) for label, key in _BREAKDOWN]) for r in doc["ranks"]]

@@ -6,7 +6,7 @@ from typing import Any, TextIO
 
 from ddpdoctor.diagnosis.findings import Diagnosis, format_ranks
 from ddpdoctor.report import fmt
-from ddpdoctor.report.document import build, grouped_not_evaluated
+from ddpdoctor.report.document import RANK_TABLE_COLUMNS, build, grouped_not_evaluated, rank_table_rows
 
 _ICON = {"error": "🛑", "warning": "⚠️", "info": "ℹ️"}
 
@@ -31,9 +31,13 @@ def _lines(result: Diagnosis) -> list[str]:
         f"backend {fmt.md(run['backend'] or 'none')}, "
         f"{fmt.md(run['steps_analyzed'] if run['steps_analyzed'] is not None else '?')} steps analysed",
         "",
-        f"## Findings ({len(result.findings)})",
-        "",
     ]
+    if run["skipped"]:
+        out += [f"## Skipped ({len(run['skipped'])})", ""]
+        out += [f"- {fmt.md(line)}" for line in run["skipped"]] + [""]
+    if run["notes"]:
+        out += ["## Notes", ""] + [f"- {fmt.md(line)}" for line in run["notes"]] + [""]
+    out += [f"## Findings ({len(result.findings)})", ""]
     if not result.findings:
         out += ["No findings.", ""]
     for i, f in enumerate(result.findings, 1):
@@ -51,33 +55,8 @@ def _lines(result: Diagnosis) -> list[str]:
             "",
         ]
     out += ["## Per-rank step breakdown (ms per step)", ""]
-    keys = ("dataloader_ms", "forward_ms", "backward_ms", "optimizer_ms", "comm_ms", "exposed_comm_ms")
-    rows = [
-        [
-            str(r["rank"]),
-            fmt.ms(r["step_ms"]["median"]),
-            fmt.ms(r["step_ms"]["p90"]),
-            *(fmt.ms(r[k]) for k in keys),
-            fmt.ratio_pct(r["overlap_ratio"]),
-            fmt.ms(r["other_ms"]),
-            fmt.ratio_pct(r["gil_contention"]),
-        ]
-        for r in doc["ranks"]
-    ]
-    header = [
-        "rank",
-        "step p50",
-        "step p90",
-        "data",
-        "fwd",
-        "bwd",
-        "optim",
-        "comm",
-        "exposed",
-        "overlap",
-        "other",
-        "GIL",
-    ]
+    rows = rank_table_rows(doc)
+    header = [long for long, _ in RANK_TABLE_COLUMNS]
     out += _table(header, rows, "r" * len(header)) + [""]
     devices = [(r["rank"], d) for r in doc["ranks"] for d in r["devices"]]
     if devices:

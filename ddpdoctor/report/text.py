@@ -15,7 +15,7 @@ from rich.text import Text
 from ddpdoctor.diagnosis.findings import Diagnosis, format_ranks
 from ddpdoctor.report import console as report_console
 from ddpdoctor.report import fmt
-from ddpdoctor.report.document import build, grouped_not_evaluated
+from ddpdoctor.report.document import RANK_TABLE_COLUMNS, build, grouped_not_evaluated, rank_table_rows
 
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 WIDTH_NOT_A_TERMINAL = 100
@@ -84,36 +84,8 @@ def _rank_table(doc: dict[str, Any]) -> Table:
         title_justify="left",
         padding=(0, 0),
     )
-    rows = [
-        [str(r["rank"]), fmt.ms(r["step_ms"]["median"]), fmt.ms(r["step_ms"]["p90"])]
-        + [
-            fmt.ms(r[k])
-            for k in (
-                "dataloader_ms",
-                "forward_ms",
-                "backward_ms",
-                "optimizer_ms",
-                "comm_ms",
-                "exposed_comm_ms",
-            )
-        ]
-        + [fmt.ratio_pct(r["overlap_ratio"]), fmt.ms(r["other_ms"]), fmt.ratio_pct(r["gil_contention"])]
-        for r in doc["ranks"]
-    ]
-    columns = (
-        "rank",
-        "p50",
-        "p90",
-        "data",
-        "fwd",
-        "bwd",
-        "opt",
-        "comm",
-        "exposed",
-        "overlap",
-        "other",
-        "GIL",
-    )
+    rows = rank_table_rows(doc)
+    columns = [short for _, short in RANK_TABLE_COLUMNS]
     for i, col in enumerate(columns):
         # numbers never get squeezed into "3…": the column is at least as wide as its widest value
         table.add_column(col, justify="right", min_width=max([len(row[i]) for row in rows] + [len(col)]))
