@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import os
 import signal
 import subprocess
@@ -46,3 +47,34 @@ def write_script(path: Path, source: str) -> Path:
 def read_json(path: Path):
     return json.loads(Path(path).read_text())
 
+
+
+CHROMIUM = next(
+    (shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None
+)
+
+
+def chromium(profile_dir: Path, *args: str) -> str:
+    """Run headless Chromium (Debian's, as .ci/run installs it) with the flags this offline machine needs; return
+    its stdout (e.g. the DOM with --dump-dom)."""
+    result = subprocess.run(
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--user-data-dir={profile_dir}",
+            "--virtual-time-budget=10000",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout

@@ -22,7 +22,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from helpers import read_json, run_cli, write_script
+from helpers import CHROMIUM, chromium, read_json, run_cli, write_script
 
 pytestmark = [pytest.mark.integration]
 
@@ -62,9 +62,6 @@ dist.destroy_process_group()
 # A run directory name a browser must show as text, never as markup.
 RUN_NAME = "run <img src=x onerror=alert(1)>"
 FAST = ["--wait", "1", "--warmup", "1", "--active", "3"]
-CHROMIUM = next(
-    (shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None
-)
 needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium is not installed")
 
 
@@ -254,27 +251,7 @@ def test_report_route_gives_the_diagnosis_and_chart_tables(view):
 
 
 def _chromium(tmp_path, *args):
-    result = subprocess.run(
-        [
-            CHROMIUM,
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            f"--user-data-dir={tmp_path / 'chromium-profile'}",
-            "--virtual-time-budget=10000",
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    return result.stdout
+    return chromium(tmp_path / "chromium-profile", *args)
 
 
 def _assert_dashboard(dom: str, report: dict) -> None:
