@@ -98,6 +98,15 @@ def build(out: Path, *, mode: str, command: list[str], config: dict[str, Any]) -
     entries = [
         _rank_entry(r, ranks.get(r), by_node.get((ranks.get(r) or {}).get("node_rank", 0))) for r in sorted(expected)
     ]
+    # A rank killed between renaming a trace into place and updating its rank file still left that trace.
+    on_disk: dict[int, list[str]] = {}
+    for path in sorted(out.iterdir()):
+        match = rundir.TRACE_FILE_RE.match(path.name)
+        if match:
+            on_disk.setdefault(int(match["rank"]), []).append(path.name)
+    for entry in entries:
+        listed = entry["trace_files"]
+        entry["trace_files"] = listed + [f for f in on_disk.get(entry["rank"], []) if f not in listed]
     exit_codes = [n["exit_code"] for n in nodes]
     exit_code = next((c for c in exit_codes if c != 0), exit_codes[0] if exit_codes else None)
     steps_seen = any((d.get("steps") or {}).get("source") not in (None, "none") for d in ranks.values())

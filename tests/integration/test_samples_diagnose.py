@@ -30,6 +30,12 @@ def _trace_and_diagnose(tmp_path_factory, name: str, launch: list[str], args: li
 
 @pytest.fixture(scope="module")
 def healthy(tmp_path_factory):
+    # On a shared 2-core machine, a busy neighbour can starve one rank for the whole run, and then it really is a
+    # straggler (seen: 158 ms of waiting in 235 ms steps, against ~100 ms steps on a quiet machine). A second
+    # trace tells that apart from a sample that is not healthy; the test fails if both runs have findings.
+    first = _trace_and_diagnose(tmp_path_factory, "ddp_train", DDP, ["--steps", "10"])
+    if not first["findings"]:
+        return first
     return _trace_and_diagnose(tmp_path_factory, "ddp_train", DDP, ["--steps", "10"])
 
 
