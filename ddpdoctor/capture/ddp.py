@@ -7,11 +7,17 @@ timings only on some iterations; we ask it to time every iteration so the number
 
 from __future__ import annotations
 
+import time
 import weakref
 from typing import Any
 
 _instances: weakref.WeakSet = weakref.WeakSet()
 _original_init: Any = None
+
+
+_original_destroy: Any = None
+# Long enough for gloo's worker threads to finish freeing their last work items (they need the GIL to do it).
+_TEARDOWN_GRACE_S = 0.05
 
 
 def install() -> None:
@@ -23,6 +29,7 @@ def install() -> None:
     if _original_init is not None:
         return
     _original_init = DDP.__init__
+    _install_destroy_grace()
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         _original_init(self, *args, **kwargs)
@@ -36,14 +43,46 @@ def install() -> None:
     DDP.__init__ = __init__
 
 
+def _install_destroy_grace() -> None:
+    """Release the GIL briefly around ``destroy_process_group()``.
+
+    Seen under ddpdoctor and, more rarely, bare: right after the last collective a gloo worker thread frees the
+    finished work item, whose thread-local state holds a Python object, so it waits for the GIL; meanwhile the
+    main thread returns from the training function and frees the DDP model, whose Reducer destroys the process
+    group and joins that worker with the GIL held. Both wait forever. A short sleep (GIL released) before and
+    after the teardown lets the worker finish first.
+    """
+    global _original_destroy
+    import torch.distributed as dist
+
+    if _original_destroy is not None or not hasattr(dist, "destroy_process_group"):
+        return
+    _original_destroy = dist.destroy_process_group
+
+    def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(_TEARDOWN_GRACE_S)
+        try:
+            return _original_destroy(*args, **kwargs)
+        finally:
+            time.sleep(_TEARDOWN_GRACE_S)
+
+    destroy_process_group.__wrapped__ = _original_destroy  # type: ignore[attr-defined]
+    dist.destroy_process_group = destroy_process_group
+
+
 def uninstall() -> None:
-    global _original_init
+    global _original_init, _original_destroy
     if _original_init is None:
         return
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     DDP.__init__ = _original_init
     _original_init = None
+    if _original_destroy is not None:
+        import torch.distributed as dist
+
+        dist.destroy_process_group = _original_destroy
+        _original_destroy = None
 
 
 _snapshots: dict[int, dict[str, Any]] = {}

@@ -11,6 +11,7 @@ start); that start-up trace is dropped at the first step, or kept and closed aft
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import signal
@@ -276,7 +277,9 @@ class Session:
                 prof.export_chrome_trace(tmp)
                 rundir.atomic_gzip_file(tmp, self.out / name)
             finally:
-                os.unlink(tmp)
+                for leftover in (tmp, tmp + ".tmp"):  # Kineto writes <tmp>.tmp and renames it
+                    with contextlib.suppress(OSError):
+                        os.unlink(leftover)
             self.trace_files.append(name)
             self.write_rank_file()
             if self.info["local_rank"] == 0 and not self.config.quiet:

@@ -115,13 +115,21 @@ def load_and_analyze(path: str, steps: tuple[int, int | None] | None) -> Any:
         ) from None
     run_data = load(path, progress=_progress if sys.stderr.isatty() else None)
     if steps is None:
-        return analyze(run_data)
+        return _with_input_notes(analyze(run_data), run_data)
     if "steps" not in inspect.signature(analyze).parameters:
         raise UsageError("--steps is not supported by this build's metrics")
     metrics = analyze(run_data, steps=steps)
     if not metrics.run.get("steps_analyzed"):
         last = "" if steps[1] is None else str(steps[1])
         raise UsageError(f"--steps {steps[0]}..{last}: none of the run's profiled steps is in that range")
+    return _with_input_notes(metrics, run_data)
+
+
+def _with_input_notes(metrics: Any, run_data: Any) -> Any:
+    """The files the loader skipped and its notes on the rest go into the report (run.skipped, run.notes)."""
+    if isinstance(getattr(metrics, "run", None), dict):
+        metrics.run.setdefault("skipped", list(getattr(run_data, "skipped", [])))
+        metrics.run.setdefault("notes", list(getattr(run_data, "notes", [])))
     return metrics
 
 

@@ -268,8 +268,19 @@ def main(argv: list[str]) -> int:
 
         code = runner.run(target, config)
         mode = "single"
-    launcher.finish_run(out, mode=mode, command=command, config=config, tr=tr, exit_code=code, started=started)
-    say.summary(out)
+    try:
+        launcher.finish_run(
+            out, mode=mode, command=command, config=config, tr=tr, exit_code=code, started=started
+        )
+    except OSError as exc:  # a full or read-only disk: say so, and still end with the script's own exit status
+        print(
+            f"ddpdoctor: error: cannot write the run directory {out}: {exc.strerror or exc} "
+            f"(the script exited with code {code})",
+            file=sys.stderr,
+            flush=True,
+        )
+    else:
+        say.summary(out)
     if code < 0:
         from ddpdoctor.capture.runner import die_by_signal
 

@@ -23,11 +23,17 @@ import pandas as pd
 
 from ddpdoctor.errors import TraceError
 from ddpdoctor.load.categories import canonical
-from ddpdoctor.load.schema import Args, Event, Header, LooseEvent, loosen
+from ddpdoctor.load.discover import shown
+from ddpdoctor.load.schema import Args, Event, Header, LooseEvent, clean_distributed_info, loosen
 
 CHUNK_BYTES = 1 << 20
+GZIP_MIN_BYTES = 18  # 10-byte header + 8-byte trailer
+DEFLATE_MAX_RATIO = 1032  # deflate expands a stream at most ~1032-fold
 _EVENT_GAP = re.compile(rb"\}\s*,\s*\{")
-_STREAM_TID = re.compile(r"^\s*stream\s+(\d+)\s*$", re.IGNORECASE)
+_ARRAY_START = re.compile(rb"\s*\[")
+_STREAM_TID = re.compile(r"^\s*stream\s+([0-9]{1,18})\s*$", re.IGNORECASE)
+_NUMERIC_ID = re.compile(r"^\s*(-?[0-9]{1,18})\s*$")
+_I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
 COMM_NAME = re.compile(r"^(nccl:|gloo:|ucc:|mpi:|record_param_comms$|c10d::)")
 _NO_ARGS = Args()
 
@@ -95,16 +101,18 @@ def read_bytes(path: Path) -> bytes | bytearray:
         with open(path, "rb") as f:
             head = f.read(2)
             if not head:
-                raise TraceError(f"{path}: empty file")
+                raise TraceError(f"{shown(path)}: empty file")
             if head != b"\x1f\x8b":
                 return _read_plain(f)
             return _gunzip(f)
     except TraceError:
         raise
     except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
-        raise TraceError(f"{path}: truncated or corrupt gzip file ({exc})") from None
+        raise TraceError(f"{shown(path)}: truncated or corrupt gzip file ({exc})") from None
     except OSError as exc:
-        raise TraceError(f"{path}: cannot read ({exc.strerror or exc})") from None
+        raise TraceError(f"{shown(path)}: cannot read ({exc.strerror or exc})") from None
+    except MemoryError:
+        raise TraceError(f"{shown(path)}: too large to read into memory") from None
 
 
 def _read_plain(f: Any) -> bytearray:
@@ -116,9 +124,13 @@ def _read_plain(f: Any) -> bytearray:
 
 def _gunzip(f: Any) -> bytes | bytearray:
     # The gzip trailer holds the uncompressed size (mod 4 GiB): decompress straight into a buffer of that size
-    # instead of growing one (which briefly needs twice the memory).
+    # instead of growing one (which briefly needs twice the memory). A corrupt trailer must not make us
+    # allocate 4 GiB: the buffer is never larger than what deflate can expand the file to.
+    compressed = os.fstat(f.fileno()).st_size
+    if compressed < GZIP_MIN_BYTES:
+        raise EOFError(f"only {compressed} bytes, shorter than a gzip header and trailer")
     f.seek(-4, 2)
-    size = struct.unpack("<I", f.read(4))[0]
+    size = min(struct.unpack("<I", f.read(4))[0], compressed * DEFLATE_MAX_RATIO)
     f.seek(0)
     with gzip.GzipFile(fileobj=f) as gz:
         buf = _fill(gz, size)
@@ -157,10 +169,28 @@ def decode_file(path: Path, tables: RankTables) -> FileColumns:
     data = read_bytes(path)
     out = FileColumns(path=str(path))
     events_raw = _header(path, data, out)
+    try:
+        out = _decode_events(path, data, events_raw, out, tables)
+    except msgspec.ValidationError as exc:
+        raise TraceError(f"{shown(path)}: an event in traceEvents cannot be read ({exc})") from None
+    except msgspec.DecodeError as exc:
+        raise TraceError(f"{shown(path)}: not valid JSON ({exc})") from None
+    if out.n_events == 0:
+        raise TraceError(f"{shown(path)}: the trace has no events")
+    if out.n_x == 0 and not out.mem:
+        raise TraceError(f'{shown(path)}: the trace has no timed events ("ph": "X") to analyse')
+    return out
+
+
+def _decode_events(
+    path: Path, data: bytes | bytearray, events_raw: msgspec.Raw, out: FileColumns, tables: RankTables
+) -> FileColumns:
     view = memoryview(events_raw)
     try:
         for chunk in _chunks(view):
             _add_chunk(out, _decode_chunk(chunk), tables)
+    except msgspec.ValidationError:
+        raise
     except msgspec.DecodeError:
         # a cut fell inside a string or a nested object: fall back to one raw slice per event
         out = FileColumns(path=str(path))
@@ -170,8 +200,6 @@ def decode_file(path: Path, tables: RankTables) -> FileColumns:
             _add_chunk(out, _decode_chunk(b"[" + b",".join(raws[i : i + 8192]) + b"]"), tables)
     finally:
         view.release()
-    if out.n_events == 0:
-        raise TraceError(f"{path}: the trace has no events")
     return out
 
 
@@ -180,28 +208,29 @@ def _header(path: Path, data: bytes | bytearray, out: FileColumns) -> msgspec.Ra
         header = _HEADER.decode(data)
     except msgspec.ValidationError:
         # the Chrome "JSON array" format: the document is the list of events itself
-        if data.lstrip()[:1] == b"[":
+        if _ARRAY_START.match(data):
             try:
                 rows = _RAW_LIST.decode(data)
+                first = msgspec.json.decode(rows[0]) if rows else None
             except msgspec.DecodeError as exc:
-                raise TraceError(f"{path}: not valid JSON ({exc})") from None
-            first = msgspec.json.decode(rows[0]) if rows else None
+                raise TraceError(f"{shown(path)}: not valid JSON ({exc})") from None
             if isinstance(first, dict) and first.get("ph") is not None:
                 return msgspec.Raw(bytes(data))
-        raise TraceError(f"{path}: JSON, but not a Chrome/Kineto trace (no traceEvents)") from None
+        raise TraceError(f"{shown(path)}: JSON, but not a Chrome/Kineto trace (no traceEvents)") from None
     except msgspec.DecodeError as exc:
-        raise TraceError(f"{path}: not valid JSON ({exc})") from None
+        raise TraceError(f"{shown(path)}: not valid JSON ({exc})") from None
     if len(header.traceEvents) == 0:
-        raise TraceError(f"{path}: JSON, but not a Chrome/Kineto trace (no traceEvents)")
+        raise TraceError(f"{shown(path)}: JSON, but not a Chrome/Kineto trace (no traceEvents)")
     if isinstance(header.distributedInfo, dict):
-        out.distributed_info = header.distributedInfo
+        out.distributed_info = clean_distributed_info(header.distributedInfo)
     if isinstance(header.deviceProperties, list):
         out.device_properties = [d for d in header.deviceProperties if isinstance(d, dict)]
-    if isinstance(header.baseTimeNanoseconds, int):
-        out.base_time_ns = header.baseTimeNanoseconds
+    base = header.baseTimeNanoseconds
+    if isinstance(base, int) and not isinstance(base, bool) and 0 <= base < 2**63:
+        out.base_time_ns = base
     raw = header.traceEvents
     if bytes(memoryview(raw)[:1]) != b"[":
-        raise TraceError(f"{path}: traceEvents is not a list")
+        raise TraceError(f"{shown(path)}: traceEvents is not a list")
     return raw
 
 
@@ -228,17 +257,33 @@ def _decode_chunk(chunk: bytes) -> list[Event]:
         return [loosen(e) for e in _LOOSE_EVENTS.decode(chunk)]
 
 
+def _int64(values: list[int], default: int = -1) -> np.ndarray:
+    """``values`` as int64; numbers a trace cannot mean (beyond int64) become ``default``."""
+    try:
+        return np.array(values, dtype=np.int64)
+    except OverflowError:
+        return np.array([v if _I64_MIN <= v <= _I64_MAX else default for v in values], dtype=np.int64)
+
+
+def _in_int64(value: int) -> int:
+    return value if _I64_MIN <= value <= _I64_MAX else -1
+
+
 def _ids(values: list[int | str], strings: dict[str, int]) -> np.ndarray:
     if all(v.__class__ is int for v in values):
-        return np.array(values, dtype=np.int64)
-    return np.array([v if v.__class__ is int else _id_of(v, strings) for v in values], dtype=np.int64)
+        try:
+            return np.array(values, dtype=np.int64)
+        except OverflowError:
+            pass
+    return np.array(
+        [v if v.__class__ is int and _I64_MIN <= v <= _I64_MAX else _id_of(v, strings) for v in values],
+        dtype=np.int64,
+    )
 
 
 def _id_of(value: Any, strings: dict[str, int]) -> int:
     text = str(value)
-    if text.strip().lstrip("-").isdigit():
-        return int(text)
-    m = _STREAM_TID.match(text)
+    m = _NUMERIC_ID.match(text) or _STREAM_TID.match(text)
     if m:
         return int(m.group(1))
     return strings.setdefault(text, -1 - len(strings))
@@ -276,12 +321,12 @@ def _add_chunk(out: FileColumns, events: list[Event], tables: RankTables) -> Non
         _append(x, "dur", np.array([e.dur for e in xs], dtype=np.float64))
         _append(x, "pid", _ids([e.pid for e in xs], strings))
         _append(x, "tid", _ids([e.tid for e in xs], strings))
-        ext = np.array([a.external_id for a in args], dtype=np.int64)
-        ext_v1 = np.array([a.external_id_v1 for a in args], dtype=np.int64)
+        ext = _int64([a.external_id for a in args])
+        ext_v1 = _int64([a.external_id_v1 for a in args])
         _append(x, "external_id", np.where(ext >= 0, ext, ext_v1))
-        _append(x, "correlation", np.array([a.correlation for a in args], dtype=np.int64))
-        _append(x, "device", np.array([a.device for a in args], dtype=np.int64))
-        _append(x, "stream", np.array([a.stream for a in args], dtype=np.int64))
+        _append(x, "correlation", _int64([a.correlation for a in args]))
+        _append(x, "device", _int64([a.device for a in args]))
+        _append(x, "stream", _int64([a.stream for a in args]))
         _add_comm_rows(out, args, name_codes, names)
         out.n_x += len(xs)
     if memory:
@@ -290,11 +335,11 @@ def _add_chunk(out: FileColumns, events: list[Event], tables: RankTables) -> Non
         _append(m, "ts", np.array([e.ts for e in memory], dtype=np.float64))
         _append(m, "pid", _ids([e.pid for e in memory], strings))
         _append(m, "tid", _ids([e.tid for e in memory], strings))
-        _append(m, "bytes", np.array([a.bytes for a in args], dtype=np.int64))
+        _append(m, "bytes", _int64([a.bytes for a in args], 0))
         _append(m, "total_allocated", np.array([a.total_allocated for a in args], dtype=np.float64))
         _append(m, "total_reserved", np.array([a.total_reserved for a in args], dtype=np.float64))
-        _append(m, "device_type", np.array([a.device_type for a in args], dtype=np.int64))
-        _append(m, "device_id", np.array([a.device_id for a in args], dtype=np.int64))
+        _append(m, "device_type", _int64([a.device_type for a in args]))
+        _append(m, "device_id", _int64([a.device_id for a in args]))
 
 
 def _add_meta(out: FileColumns, e: Event, strings: dict[str, int]) -> None:
@@ -315,13 +360,13 @@ def _add_comm_rows(out: FileColumns, args: list[Args], codes: np.ndarray, names:
         out.comm_rows.append(
             {
                 "row": out.n_x + int(i),
-                "in_nelems": a.in_nelems,
-                "out_nelems": a.out_nelems,
-                "group_size": a.group_size,
+                "in_nelems": _in_int64(a.in_nelems),
+                "out_nelems": _in_int64(a.out_nelems),
+                "group_size": _in_int64(a.group_size),
                 "dtype": a.dtype,
                 "collective_name": a.collective_name,
                 "pg_name": a.pg_name,
-                "seq": a.seq,
+                "seq": _in_int64(a.seq),
                 "input_dims": _raw_value(a.input_dims),
                 "input_type": _raw_value(a.input_type),
             }

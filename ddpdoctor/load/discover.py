@@ -15,8 +15,16 @@ from ddpdoctor.rundir import MANIFEST
 
 _PT_TRACE = re.compile(r"\.pt\.trace\.json(\.gz)?$", re.IGNORECASE)
 _JSON = re.compile(r"\.json(\.gz)?$", re.IGNORECASE)
-_RANK_IN_NAME = re.compile(r"(?:^|[^a-z0-9])rank[-_]?(\d+)", re.IGNORECASE)
+_RANK_IN_NAME = re.compile(r"(?:^|[^a-z0-9])rank[-_]?(\d{1,9})(?!\d)", re.IGNORECASE)
 _SPAN_SUFFIX = re.compile(r"\.\d+$")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def shown(path: object) -> str:
+    """A path (or any text) for a one-line message: control characters (terminal escapes, newlines) in file
+    names are shown as ``\\xNN``, never sent to the terminal; bytes that are not UTF-8 as ``\\udcNN``."""
+    text = str(path).encode("utf-8", "backslashreplace").decode("utf-8")
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 def trace_files(path: Path) -> list[Path]:
@@ -24,14 +32,16 @@ def trace_files(path: Path) -> list[Path]:
     if path.is_file():
         return [path]
     if not path.is_dir():
-        raise TraceError(f"{path}: no such file or directory")
+        raise TraceError(f"{shown(path)}: no such file or directory")
     entries = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
     pt = [p for p in entries if _PT_TRACE.search(p.name)]
     files = pt or [p for p in entries if _JSON.search(p.name) and p.name != MANIFEST]
     if not files:
         below = sorted({p.parent.name for p in path.glob("*/*") if p.is_file() and _JSON.search(p.name)})
-        hint = f"; folders below it with traces: {', '.join(below)}" if below else ""
-        raise TraceError(f"{path}: no trace files (*.pt.trace.json[.gz], *.json[.gz]) in this folder{hint}")
+        hint = f"; folders below it with traces: {shown(', '.join(below))}" if below else ""
+        raise TraceError(
+            f"{shown(path)}: no trace files (*.pt.trace.json[.gz], *.json[.gz]) in this folder{hint}"
+        )
     return files
 
 

@@ -17,10 +17,18 @@ from typing import Any
 import pandas as pd
 
 from ddpdoctor.errors import TraceError
-from ddpdoctor.load.decode import RankTables, decode_file
-from ddpdoctor.load.discover import group_by_worker, rank_from_name, trace_files
+from ddpdoctor.load.consistency import (
+    check_one_run,
+    drop_copies,
+    duplicate_rank_reason,
+    recorded_together,
+    run_notes,
+)
+from ddpdoctor.load.decode import FileColumns, RankTables, decode_file
+from ddpdoctor.load.discover import group_by_worker, rank_from_name, shown, trace_files
 from ddpdoctor.load.frames import build_rank_trace
 from ddpdoctor.load.model import RankTrace, Run
+from ddpdoctor.load.schema import valid_rank, valid_world_size
 from ddpdoctor.rundir import MANIFEST, RANKS_DIR, is_run_dir
 
 Progress = Callable[[int, int, str], None]
@@ -42,7 +50,7 @@ def load(
     """
     root = Path(path)
     if not root.exists():
-        raise TraceError(f"{root}: no such file or directory")
+        raise TraceError(f"{shown(root)}: no such file or directory")
     run_dir = root.is_dir() and is_run_dir(root)
     manifest = _read_json_quietly(root / MANIFEST) if run_dir else None
     capture = _read_captures(root) if run_dir else {}
@@ -55,42 +63,51 @@ def load(
     groups = group_by_worker(trace_files(root))
     results = _decode_groups(groups, workers, progress)
     skipped = [s for _, _, errs in results for s in errs]
-    loaded = [(key, rt) for key, rt, _ in results if rt is not None]
+    loaded = [(key, rt) for key, traces, _ in results for rt in traces]
     if not loaded:
         raise TraceError(
             skipped[0]
             if len(skipped) == 1
-            else f"{root}: none of its {len(skipped)} trace files could be read; first: {skipped[0]}"
+            else f"{shown(root)}: none of its {len(skipped)} trace files could be read; first: {skipped[0]}"
         )
-    ranks, source = _assign_ranks(loaded, groups)
+    check_one_run(root, [rt for _, rt in loaded])
+    ranks, source = _assign_ranks(loaded, groups, skipped)
     return _make_run(root, ranks, source, capture, manifest, skipped)
 
 
 def load_rank_files(paths: list[Path], rank: int) -> RankTrace:
     """Decode the trace files of one rank in this process (used by a rank to summarise itself)."""
-    _, rank_trace, errors = _decode_group(f"rank{rank}", paths)
-    if rank_trace is None:
+    _, traces, errors = _decode_group(f"rank{rank}", paths)
+    if not traces:
         raise TraceError(errors[0] if errors else f"rank {rank}: no trace files")
-    rank_trace.rank = rank
-    return rank_trace
+    traces[0].rank = rank
+    return traces[0]
 
 
-def _decode_group(key: str, paths: list[Path]) -> tuple[str, RankTrace | None, list[str]]:
+def _decode_group(key: str, paths: list[Path]) -> tuple[str, list[RankTrace], list[str]]:
+    """The files of one worker name, decoded: one RankTrace (more when its files state different ranks, as
+    with one ``worker_name`` for every rank), and why files were skipped."""
     tables = RankTables()
-    decoded, errors = [], []
+    by_rank: dict[int | None, list[FileColumns]] = {}
+    errors = []
     for p in paths:
         try:
-            decoded.append(decode_file(p, tables))
+            f = decode_file(p, tables)
         except TraceError as exc:
             errors.append(str(exc))
-    if not decoded:
-        return key, None, errors
-    return key, build_rank_trace(-1, decoded, tables), errors
+            continue
+        by_rank.setdefault(valid_rank((f.distributed_info or {}).get("rank")), []).append(f)
+    traces = []
+    for files in by_rank.values():
+        kept, copies = drop_copies(files)
+        errors += copies
+        traces.append(build_rank_trace(-1, kept, tables))
+    return key, traces, errors
 
 
 def _decode_groups(
     groups: dict[str, list[Path]], workers: int | None, progress: Progress | None
-) -> list[tuple[str, RankTrace | None, list[str]]]:
+) -> list[tuple[str, list[RankTrace], list[str]]]:
     total = len(groups)
     n = min(workers or os.cpu_count() or 1, total)
     results = []
@@ -110,23 +127,35 @@ def _decode_groups(
 
 
 def _assign_ranks(
-    loaded: list[tuple[str, RankTrace]], groups: dict[str, list[Path]]
+    loaded: list[tuple[str, RankTrace]], groups: dict[str, list[Path]], skipped: list[str]
 ) -> tuple[list[RankTrace], str]:
-    """Rank of each worker: distributedInfo.rank, else the rank in its file name, else its order."""
-    info = [rt.distributed_info.get("rank") if rt.distributed_info else None for _, rt in loaded]
+    """Rank of each worker: distributedInfo.rank, else the rank in its file name, else its order. A second
+    worker with the same rank recorded at the same time is skipped (and listed in ``skipped``); at another
+    time it is a later span of that rank."""
+    info = [valid_rank((rt.distributed_info or {}).get("rank")) for _, rt in loaded]
     named = [rank_from_name(groups[key][0]) for key, _ in loaded]
-    if all(isinstance(r, int) for r in info):
+    if all(r is not None for r in info):
         ranks, source = info, "distributedInfo"
-    elif all(isinstance(r, int) or n is not None for r, n in zip(info, named, strict=False)):
-        ranks = [r if isinstance(r, int) else n for r, n in zip(info, named, strict=False)]
+    elif all(r is not None or n is not None for r, n in zip(info, named, strict=True)):
+        ranks = [r if r is not None else n for r, n in zip(info, named, strict=True)]
         source = "filename"
     else:
         ranks, source = list(range(len(loaded))), "order"
     by_rank: dict[int, RankTrace] = {}
-    for rank, (_, rt) in zip(ranks, loaded, strict=False):
+    for rank, (_, rt) in zip(ranks, loaded, strict=True):
         assert rank is not None
         rt.rank = int(rank)
-        by_rank[rt.rank] = _merge(by_rank[rt.rank], rt) if rt.rank in by_rank else rt
+        if rt.rank not in by_rank:
+            by_rank[rt.rank] = rt
+            continue
+        kept = by_rank[rt.rank]
+        if not recorded_together(kept, rt):
+            by_rank[rt.rank] = _merge(kept, rt)
+            continue
+        # the same rank twice at the same time: keep the worker whose file name says so (not a stray copy)
+        if rank_from_name(Path(rt.files[0])) == rt.rank != rank_from_name(Path(kept.files[0])):
+            by_rank[rt.rank], rt = rt, kept
+        skipped.append(duplicate_rank_reason(rt.rank, by_rank[rt.rank], rt))
     return [by_rank[r] for r in sorted(by_rank)], source
 
 
@@ -159,9 +188,9 @@ def _make_run(
 ) -> Run:
     world_sizes = [rt.distributed_info.get("world_size") for rt in ranks if rt.distributed_info]
     world_sizes += [c.get("world_size") for c in capture.values()]
-    if manifest:
+    if isinstance(manifest, dict):
         world_sizes.append(manifest.get("world_size"))
-    world_size = max([w for w in world_sizes if isinstance(w, int)] or [len(ranks)])
+    world_size = max([w for w in map(valid_world_size, world_sizes) if w is not None] or [len(ranks)])
     return Run(
         path=root,
         ranks=ranks,
@@ -170,8 +199,9 @@ def _make_run(
         backend=_backend(ranks, capture),
         rank_source=source,
         capture=capture,
-        manifest=manifest,
+        manifest=manifest if isinstance(manifest, dict) else None,
         skipped=skipped,
+        notes=run_notes(ranks, world_size, source) if all(rt.has_trace for rt in ranks) else [],
     )
 
 
@@ -227,7 +257,9 @@ def _read_captures(root: Path) -> dict[int, dict[str, Any]]:
         if p.name.endswith(".summary.json"):
             continue
         data = _read_json_quietly(p)
-        if isinstance(data, dict) and isinstance(data.get("rank"), int):
+        if isinstance(data, dict) and valid_rank(data.get("rank")) is not None:
+            if "world_size" in data and valid_world_size(data["world_size"]) is None:
+                data["world_size"] = None
             out[data["rank"]] = data
     return out
 
@@ -238,7 +270,7 @@ def _summaries(root: Path, capture: dict[int, dict[str, Any]]) -> list[RankTrace
     found: dict[int, dict[str, Any]] = {}
     for p in sorted(folder.glob("rank*.summary.json")):
         data = _read_json_quietly(p)
-        if isinstance(data, dict) and isinstance(data.get("rank"), int):
+        if isinstance(data, dict) and valid_rank(data.get("rank")) is not None:
             found[data["rank"]] = data
     if not found or (capture and set(capture) - set(found)):
         return None

@@ -70,6 +70,9 @@ class Run:
     capture: dict[int, dict[str, Any]] = field(default_factory=dict)
     manifest: dict[str, Any] | None = None
     skipped: list[str] = field(default_factory=list)
+    # what a report should say about the ranks loaded: ranks missing from the world size, ranks numbered by
+    # file order, ranks without ProfilerStep ranges (one line each)
+    notes: list[str] = field(default_factory=list)
 
     def rank(self, rank: int) -> RankTrace:
         for r in self.ranks:

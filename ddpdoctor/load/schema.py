@@ -7,6 +7,7 @@ expected, say) are decoded again with ``LooseEvent`` and coerced field by field.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import msgspec
@@ -94,22 +95,60 @@ _OPT_INT_FIELDS = {"total_allocated", "total_reserved"}
 _RAW_FIELDS = {"input_dims", "input_type"}
 
 
+_I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
+_MAX_RANK = 2**20  # larger ranks and world sizes are not real (and must not size anything)
+
+
+def valid_rank(value: Any) -> int | None:
+    """A rank as a trace may state it: a non-negative int (not a bool), else None."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < _MAX_RANK:
+        return value
+    return None
+
+
+def valid_world_size(value: Any) -> int | None:
+    """A world size as a trace or capture file may state it: a positive int (not a bool), else None."""
+    size = valid_rank(value)
+    return size if size else None
+
+
+def clean_distributed_info(info: dict[str, Any]) -> dict[str, Any]:
+    """``distributedInfo`` without a rank, world size or backend of the wrong type (everything else as is)."""
+    out = dict(info)
+    if "rank" in out and valid_rank(out["rank"]) is None:
+        del out["rank"]
+    if "world_size" in out and valid_world_size(out["world_size"]) is None:
+        del out["world_size"]
+    if "backend" in out and not isinstance(out["backend"], str):
+        del out["backend"]
+    return out
+
+
+
 def _to_int(value: Any, default: int | None) -> int | None:
+    """An int64 from a number or numeric string; ``default`` for anything else (bools, beyond int64...)."""
+    if isinstance(value, bool):
+        return default
     try:
-        return int(value)
+        number = int(value)
     except (TypeError, ValueError, OverflowError):
         return default
+    return number if _I64_MIN <= number <= _I64_MAX else default
 
 
 def _to_float(value: Any) -> float:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
+    """A finite float; 0.0 (what a missing field gives) for anything else."""
+    if isinstance(value, bool):
         return 0.0
+    try:
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):
+        return 0.0
+    return number if math.isfinite(number) else 0.0
 
 
 def _to_id(value: Any) -> int | str:
-    if isinstance(value, (int, str)) and not isinstance(value, bool):
+    if isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool)):
         return value
     return _to_int(value, 0) or 0
 
