@@ -8,6 +8,7 @@ itself (that would change the script's data order).
 from __future__ import annotations
 
 import hashlib
+import os
 import weakref
 from typing import Any
 
@@ -59,7 +60,11 @@ class SetupObserver:
 
         def wrap_next(original: Any) -> Any:
             def __next__(it: Any) -> Any:
-                batch = original(it)
+                try:
+                    batch = original(it)
+                except StopIteration:
+                    obs._exhausted(it)
+                    raise
                 obs._saw_batch(it, batch)
                 return batch
 
@@ -102,6 +107,10 @@ class SetupObserver:
         self._patch(DDP, "forward", wrap_forward)
         self._patch(DDP, "__init__", wrap_ddp_init)
         self._patch(torch.cuda, "set_device", wrap_set_device)
+        accelerator = getattr(torch, "accelerator", None)  # torch >= 2.6: the device-generic spelling
+        for name in ("set_device_index", "set_device_idx"):
+            if accelerator is not None and name in accelerator.__dict__:
+                self._patch(accelerator, name, wrap_set_device)
 
     def uninstall(self) -> None:
         for owner, name, original in reversed(self._patches):
@@ -110,7 +119,7 @@ class SetupObserver:
 
     # ---- observations ----------------------------------------------------------------------------------------
     def _new_epoch(self, it: Any, loader: Any) -> None:
-        from torch.utils.data import DistributedSampler, IterableDataset
+        from torch.utils.data import DistributedSampler, IterableDataset, Subset
 
         sampler = getattr(loader, "sampler", None)
         dataset = loader.dataset
@@ -119,6 +128,13 @@ class SetupObserver:
             dataset_len = len(dataset)
         except TypeError:
             dataset_len = None
+        root = dataset
+        while isinstance(root, Subset):  # a per-rank Subset is a shard of the dataset below it
+            root = root.dataset
+        try:
+            root_len = len(root) if root is not dataset else dataset_len
+        except TypeError:
+            root_len = None
         try:
             batches = len(loader)
         except TypeError:
@@ -127,6 +143,7 @@ class SetupObserver:
             "loader": id(loader),
             "dataset": type(dataset).__name__,
             "dataset_len": dataset_len,
+            "root_dataset_len": root_len,
             "iterable": iterable,
             "sampler": type(sampler).__name__ if sampler is not None and not iterable else None,
             "distributed_sampler": isinstance(sampler, DistributedSampler),
@@ -139,16 +156,18 @@ class SetupObserver:
             "pin_memory": loader.pin_memory,
             "persistent_workers": getattr(loader, "persistent_workers", None),
             "batches_yielded": 0,
+            "exhausted": False,  # ran to its end (StopIteration): batches_yielded is the epoch's length
             "first_indices_digest": None,
             "first_batch_digest": None,
+            "first_labels_digest": None,
         }
         self.loaders.append(entry)
         self._iters[it] = {"entry": entry, "hash": hashlib.sha1(), "indices_seen": 0}
 
     def _saw_index(self, it: Any, index: Any) -> None:
         state = self._iters.get(it)
-        if state is None or state["indices_seen"] >= _FIRST_BATCHES:
-            return
+        if state is None or state["indices_seen"] >= _FIRST_BATCHES or state["entry"]["iterable"]:
+            return  # an iterable dataset's "indices" are placeholders (None): nothing to compare
         state["indices_seen"] += 1
         state["hash"].update(repr(index).encode())
         state["entry"]["first_indices_digest"] = state["hash"].hexdigest()[:16]
@@ -159,9 +178,18 @@ class SetupObserver:
             return
         entry = state["entry"]
         entry["batches_yielded"] += 1
-        if entry["batches_yielded"] == 1 and entry["iterable"]:
-            # An iterable dataset has no indices: compare what ranks actually got in their first batch.
-            entry["first_batch_digest"] = _digest(batch)
+        if entry["batches_yielded"] == 1:
+            # Integer tensors (labels, token ids) survive random augmentation: equal across ranks = same
+            # samples; different = different data behind the same indices (a dataset sharding by rank itself).
+            entry["first_labels_digest"] = _digest(batch, integers_only=True)
+            if entry["iterable"]:
+                # An iterable dataset has no indices: compare what ranks actually got in their first batch.
+                entry["first_batch_digest"] = _digest(batch)
+
+    def _exhausted(self, it: Any) -> None:
+        state = self._iters.get(it)
+        if state is not None:
+            state["entry"]["exhausted"] = True
 
     def _saw_ddp(self, module: Any) -> None:
         import torch.nn as nn
@@ -197,6 +225,8 @@ class SetupObserver:
             "data_loader_epochs": len(self.loaders),
             "set_epoch_calls": self.set_epoch_calls[-1000:],
             "set_device_calls": self.set_device_calls[:16],
+            # with a per-rank CUDA_VISIBLE_DEVICES, cuda:0 of two ranks are two different GPUs
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
             "ddp_models": self.ddp_models,
             # histograms {count: number of optimizer steps}: a long run stays small
             "ddp_sync_rounds_per_step": _histogram(self.sync_rounds),
@@ -211,18 +241,22 @@ def _histogram(values: list[int]) -> dict[str, int]:
     return counts
 
 
-def _digest(batch: Any) -> str | None:
+def _digest(batch: Any, integers_only: bool = False) -> str | None:
+    """sha1 (16 hex digits) of the batch's CPU tensors (at most 1 MiB) and other values; ``integers_only``:
+    only its integer tensors, None when it has none."""
     import torch
 
     h = hashlib.sha1()
     budget = [_MAX_DIGEST_BYTES]
+    fed = [0]
 
     def feed(obj: Any) -> None:
         if budget[0] <= 0:
             return
         if isinstance(obj, torch.Tensor):
-            if obj.device.type != "cpu":
+            if obj.device.type != "cpu" or (integers_only and (obj.is_floating_point() or obj.is_complex())):
                 return
+            fed[0] += 1
             data = obj.detach().contiguous().view(-1)[: budget[0] // max(obj.element_size(), 1)]
             raw = data.numpy().tobytes() if data.dtype != torch.bfloat16 else data.float().numpy().tobytes()
             budget[0] -= len(raw)
@@ -233,11 +267,13 @@ def _digest(batch: Any) -> str | None:
         elif isinstance(obj, dict):
             for k in sorted(obj, key=str):
                 feed(obj[k])
-        else:
+        elif not integers_only:
             h.update(repr(obj).encode()[:1024])
 
     try:
         feed(batch)
     except Exception:
+        return None
+    if integers_only and not fed[0]:
         return None
     return h.hexdigest()[:16]

@@ -66,6 +66,24 @@ _HINTS: tuple[tuple[tuple[str, ...], str], ...] = (
         ("cpu_count", "intra_op_threads", "local_world_size"),
         "no host and thread information (only `ddpdoctor trace` runs record it)",
     ),
+    (
+        (
+            "data_duplication_factor",
+            "distributed_sampler",
+            "sampler_shuffle",
+            "dataloader_epochs",
+            "epochs_repeating_order",
+            "set_epoch_calls",
+            "batches_per_epoch",
+            "batch_size",
+            "epoch_dataset_share",
+        ),
+        "no DataLoader was observed (only `ddpdoctor trace` runs record it, for torch DataLoaders)",
+    ),
+    (
+        ("set_device_calls", "gpu_shared_ranks", "current_device_mismatch"),
+        "no rank used CUDA, or its DDP model's GPU is unknown (only `ddpdoctor trace` runs record it)",
+    ),
 )
 
 

@@ -81,7 +81,10 @@ def thread_metrics(capture: dict[str, Any] | None, ranks_on_host: int | None) ->
     return {
         "gil_contention": sum(contention) / len(contention) if contention else None,
         "threads": max(threads) if threads else None,
-        "cpu_count": info.get("cpu_count") if isinstance(info.get("cpu_count"), int) else None,
+        # CPUs the process may run on (taskset, cgroup cpusets), else all the host has
+        "cpu_count": next(
+            (info[k] for k in ("affinity_cpus", "cpu_count") if isinstance(info.get(k), int)), None
+        ),
         "intra_op_threads": info.get("torch_intra_op_threads")
         if isinstance(info.get("torch_intra_op_threads"), int)
         else None,

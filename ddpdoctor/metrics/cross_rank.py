@@ -22,47 +22,56 @@ from ddpdoctor.metrics import intervals as iv
 KEY = ["step", "kind", "index"]
 
 
+COLUMNS = ["step", "kind", "index", "start_us", "end_us", "dur_us", "bytes", "group_size"]
+
+
 def cross_rank(summaries: list[dict[str, Any]]) -> tuple[dict[int, dict[str, float | None]], dict[str, Any]]:
     """Per rank {collective_wait_ms, late_arrival_ms} and run-level {straggler_rank, straggler_wait_ms}."""
-    frames = []
-    for s in summaries:
-        c = pd.DataFrame(s.get("collectives") or {})
-        if len(c):
-            frames.append(c.assign(rank=s["rank"]))
     per_rank: dict[int, dict[str, float | None]] = {}
     run = {"straggler_rank": None, "straggler_wait_ms": None, "straggler_late_share": None}
-    if len(frames) < 2:
+    colls = _all_collectives(summaries)
+    if colls["rank"].nunique() < 2:
         return per_rank, run
-    colls = pd.concat(frames, ignore_index=True)
     colls = colls[colls["step"] >= 0]
     counts = colls.groupby(KEY)["rank"].transform("nunique")
     colls = colls[counts >= 2].copy()
     if len(colls) == 0:
         return per_rank, run
+    # clock offset of each rank: median of (its end - the reference rank's end) over the collectives both ran
     ref = colls["rank"].min()
-    ref_end = colls[colls["rank"] == ref].set_index(KEY)["end_us"]
-    offsets = {}
-    for rank, g in colls.groupby("rank"):
-        shared = g.set_index(KEY)["end_us"]
-        diff = (shared - ref_end.reindex(shared.index)).dropna()
-        offsets[rank] = float(diff.median()) if len(diff) else 0.0
+    ref_end = colls.loc[colls["rank"] == ref, KEY + ["end_us"]].rename(columns={"end_us": "ref_end_us"})
+    diff = colls[KEY + ["rank", "end_us"]].merge(ref_end, on=KEY, how="left")
+    offsets = (diff["end_us"] - diff["ref_end_us"]).groupby(diff["rank"]).median().fillna(0.0)
     colls["aligned_start"] = colls["start_us"] - colls["rank"].map(offsets)
     grouped = colls.groupby(KEY)
     colls["wait_us"] = colls["dur_us"] - grouped["dur_us"].transform("min")
     colls["late_us"] = colls["aligned_start"] - grouped["aligned_start"].transform("min")
+    # one pass over the ranks on plain arrays (a DataFrame per rank costs ~1 ms each: seconds at 1,000 ranks)
+    colls = colls.sort_values("rank", kind="stable")
+    rank_col = colls["rank"].to_numpy()
+    ranks_present, first = np.unique(rank_col, return_index=True)
+    last = np.append(first[1:], len(rank_col))
+    bounds = {int(r): (int(a), int(b)) for r, a, b in zip(ranks_present, first, last, strict=True)}
+    step_col = colls["step"].to_numpy()
+    start_col = colls["start_us"].to_numpy(dtype=np.float64)
+    wait_col = colls["wait_us"].to_numpy(dtype=np.float64)
+    late_col = colls["late_us"].to_numpy(dtype=np.float64)
     typical_wait: dict[int, float] = {}
     for s in summaries:
-        steps = pd.DataFrame(s["per_step"])
-        steps = steps[steps["analyzed"]]
-        mine = colls[(colls["rank"] == s["rank"]) & colls["step"].isin(steps["step"])]
-        if len(mine) == 0 or len(steps) == 0:
+        lo_hi = bounds.get(s["rank"])
+        steps = _analysed(s)
+        if lo_hi is None or len(steps["step"]) == 0:
             continue
-        waits = iv.union(mine["start_us"].to_numpy(), (mine["start_us"] + mine["wait_us"]).to_numpy())
-        wait_ms = iv.coverage(waits, steps["start_us"].to_numpy(), steps["end_us"].to_numpy()) / 1e3
-        late = mine.groupby("step")["late_us"].mean().reindex(steps["step"]).fillna(0.0) / 1e3
+        sl = slice(*lo_hi)
+        mine = np.isin(step_col[sl], steps["step"])
+        if not mine.any():
+            continue
+        start, step = start_col[sl][mine], step_col[sl][mine]
+        waits = iv.union(start, start + wait_col[sl][mine])
+        wait_ms = iv.coverage(waits, steps["start_us"], steps["end_us"]) / 1e3
         per_rank[s["rank"]] = {
             "collective_wait_ms": float(np.mean(wait_ms)),
-            "late_arrival_ms": float(late.mean()),
+            "late_arrival_ms": float(np.mean(_mean_by_step(step, late_col[sl][mine], steps["step"])) / 1e3),
         }
         typical_wait[s["rank"]] = float(np.median(wait_ms))
     if len(per_rank) >= 2:
@@ -83,11 +92,51 @@ def cross_rank(summaries: list[dict[str, Any]]) -> tuple[dict[int, dict[str, flo
     return per_rank, run
 
 
+def _all_collectives(summaries: list[dict[str, Any]]) -> pd.DataFrame:
+    """The ``collectives`` lists of every rank as one frame with a ``rank`` column (built once, not per
+    rank)."""
+    columns: dict[str, list[Any]] = {c: [] for c in COLUMNS}
+    ranks: list[int] = []
+    for s in summaries:
+        c = s.get("collectives") or {}
+        n = len(c.get("step") or [])
+        if n == 0:
+            continue
+        for col in COLUMNS:
+            columns[col].extend(c.get(col) or [None] * n)
+        ranks.extend([s["rank"]] * n)
+    frame = pd.DataFrame(columns)
+    for col in ("start_us", "end_us", "dur_us", "bytes", "group_size"):
+        frame[col] = pd.to_numeric(frame[col], errors="coerce")
+    frame["rank"] = np.asarray(ranks, dtype=np.int64)
+    return frame
+
+
+def _analysed(summary: dict[str, Any]) -> dict[str, np.ndarray]:
+    """``step``, ``start_us``, ``end_us`` of the analysed steps of one rank's summary."""
+    ps = summary["per_step"]
+    keep = np.asarray(ps.get("analyzed") or [], dtype=bool)
+    return {
+        key: np.asarray(ps.get(key) or [], dtype=np.float64 if key != "step" else np.int64)[keep]
+        for key in ("step", "start_us", "end_us")
+    }
+
+
+def _mean_by_step(step: np.ndarray, values: np.ndarray, steps: np.ndarray) -> np.ndarray:
+    """For each entry of ``steps``, the mean of ``values`` whose ``step`` equals it (0 when there are
+    none)."""
+    uniq, inverse = np.unique(step, return_inverse=True)
+    means = np.bincount(inverse, weights=values) / np.bincount(inverse)
+    pos = np.minimum(np.searchsorted(uniq, steps), len(uniq) - 1)
+    return np.where(uniq[pos] == steps, means[pos], 0.0)
+
+
 def _analysed_steps(summaries: list[dict[str, Any]]) -> set[int]:
     steps: set[int] = set()
     for s in summaries:
-        per_step = pd.DataFrame(s["per_step"])
-        steps.update(int(x) for x in per_step.loc[per_step["analyzed"], "step"])
+        ps = s["per_step"]
+        flags = ps.get("analyzed") or []
+        steps.update(int(x) for x, a in zip(ps.get("step") or [], flags, strict=False) if a)
     return steps
 
 
@@ -96,28 +145,50 @@ def transfer_bandwidth(summaries: list[dict[str, Any]]) -> pd.DataFrame:
     time)."""
     from ddpdoctor.metrics.comm import bus_factor
 
+    out_columns = ["rank", "kind", "count", "bytes", "ms", "algbw_gbps", "busbw_gbps"]
+    colls = _all_collectives(summaries)
+    if len(colls) == 0:
+        return pd.DataFrame(columns=out_columns)
+    order = {s["rank"]: i for i, s in enumerate(summaries)}
+    pairs = [(s["rank"], step) for s in summaries for step in _analysed(s)["step"].tolist()]
+    analysed = pd.DataFrame(pairs, columns=["rank", "step"]).drop_duplicates()
+    c = colls.merge(analysed, on=["rank", "step"], how="inner")
+    if len(c) == 0:
+        return pd.DataFrame(columns=out_columns)
+    sized = c["bytes"].notna() & (c["bytes"] > 0)
+    c = c.assign(
+        order=c["rank"].map(order),
+        sized_bytes=c["bytes"].where(sized, 0.0),
+        sized_dur_us=c["dur_us"].where(sized, 0.0),
+        sized_group=c["group_size"].where(sized),
+    )
+    agg = (
+        c.groupby(["order", "rank", "kind"], sort=True)
+        .agg(
+            count=("kind", "size"),
+            bytes=("bytes", lambda b: b.sum(min_count=1)),
+            dur_us=("dur_us", "sum"),
+            sized_bytes=("sized_bytes", "sum"),
+            sized_dur_us=("sized_dur_us", "sum"),
+            sized_group=("sized_group", "max"),
+        )
+        .reset_index()
+    )
+    world = {s["rank"]: int(s.get("world_size") or 1) for s in summaries}
     rows = []
-    for s in summaries:
-        c = pd.DataFrame(s.get("collectives") or {})
-        if len(c) == 0:
-            continue
-        steps = pd.DataFrame(s["per_step"])
-        c = c[c["step"].isin(steps.loc[steps["analyzed"], "step"])]
-        world = s.get("world_size") or 1
-        for kind, g in c.groupby("kind"):
-            sized = g[g["bytes"].notna() & (g["bytes"] > 0)]
-            seconds = sized["dur_us"].sum() / 1e6
-            n = int(sized["group_size"].max()) if len(sized) and sized["group_size"].max() > 0 else int(world)
-            algbw = float(sized["bytes"].sum() / seconds / 1e9) if seconds > 0 else None
-            rows.append(
-                {
-                    "rank": s["rank"],
-                    "kind": kind,
-                    "count": len(g),
-                    "bytes": float(g["bytes"].sum()) if g["bytes"].notna().any() else None,
-                    "ms": float(g["dur_us"].sum() / 1e3),
-                    "algbw_gbps": algbw,
-                    "busbw_gbps": algbw * bus_factor(str(kind), n) if algbw is not None else None,
-                }
-            )
-    return pd.DataFrame(rows, columns=["rank", "kind", "count", "bytes", "ms", "algbw_gbps", "busbw_gbps"])
+    for r in agg.itertuples(index=False):
+        seconds = r.sized_dur_us / 1e6
+        n = int(r.sized_group) if r.sized_group == r.sized_group and r.sized_group > 0 else world[r.rank]
+        algbw = float(r.sized_bytes / seconds / 1e9) if seconds > 0 else None
+        rows.append(
+            {
+                "rank": r.rank,
+                "kind": r.kind,
+                "count": int(r.count),
+                "bytes": float(r.bytes) if r.bytes == r.bytes else None,
+                "ms": float(r.dur_us / 1e3),
+                "algbw_gbps": algbw,
+                "busbw_gbps": algbw * bus_factor(str(r.kind), n) if algbw is not None else None,
+            }
+        )
+    return pd.DataFrame(rows, columns=out_columns)

@@ -28,6 +28,7 @@ from ddpdoctor.metrics.capture import ddp_metrics, thread_metrics
 from ddpdoctor.metrics.comm import bus_factor, collectives
 from ddpdoctor.metrics.dp import dp_per_step, dp_rank_metrics
 from ddpdoctor.metrics.memory import device_rows, memory_metrics, own_device
+from ddpdoctor.metrics.setup import compute_device
 from ddpdoctor.metrics.steps import step_windows
 
 SCHEMA_VERSION = 1
@@ -76,7 +77,8 @@ def summarize_rank(
     metrics["collective_wait_ms"] = None  # cross-rank: filled in by analyze()
     metrics["late_arrival_ms"] = None
     metrics.update(dp_rank_metrics(rt.ops, analysed["start_us"].to_numpy(), analysed["end_us"].to_numpy()))
-    own = own_device(rt, capture)
+    # The GPU the DDP model lives on: a rank that never calls set_device still has current device cuda:0.
+    own = compute_device(capture) or own_device(rt, capture)
     devices = device_rows(rt, capture)
     metrics.update(memory_metrics(devices, own))
     metrics.update(ddp_metrics(capture))

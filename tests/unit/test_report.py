@@ -114,9 +114,11 @@ def test_json_schema_keys():
             "evidence",
             "estimated_gain_ms",
         }
-    assert doc["not_evaluated"] == [
-        {"name": "use-ddp-instead-of-dp", "reason": "applies to DataParallel (dp) runs; this run is ddp"}
-    ]
+    assert doc["not_evaluated"][0] == {
+        "name": "use-ddp-instead-of-dp",
+        "reason": "applies to DataParallel (dp) runs; this run is ddp",
+    }
+    assert all(set(item) == {"name", "reason"} for item in doc["not_evaluated"])
     single = json.loads(rendered("cpu_single", "json"))
     assert single["ranks"][0]["comm_ms"] is None and single["ranks"][0]["devices"] == []
 

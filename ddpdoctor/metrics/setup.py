@@ -1,0 +1,246 @@
+"""Set-up metrics: the DDP checklist (sharded data, ``set_epoch``, even batches, ``no_sync`` accumulation, own
+GPU per rank, BatchNorm, DataParallel gathers) from what the capture observed (``ranks/rank<R>.json``, key
+``"setup"``, written by ``ddpdoctor/capture/setup.py``). Pure functions of the capture dicts; no trace needed.
+
+The *training loader* of a rank is the DataLoader that yielded the most batches (a validation loader or a
+``next(iter(loader))`` peek does not count); its passes are the epochs. Epoch *k* of one rank is compared with
+epoch *k* of the others: equal first index batches (and equal integer tensors -- labels, token ids -- in the
+first batch, when it has any) mean the ranks read the same samples.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+SETUP_RANK_METRICS = (
+    "distributed_sampler",
+    "sampler_shuffle",
+    "dataloader_epochs",
+    "epochs_repeating_order",
+    "set_epoch_calls",
+    "batches_per_epoch",
+    "batch_size",
+    "epoch_dataset_share",
+    "ddp_sync_rounds_per_step",
+    "ddp_forwards_per_step",
+    "ddp_batchnorm_layers",
+    "ddp_sync_batchnorm_layers",
+    "set_device_calls",
+    "gpu_shared_ranks",
+    "current_device_mismatch",
+    "dp_gathered_bytes",
+)
+SETUP_RUN_METRICS = ("data_duplication_factor",)
+
+# Below this many reads of each sample per epoch, coverage alone (without identical batches) is not called
+# duplication: a DistributedSampler's padding or drop_last keeps a sharded run near 1.
+_MIN_COVERAGE = 1.5
+
+
+def setup_metrics(
+    captures: Mapping[int, Mapping[str, Any]],
+) -> tuple[dict[int, dict[str, Any]], dict[str, Any]]:
+    """Per-rank set-up metrics (rank -> {name: value or None}) and run-level ones, from every rank's capture.
+
+    Units: counts, flags, ``epoch_dataset_share`` ratio (0-1, more when a sampler oversamples),
+    ``dp_gathered_bytes`` bytes per step, ``data_duplication_factor`` x (reads of each sample per epoch).
+    """
+    per_rank = {int(rank): rank_setup_metrics(capture) for rank, capture in captures.items()}
+    shared = _gpu_sharing(captures)
+    for rank, metrics in per_rank.items():
+        metrics["gpu_shared_ranks"] = shared.get(rank)
+    epochs = {int(rank): _training_epochs(_setup(c)) for rank, c in captures.items()}
+    return per_rank, {"data_duplication_factor": _duplication(epochs, per_rank)}
+
+
+def rank_setup_metrics(capture: Mapping[str, Any] | None) -> dict[str, Any]:
+    """One rank's set-up metrics (``gpu_shared_ranks`` needs the other ranks: None here)."""
+    capture = capture or {}
+    setup = _setup(capture)
+    out: dict[str, Any] = dict.fromkeys(SETUP_RANK_METRICS)
+    out.update(_loader_metrics(setup))
+    models = [m for m in setup.get("ddp_models") or [] if isinstance(m, dict)]
+    if models:
+        out["ddp_sync_rounds_per_step"] = _histogram_median(setup.get("ddp_sync_rounds_per_step"))
+        out["ddp_forwards_per_step"] = _histogram_median(setup.get("ddp_forwards_per_step"))
+        out["ddp_batchnorm_layers"] = sum(_int(m.get("batchnorm_layers")) or 0 for m in models)
+        out["ddp_sync_batchnorm_layers"] = sum(_int(m.get("sync_batchnorm_layers")) or 0 for m in models)
+    device = compute_device(capture)
+    current = capture.get("device")
+    if (device or "").startswith("cuda") or (isinstance(current, str) and current.startswith("cuda")):
+        calls = setup.get("set_device_calls")
+        out["set_device_calls"] = len(calls) if isinstance(calls, list) else None
+        if device and isinstance(current, str) and current.startswith("cuda"):
+            out["current_device_mismatch"] = _index(device) != _index(current)
+    gathered = [
+        s["gathered_bytes"]
+        for s in capture.get("dp_steps") or []
+        if isinstance(s, dict) and isinstance(s.get("gathered_bytes"), (int, float))
+    ]
+    out["dp_gathered_bytes"] = sum(gathered) / len(gathered) if gathered else None
+    return out
+
+
+def compute_device(capture: Mapping[str, Any] | None) -> str | None:
+    """``"cuda:N"`` the rank's DDP model lives on (None without a CUDA DDP model).
+
+    ``torch.cuda.current_device()`` (the capture's ``device``) stays cuda:0 in a rank that never calls
+    ``torch.cuda.set_device`` even when it computes on another GPU; the model's device is where it computes.
+    """
+    for model in _setup(capture or {}).get("ddp_models") or []:
+        device = model.get("device") if isinstance(model, dict) else None
+        if isinstance(device, str) and device.startswith("cuda"):
+            return device if ":" in device else f"{device}:0"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------- data loaders
+def _setup(capture: Mapping[str, Any]) -> Mapping[str, Any]:
+    setup = capture.get("setup")
+    return setup if isinstance(setup, dict) else {}
+
+
+def _training_epochs(setup: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The passes over the training loader (the loader that yielded the most batches), in order."""
+    passes = [e for e in setup.get("data_loaders") or [] if isinstance(e, dict)]
+    if not passes:
+        return []
+    yielded: Counter[Any] = Counter()
+    for e in passes:
+        yielded[e.get("loader")] += _int(e.get("batches_yielded")) or 0
+    loader = max(yielded, key=lambda k: (yielded[k], -_first_seen(passes, k)))
+    return [e for e in passes if e.get("loader") == loader]
+
+
+def _first_seen(passes: list[dict[str, Any]], loader: Any) -> int:
+    return next(i for i, e in enumerate(passes) if e.get("loader") == loader)
+
+
+def _loader_metrics(setup: Mapping[str, Any]) -> dict[str, Any]:
+    epochs = _training_epochs(setup)
+    if not epochs:
+        return {}
+    first = epochs[0]
+    shuffle = first.get("shuffle")
+    orders = [None if e.get("iterable") else e.get("first_indices_digest") for e in epochs]
+    repeats = sum(1 for a, b in zip(orders, orders[1:], strict=False) if a is not None and a == b)
+    batches = _epoch_batches(epochs)
+    batch_size = _int(first.get("batch_size"))
+    dataset_len = _int(first.get("dataset_len"))
+    root_len = _int(first.get("root_dataset_len", dataset_len))
+    samples = batches * batch_size if batches and batch_size else None
+    if samples is not None and dataset_len:
+        samples = min(samples, dataset_len)  # the last batch of a pass may be partial
+    calls = setup.get("set_epoch_calls")
+    return {
+        "distributed_sampler": bool(first.get("distributed_sampler")),
+        "sampler_shuffle": shuffle if isinstance(shuffle, bool) else None,
+        "dataloader_epochs": len(epochs),
+        "epochs_repeating_order": repeats,
+        "set_epoch_calls": len(calls) if isinstance(calls, list) else None,
+        "batches_per_epoch": batches,
+        "batch_size": batch_size,
+        "epoch_dataset_share": samples / root_len if samples and root_len else None,
+    }
+
+
+def _epoch_batches(epochs: list[dict[str, Any]]) -> int | None:
+    """Batches in one epoch: what a pass that ran to its end yielded (iterable datasets may not know their
+    length), else ``len(loader)``."""
+    for e in epochs:
+        if e.get("exhausted") and _int(e.get("batches_yielded")) is not None:
+            return _int(e.get("batches_yielded"))
+    return next((_int(e.get("batches_per_epoch")) for e in epochs if _int(e.get("batches_per_epoch"))), None)
+
+
+def _sample_key(entry: Mapping[str, Any]) -> tuple[Any, Any] | None:
+    """What identifies the samples a pass starts with: its first index batches (map-style) or its first batch
+    (iterable), with the first batch's integer tensors; None when neither was recorded."""
+    order = entry.get("first_batch_digest") if entry.get("iterable") else entry.get("first_indices_digest")
+    return None if order is None else (order, entry.get("first_labels_digest"))
+
+
+def _duplication(
+    epochs: dict[int, list[dict[str, Any]]], per_rank: dict[int, dict[str, Any]]
+) -> float | None:
+    """How many times each sample is read per epoch across the job (1 = every rank reads its own shard).
+
+    The largest group of ranks whose epoch starts with the same samples; or, when no rank uses a
+    DistributedSampler and every rank iterates (nearly) its whole copy of the same dataset in its own order,
+    the number of dataset passes the ranks make together per epoch.
+    """
+    with_data = {r: e for r, e in epochs.items() if e}
+    if not with_data:
+        return None
+    identical = 1
+    for k in range(min(len(e) for e in with_data.values())):
+        keys = Counter(key for e in with_data.values() if (key := _sample_key(e[k])) is not None)
+        identical = max([identical, *keys.values()])
+    coverage = _coverage(with_data, per_rank)
+    return float(max(identical, coverage if coverage is not None and coverage >= _MIN_COVERAGE else 1))
+
+
+def _coverage(epochs: dict[int, list[dict[str, Any]]], per_rank: dict[int, dict[str, Any]]) -> float | None:
+    shares = [per_rank.get(r, {}).get("epoch_dataset_share") for r in epochs]
+    firsts = [e[0] for e in epochs.values()]
+    if len(firsts) < 2 or any(s is None for s in shares) or any(f.get("distributed_sampler") for f in firsts):
+        return None
+    if len({f.get("root_dataset_len", f.get("dataset_len")) for f in firsts}) != 1:
+        return None  # different datasets per rank: not copies of one
+    # Same first indices but different labels: each rank has its own data behind the same indices.
+    by_order: dict[Any, set[Any]] = {}
+    for f in firsts:
+        if f.get("first_indices_digest") and f.get("first_labels_digest"):
+            by_order.setdefault(f["first_indices_digest"], set()).add(f["first_labels_digest"])
+    if any(len(labels) > 1 for labels in by_order.values()):
+        return None
+    return round(sum(shares), 2)
+
+
+# ------------------------------------------------------------------------------------------------------- GPUs
+def _gpu_sharing(captures: Mapping[int, Mapping[str, Any]]) -> dict[int, int]:
+    """rank -> number of ranks (itself included) computing on the same physical GPU of the same host."""
+    keys: dict[int, tuple[Any, str]] = {}
+    for rank, capture in captures.items():
+        device = compute_device(capture)
+        if device is None:
+            continue
+        index = _index(device)
+        visible = _setup(capture).get("cuda_visible_devices")
+        physical = str(index)
+        if isinstance(visible, str) and visible.strip():
+            ids = [v.strip() for v in visible.split(",") if v.strip()]
+            physical = ids[index] if index is not None and index < len(ids) else physical
+        keys[int(rank)] = (capture.get("hostname"), physical)
+    counts = Counter(keys.values())
+    return {rank: counts[key] for rank, key in keys.items()}
+
+
+def _index(device: str) -> int | None:
+    tail = device.partition(":")[2]
+    return int(tail) if tail.isdigit() else 0 if device == "cuda" else None
+
+
+# ------------------------------------------------------------------------------------------------------ small
+def _int(value: Any) -> int | None:
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _histogram_median(histogram: Any) -> float | None:
+    """Median of a ``{value: number of steps}`` histogram (the typical step; start-up does not skew it)."""
+    if not isinstance(histogram, dict):
+        return None
+    pairs = sorted(
+        (int(k), int(n)) for k, n in histogram.items() if str(k).lstrip("-").isdigit() and isinstance(n, int)
+    )
+    total = sum(n for _, n in pairs)
+    if total <= 0:
+        return None
+    seen = 0
+    for value, n in pairs:
+        seen += n
+        if seen * 2 >= total:
+            return float(value)
+    return None

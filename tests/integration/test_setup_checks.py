@@ -1,0 +1,172 @@
+"""The DDP set-up checklist on real runs: each samples/mistake_*.py, traced for real and diagnosed, fires its
+rule with the measured numbers, and the healthy samples/ddp_train.py over two epochs fires none of them.
+
+All traces run once per module, three at a time (they mostly wait for torchrun and imports): 2-rank torchrun +
+gloo on the CPU, small steps (`--wait 1 --warmup 1 --active 2`). The DataParallel one runs
+mistake_dp_gather_outputs.py's model through DataParallel's real multi-device code on CPU
+(tests/dp_harness.py); ranks-share-cuda0 needs GPUs and is covered by tests/unit/test_setup_rules.py.
+"""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from helpers import REPO, SAMPLES, run_cli, write_script
+
+pytestmark = [pytest.mark.integration]
+
+WINDOW = ["--wait", "1", "--warmup", "1", "--active", "2", "--hang-timeout", "60"]
+DDP = ["--standalone", "--nproc-per-node", "2"]
+SETUP_RULES = {
+    "missing-distributed-sampler",
+    "sampler-epoch-not-set",
+    "uneven-batches-across-ranks",
+    "allreduce-every-microstep",
+    "ranks-share-cuda0",
+    "dp-gathers-large-outputs",
+    "cpu-thread-oversubscription",
+    "batchnorm-not-synced",
+}
+RUNS = {
+    "ddp_train": [*DDP, "ddp_train.py", "--epochs", "2", "--steps", "6", "--width", "64", "--depth", "2"],
+    "mistake_no_distributed_sampler": [*DDP, "mistake_no_distributed_sampler.py", "--steps", "6"],
+    "mistake_set_epoch_missing": [*DDP, "mistake_set_epoch_missing.py", "--epochs", "3", "--steps", "4"],
+    "mistake_uneven_batches": [*DDP, "mistake_uneven_batches.py", "--steps", "6"],
+    "mistake_grad_accum_no_sync": [*DDP, "mistake_grad_accum_no_sync.py", "--steps", "6", "--width", "128"],
+    "mistake_thread_oversubscription": [*DDP, "mistake_thread_oversubscription.py", "--steps", "6"],
+    "mistake_batchnorm_small_batch": [*DDP, "mistake_batchnorm_small_batch.py", "--steps", "6"],
+    "mistake_dp_gather_outputs": ["{dp_script}"],
+}
+DP_SCRIPT = f"""
+    import sys
+
+    sys.path[:0] = [{str(REPO / "tests")!r}, {str(SAMPLES)!r}]
+    import torch
+
+    import dp_harness
+    import mistake_dp_gather_outputs as sample
+
+    torch.manual_seed(0)
+    with dp_harness.simulated_devices():  # 2 "GPUs" on the CPU: DataParallel's real scatter/replicate/gather
+        model = dp_harness.data_parallel(sample.TinyLM(vocab=8192, width=64), 2)
+        cpu = torch.device("cpu")
+        sample.train(model, steps=6, batch=8, seq=128, vocab=8192, loss_inside=False, device=cpu)
+"""
+
+
+def _trace_and_diagnose(out: Path, args: list[str]) -> dict:
+    args = [str(SAMPLES / a) if a.endswith(".py") and "/" not in a else a for a in args]  # a sample by name
+    traced = run_cli("trace", "-q", "--out", str(out), *WINDOW, *args, timeout=150)
+    if traced.returncode != 0:
+        return {"error": f"trace exited {traced.returncode}:\n{traced.stderr[-3000:]}"}
+    diagnosed = run_cli("diagnose", str(out), "--format", "json", timeout=60)
+    if diagnosed.returncode != 0:
+        return {"error": f"diagnose exited {diagnosed.returncode}:\n{diagnosed.stderr[-3000:]}"}
+    return json.loads(diagnosed.stdout)
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory) -> dict[str, dict]:
+    root = tmp_path_factory.mktemp("setup")
+    dp_script = write_script(root / "dp_script.py", DP_SCRIPT)
+    runs = {name: [str(dp_script) if a == "{dp_script}" else a for a in args] for name, args in RUNS.items()}
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        futures = {name: pool.submit(_trace_and_diagnose, root / name, args) for name, args in runs.items()}
+        return {name: future.result() for name, future in futures.items()}
+
+
+def _report(reports: dict, name: str) -> dict:
+    report = reports[name]
+    assert "error" not in report, report.get("error")
+    return report
+
+
+def _setup_findings(report: dict) -> dict[str, dict]:
+    return {f["name"]: f for f in report["findings"] if f["name"] in SETUP_RULES}
+
+
+def _only(reports: dict, name: str, rule: str) -> dict:
+    """`rule` fired on the run of `name`, and no other set-up rule did."""
+    found = _setup_findings(_report(reports, name))
+    assert set(found) == {rule}, json.dumps(_report(reports, name)["findings"], indent=1)
+    return found[rule]
+
+
+@pytest.mark.timeout(300)
+def test_healthy_ddp_train_over_two_epochs_passes_every_set_up_check(reports):
+    report = _report(reports, "ddp_train")
+    assert _setup_findings(report) == {}, json.dumps(report["findings"], indent=1)
+    evaluated = set(report["passed"])
+    assert SETUP_RULES - {"ranks-share-cuda0", "dp-gathers-large-outputs"} <= evaluated
+    not_evaluated = {n["name"]: n["reason"] for n in report["not_evaluated"]}
+    assert "no rank used CUDA" in not_evaluated["ranks-share-cuda0"]  # a CPU run: said, not passed
+
+
+@pytest.mark.timeout(300)
+def test_missing_distributed_sampler(reports):
+    finding = _only(reports, "mistake_no_distributed_sampler", "missing-distributed-sampler")
+    assert finding["evidence"]["data_duplication_factor"] == 2.0 and finding["ranks"] == [0, 1]
+    assert "read by 2 of the 2 ranks" in finding["message"]
+    assert "No rank's training DataLoader uses a DistributedSampler" in finding["message"]
+    assert finding["estimated_gain_ms"] > 0  # half of each step repeats the other rank's work
+
+
+@pytest.mark.timeout(300)
+def test_sampler_epoch_not_set(reports):
+    finding = _only(reports, "mistake_set_epoch_missing", "sampler-epoch-not-set")
+    assert finding["evidence"]["max(dataloader_epochs)"] == 3
+    assert finding["evidence"]["max(epochs_repeating_order)"] == 2
+    assert "never called" in finding["message"]
+
+
+@pytest.mark.timeout(300)
+def test_uneven_batches_across_ranks(reports):
+    finding = _only(reports, "mistake_uneven_batches", "uneven-batches-across-ranks")
+    assert finding["ranks"] == [0]  # rank 0's shard has one more batch
+    assert (
+        finding["evidence"]["max(batches_per_epoch)"] == 7
+        and finding["evidence"]["min(batches_per_epoch)"] == 6
+    )
+
+
+@pytest.mark.timeout(300)
+def test_allreduce_every_microstep(reports):
+    report = _report(reports, "mistake_grad_accum_no_sync")
+    finding = _only(reports, "mistake_grad_accum_no_sync", "allreduce-every-microstep")
+    evidence = finding["evidence"]
+    assert evidence["max(ddp_sync_rounds_per_step)"] == 4
+    # the trace agrees: 4 all-reduce rounds of every gradient bucket per optimizer step
+    assert evidence["mean(allreduce_count)"] == 4 * evidence["mean(ddp_bucket_count)"]
+    comm = sum(r["comm_ms"] for r in report["ranks"]) / len(report["ranks"])
+    assert f"cost {comm * 3 / 4:.1f} ms of communication per step" in finding["message"]
+    assert 0 < finding["estimated_gain_ms"] <= comm
+
+
+@pytest.mark.timeout(300)
+def test_cpu_thread_oversubscription_from_the_capture(reports):
+    finding = _only(reports, "mistake_thread_oversubscription", "cpu-thread-oversubscription")
+    evidence = finding["evidence"]
+    assert evidence["intra_op_threads"] == evidence["cpu_count"]  # every rank: as many threads as CPUs
+    assert set(evidence["local_world_size"].values()) == {2}
+
+
+@pytest.mark.timeout(300)
+def test_batchnorm_not_synced(reports):
+    finding = _only(reports, "mistake_batchnorm_small_batch", "batchnorm-not-synced")
+    assert finding["severity"] == "info"
+    assert (
+        finding["evidence"]["max(ddp_batchnorm_layers)"] == 1 and finding["evidence"]["min(batch_size)"] == 8
+    )
+
+
+@pytest.mark.timeout(300)
+def test_dp_gathers_large_outputs(reports):
+    finding = _only(reports, "mistake_dp_gather_outputs", "dp-gathers-large-outputs")
+    assert finding["evidence"]["dp_gathered_bytes"] == {
+        "0": 8 * 128 * 8192 * 4
+    }  # [batch, seq, vocab] float32
+    assert "32 MiB of outputs per step from 2 replicas" in finding["message"]
+    assert finding["estimated_gain_ms"] > 0

@@ -1,0 +1,91 @@
+"""What the set-up observer (ddpdoctor/capture/setup.py) records about real DataLoaders, in this process.
+
+No torchrun here: the observer's patches are installed around plain DataLoader loops, as `ddpdoctor trace`
+installs them around the script.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, Subset, TensorDataset
+
+from ddpdoctor.capture.setup import SetupObserver, _digest
+
+
+@pytest.fixture
+def observer():
+    obs = SetupObserver()
+    obs.install()
+    try:
+        yield obs
+    finally:
+        obs.uninstall()
+
+
+def _data(n: int = 10) -> TensorDataset:
+    return TensorDataset(torch.arange(n, dtype=torch.float32).unsqueeze(1), torch.arange(n) % 3)
+
+
+def test_a_subset_records_the_length_of_the_dataset_it_shards(observer):
+    loader = DataLoader(Subset(_data(10), range(0, 10, 2)), batch_size=2)
+    list(loader)
+    (epoch,) = observer.to_json()["data_loaders"]
+    assert epoch["dataset_len"] == 5 and epoch["root_dataset_len"] == 10
+    assert epoch["batches_per_epoch"] == 3 and epoch["batches_yielded"] == 3
+
+
+def test_a_pass_that_runs_to_its_end_is_marked_exhausted_and_a_broken_one_is_not(observer):
+    loader = DataLoader(_data(10), batch_size=4)
+    list(loader)
+    for i, _ in enumerate(loader):
+        if i == 1:
+            break
+    first, second = observer.to_json()["data_loaders"]
+    assert first["exhausted"] and first["batches_yielded"] == 3
+    assert not second["exhausted"] and second["batches_yielded"] == 2
+
+
+def test_labels_digest_follows_the_integer_tensors_only():
+    x1, x2 = torch.randn(4, 3), torch.randn(4, 3)  # e.g. two random augmentations of the same samples
+    labels = torch.tensor([1, 2, 0, 1])
+    assert _digest((x1, labels), integers_only=True) == _digest((x2, labels), integers_only=True)
+    assert _digest((x1, labels), integers_only=True) != _digest((x1, labels + 1), integers_only=True)
+    assert _digest((x1, labels)) != _digest((x2, labels))
+    assert _digest((x1,), integers_only=True) is None  # no integer tensor: nothing to compare
+
+
+def test_the_same_seed_gives_the_same_index_digest_and_set_epoch_changes_it(observer):
+    data = _data(16)
+    sampler = DistributedSampler(data, num_replicas=2, rank=0, shuffle=True, seed=0)
+    loader = DataLoader(data, batch_size=2, sampler=sampler)
+    list(loader)
+    list(loader)  # no set_epoch: the same order
+    sampler.set_epoch(1)
+    list(loader)
+    setup = observer.to_json()
+    first, second, third = (e["first_indices_digest"] for e in setup["data_loaders"])
+    assert first == second != third
+    assert setup["set_epoch_calls"] == [1]
+    assert all(e["distributed_sampler"] and e["shuffle"] for e in setup["data_loaders"])
+
+
+def test_an_iterable_dataset_records_its_first_batch(observer):
+    class Stream(IterableDataset):
+        def __iter__(self):
+            for i in range(5):
+                yield torch.tensor([float(i)]), torch.tensor(i)
+
+    list(DataLoader(Stream(), batch_size=2))
+    (epoch,) = observer.to_json()["data_loaders"]
+    assert epoch["iterable"] and epoch["dataset_len"] is None
+    assert (
+        epoch["first_batch_digest"] and epoch["first_labels_digest"] and epoch["first_indices_digest"] is None
+    )
+    assert epoch["exhausted"] and epoch["batches_yielded"] == 3
+
+
+def test_set_device_calls_are_recorded_without_a_gpu(observer, monkeypatch):
+    monkeypatch.setattr(torch._C, "_cuda_setDevice", lambda index: None, raising=False)
+    torch.cuda.set_device(1)
+    assert observer.to_json()["set_device_calls"] == ["1"]

@@ -1,0 +1,209 @@
+"""The set-up rules (missing-distributed-sampler ... batchnorm-not-synced) over set-up metrics.
+
+The set-up metrics come from the recorded captures of real runs (tests/fixtures/setup_captures.json, see
+test_setup_metrics.py) or, for CUDA, from hand-made captures labelled as such. The trace-derived numbers a
+message quotes (step time, communication time, all-reduces per step) are set by hand here; the real runs in
+tests/integration/test_setup_checks.py measure them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pandas as pd
+import pytest
+
+from ddpdoctor.diagnosis import evaluate, load_rules, select_rules
+from ddpdoctor.metrics.setup import setup_metrics
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "setup_captures.json"
+RECORDED = json.loads(FIXTURE.read_text())
+SETUP_RULES = {
+    "DDP013": "missing-distributed-sampler",
+    "DDP014": "sampler-epoch-not-set",
+    "DDP015": "uneven-batches-across-ranks",
+    "DDP016": "allreduce-every-microstep",
+    "DDP017": "ranks-share-cuda0",
+    "DDP018": "dp-gathers-large-outputs",
+    "DDP019": "batchnorm-not-synced",
+}
+# the trace-derived numbers of a rank (hand-set): a 100 ms step with 20 ms of collectives, 8 of them exposed
+TRACE = {"step_ms_median": 100.0, "comm_ms": 20.0, "exposed_comm_ms": 8.0, "ddp_bucket_count": 2}
+
+
+def metrics(
+    captures: dict, *, mode: str = "ddp", allreduces_per_step: float | None = None, **trace
+) -> SimpleNamespace:
+    """A RunMetrics-like object: set-up metrics from ``captures`` plus the hand-set trace numbers."""
+    per_rank, run = setup_metrics({int(r): c for r, c in captures.items()})
+    ranks = [{"rank": r, **TRACE, **trace, **m} for r, m in sorted(per_rank.items())]
+    collectives = pd.DataFrame(
+        [
+            {
+                "rank": r["rank"],
+                "kind": "all_reduce",
+                "count": allreduces_per_step * 5,
+                "bytes": 1e6,
+                "ms": 100.0,
+            }
+            for r in ranks
+        ]
+        if allreduces_per_step is not None
+        else [],
+        columns=["rank", "kind", "count", "bytes", "ms"],
+    )
+    for r in ranks:
+        r["steps_analyzed"] = 5
+    run_level = {"mode": mode, "world_size": len(ranks), "backend": "gloo", "steps_analyzed": 5, **run}
+    return SimpleNamespace(run=run_level, ranks=ranks, collectives=collectives)
+
+
+def diagnose(m: SimpleNamespace, *names: str):
+    result = evaluate(select_rules(load_rules(), names or tuple(SETUP_RULES.values())), m)
+    return result, {f.name: f for f in result.findings}
+
+
+def test_the_rule_names_and_ids_are_the_interface():
+    rules = {r.id: r.name for r in load_rules()}
+    assert {k: rules.get(k) for k in SETUP_RULES} == SETUP_RULES
+    assert rules["DDP011"] == "cpu-thread-oversubscription"
+
+
+def test_the_healthy_run_passes_every_set_up_check():
+    result, found = diagnose(metrics(RECORDED["ddp_train"]))
+    assert found == {}
+    assert set(result.passed) == set(SETUP_RULES.values()) - {"ranks-share-cuda0", "dp-gathers-large-outputs"}
+    reasons = {n.name: n.reason for n in result.not_evaluated}
+    assert "no rank used CUDA" in reasons["ranks-share-cuda0"]
+    assert reasons["dp-gathers-large-outputs"].startswith("applies to DataParallel")
+
+
+@pytest.mark.parametrize(
+    ("recording", "rule"),
+    [
+        ("no_distributed_sampler", "missing-distributed-sampler"),
+        ("set_epoch_missing", "sampler-epoch-not-set"),
+        ("uneven_batches", "uneven-batches-across-ranks"),
+        ("batchnorm_small_batch", "batchnorm-not-synced"),
+    ],
+)
+def test_each_recorded_mistake_fires_its_rule_and_no_other_set_up_rule(recording, rule):
+    _, found = diagnose(metrics(RECORDED[recording], allreduces_per_step=2.0))
+    assert set(found) == {rule}
+
+
+def test_missing_sampler_says_the_factor_and_what_an_epoch_would_take():
+    _, found = diagnose(metrics(RECORDED["no_distributed_sampler"]), "missing-distributed-sampler")
+    finding = found["missing-distributed-sampler"]
+    assert finding.evidence["data_duplication_factor"] == 2.0
+    assert "read by 2 of the 2 ranks" in finding.message and "50% of the compute" in finding.message
+    assert "No rank's training DataLoader uses a DistributedSampler" in finding.message
+    assert "about 3 batches per rank instead of 6" in finding.message
+    assert finding.estimated_gain_ms == pytest.approx(50.0)  # half of every 100 ms step repeats another rank
+    assert "DistributedSampler(dataset, shuffle=True)" in finding.recommendation
+
+
+def test_set_epoch_rule_says_it_is_never_called():
+    _, found = diagnose(metrics(RECORDED["set_epoch_missing"]), "sampler-epoch-not-set")
+    finding = found["sampler-epoch-not-set"]
+    assert "2 of 3 epochs" in finding.message and "never called" in finding.message
+    assert finding.ranks == (0, 1)
+
+
+def test_uneven_batches_names_the_ranks_with_more_batches():
+    _, found = diagnose(metrics(RECORDED["uneven_batches"]), "uneven-batches-across-ranks")
+    finding = found["uneven-batches-across-ranks"]
+    assert finding.ranks == (0,)
+    assert "from 6 to 7" in finding.message and "join()" in finding.message
+
+
+def test_allreduce_every_microstep_costs_the_extra_rounds():
+    m = metrics(RECORDED["grad_accum_no_sync"], allreduces_per_step=8.0)  # 4 rounds x 2 buckets
+    _, found = diagnose(m)
+    assert set(found) == {"allreduce-every-microstep"}
+    finding = found["allreduce-every-microstep"]
+    # 20 ms of collectives per step for 4 rounds: 3 of them (15 ms) wasted, 6 ms of the 8 exposed
+    assert "4 times per optimizer step" in finding.message and "15.0 ms of communication" in finding.message
+    assert "6.0 ms of it not hidden" in finding.message and "8 all-reduce calls per step" in finding.message
+    assert finding.estimated_gain_ms == pytest.approx(6.0)
+    assert "no_sync()" in finding.recommendation
+
+
+def test_allreduce_rule_trusts_the_trace_when_it_shows_one_round_per_step():
+    # e.g. two forwards (two views) before one backward: two synced forwards, but one all-reduce round
+    result, found = diagnose(metrics(RECORDED["grad_accum_no_sync"], allreduces_per_step=2.0))
+    assert "allreduce-every-microstep" not in found and "allreduce-every-microstep" in result.passed
+
+
+def test_allreduce_rule_without_recorded_collectives_relies_on_the_capture():
+    _, found = diagnose(metrics(RECORDED["grad_accum_no_sync"]), "allreduce-every-microstep")
+    assert "The trace agrees" not in found["allreduce-every-microstep"].message
+
+
+def test_dataparallel_gathering_large_outputs():
+    m = metrics(RECORDED["dp_gather_outputs"], mode="dp", dp_gather_ms=30.0, dp_replicas=2)
+    _, found = diagnose(m)
+    assert set(found) == {"dp-gathers-large-outputs"}
+    finding = found["dp-gathers-large-outputs"]
+    assert "32 MiB of outputs per step from 2 replicas" in finding.message and "30.0 ms" in finding.message
+    assert finding.estimated_gain_ms == 30.0
+    rule = load_rules()
+    bigger = [
+        r.with_params({"min_gathered_mb": 64.0}, "test") for r in rule if r.name == "dp-gathers-large-outputs"
+    ]
+    assert evaluate(bigger, m).passed == ("dp-gathers-large-outputs",)
+
+
+# ------------------------------------------------------------------- CUDA (hand-made captures, no GPU here)
+def cuda_capture(
+    current: str, model: str, set_device: list[str] | None = None, visible: str | None = None
+) -> dict:
+    """A CUDA rank's capture (hand-made): current device at the end, DDP model's device, set_device calls."""
+    return {
+        "hostname": "host0",
+        "device": current,
+        "setup": {
+            "data_loaders": [],
+            "set_device_calls": set_device or [],
+            "cuda_visible_devices": visible,
+            "ddp_models": [{"device": model, "batchnorm_layers": 0}],
+            "ddp_sync_rounds_per_step": {"1": 10},
+        },
+    }
+
+
+def test_ranks_that_never_set_their_device_and_share_gpu0():
+    m = metrics({r: cuda_capture("cuda:0", "cuda:0") for r in range(2)})
+    _, found = diagnose(m, "ranks-share-cuda0")
+    finding = found["ranks-share-cuda0"]
+    assert finding.severity == "error" and finding.ranks == (0, 1)
+    assert "torch.cuda.set_device() is never called" in finding.message
+    assert "2 ranks compute on the same GPU" in finding.message
+    assert "set_device(local_rank)" in finding.recommendation
+
+
+def test_a_rank_on_its_own_gpu_without_set_device_lands_on_gpu0():
+    m = metrics(
+        {0: cuda_capture("cuda:0", "cuda:0"), 1: cuda_capture("cuda:0", "cuda:1")}, foreign_cuda0_bytes=0
+    )
+    m.ranks[1]["foreign_cuda0_bytes"] = 600 * 2**20
+    _, found = diagnose(m, "ranks-share-cuda0")
+    finding = found["ranks-share-cuda0"]
+    assert finding.ranks == (1,)  # rank 0's device is cuda:0 anyway
+    assert "lands on GPU 0" in finding.message and "600 MiB of tensors on cuda:0" in finding.message
+
+
+def test_ranks_that_set_their_device_or_are_isolated_pass():
+    own = metrics({r: cuda_capture(f"cuda:{r}", f"cuda:{r}", set_device=[str(r)]) for r in range(2)})
+    isolated = metrics({r: cuda_capture("cuda:0", "cuda:0", visible=str(r)) for r in range(2)})
+    for m in (own, isolated):
+        result, found = diagnose(m, "ranks-share-cuda0")
+        assert found == {} and result.passed == ("ranks-share-cuda0",)
+
+
+def test_every_set_up_rule_fix_is_a_code_snippet():
+    for rule in load_rules():
+        if rule.name in SETUP_RULES.values():
+            assert "```python" in rule.docs.fix, rule.name
