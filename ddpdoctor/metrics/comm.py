@@ -30,8 +30,11 @@ COMM_KERNEL = re.compile(r"^(nccl|rccl).*kernel", re.IGNORECASE)
 _NOT_COMPUTE = re.compile(r"^nccl.*Kernel|Memcpy|Memset|Sync")
 _CPU_COMM_RANGE = re.compile(r"^(gloo|ucc|mpi):")
 _COMM_CALL = re.compile(r"^(nccl|gloo|ucc|mpi):")
+# Not computation on the CPU timeline: communication calls, and the step/data-loading ranges that torch <= 1.9
+# wrote with category "Operator" (so they load as cpu_op) although they enclose waiting as much as work.
 _NOT_CPU_COMPUTE = re.compile(
-    r"^(c10d::|record_param_comms$|nccl:|gloo:|ucc:|mpi:|aten::wait|c10d_functional)"
+    r"^(c10d::|record_param_comms$|nccl:|gloo:|ucc:|mpi:|aten::wait|c10d_functional|ProfilerStep#"
+    r"|enumerate\(DataLoader\))"
 )
 KINDS = (
     "all_reduce",
