@@ -27,7 +27,9 @@ def main() -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)
-    model = DDP(nn.Sequential(nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10)))
+    model = DDP(
+        nn.Sequential(nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))
+    )
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     for _ in range(args.steps):
         if rank == args.slow_rank:

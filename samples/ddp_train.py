@@ -4,8 +4,9 @@
     ddpdoctor trace --nproc-per-node 2 samples/ddp_train.py          # traced
 
 Healthy means: compute dominates the step, gradients are all-reduced in several buckets while backward runs, data
-is sharded and cheap to load. Each parameter stays well under 32 MiB (glibc would mmap/unmap bigger tensors every step on CPU, making step times
-jumpy). The data is synthetic and sharded with DistributedSampler, as a real job should be.
+is sharded and cheap to load. Each parameter stays well under 32 MiB (glibc would mmap/unmap bigger tensors every
+step on CPU, making step times jumpy). The data is synthetic and sharded with DistributedSampler, as a real job
+should be.
 """
 
 from __future__ import annotations

@@ -30,7 +30,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--threads", type=int, default=4)
     parser.add_argument("--layers", type=int, default=30)
-    parser.add_argument("--python-work", type=int, default=60000, help="pure-Python iterations per thread and step")
+    parser.add_argument(
+        "--python-work", type=int, default=60000, help="pure-Python iterations per thread and step"
+    )
     args = parser.parse_args()
 
     torch.manual_seed(0)

@@ -95,9 +95,7 @@ def _scatter(
     else:
         chunks = list(tensor.chunk(len(devices), dim))
     # comm.cpp copies a chunk with .to(device) only when it is not already there; otherwise it stays a view.
-    return [
-        chunk.clone() if devices[i] != tensor.get_device() else chunk for i, chunk in enumerate(chunks)
-    ]
+    return [chunk.clone() if devices[i] != tensor.get_device() else chunk for i, chunk in enumerate(chunks)]
 
 
 def _gather(tensors: Sequence[torch.Tensor], dim: int, destination: int | None) -> torch.Tensor:
@@ -194,14 +192,28 @@ def simulated_devices() -> Iterator[None]:
         broadcast_forward = _without_cpu_guard(_functions.Broadcast.forward)
         gather_forward = _without_cpu_guard(_functions.Gather.forward)
         patches: list[tuple[Any, str, Any]] = [
-            (comm, "torch", _Overlay(torch, _C=_Overlay(
-                torch._C, _broadcast_coalesced=_broadcast_coalesced, _scatter=_scatter, _gather=_gather))),
+            (
+                comm,
+                "torch",
+                _Overlay(
+                    torch,
+                    _C=_Overlay(
+                        torch._C,
+                        _broadcast_coalesced=_broadcast_coalesced,
+                        _scatter=_scatter,
+                        _gather=_gather,
+                    ),
+                ),
+            ),
             (comm, "reduce_add", _reduce_add),
             (_functions, "torch", _no_copy_streams()),
             (_functions.Broadcast, "forward", staticmethod(broadcast_forward)),
             (_functions.Gather, "forward", staticmethod(gather_forward)),
-            (parallel_apply_module, "torch", _Overlay(
-                torch, accelerator=_accelerator_for_workers(), cuda=_cuda_for_workers())),
+            (
+                parallel_apply_module,
+                "torch",
+                _Overlay(torch, accelerator=_accelerator_for_workers(), cuda=_cuda_for_workers()),
+            ),
         ]
         with contextlib.ExitStack() as undo:
             for owner, name, value in patches:

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import shutil
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
-
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLES = REPO / "samples"
@@ -26,7 +25,12 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = 120, env: dict
     full_env.setdefault("PYTHONUNBUFFERED", "1")
     cmd = [sys.executable, "-m", "ddpdoctor", *args]
     proc = subprocess.Popen(
-        cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env,
+        cmd,
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=full_env,
         start_new_session=True,
     )
     try:
@@ -46,7 +50,6 @@ def write_script(path: Path, source: str) -> Path:
 
 def read_json(path: Path):
     return json.loads(Path(path).read_text())
-
 
 
 CHROMIUM = next(

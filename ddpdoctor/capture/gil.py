@@ -52,7 +52,9 @@ class GilProbe:
         if not self.available or self._knocker is not None:
             return
         self._knocker = self._factory(
-            polling_interval_micros=_POLL_US, sampling_interval_micros=_SAMPLE_US, sleeping_interval_micros=_SLEEP_US
+            polling_interval_micros=_POLL_US,
+            sampling_interval_micros=_SAMPLE_US,
+            sleeping_interval_micros=_SLEEP_US,
         )
         self._knocker.start()
 
@@ -73,4 +75,9 @@ class GilProbe:
                 self._knocker = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"probe": "gilknocker", "available": self.available, "reason": self.reason, "per_step": self.series}
+        return {
+            "probe": "gilknocker",
+            "available": self.available,
+            "reason": self.reason,
+            "per_step": self.series,
+        }

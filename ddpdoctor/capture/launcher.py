@@ -76,7 +76,14 @@ def _expected_ranks(tr: list[str], node_rank: int) -> list[int] | None:
 
 
 def finish_run(
-    out: Path, *, mode: str, command: list[str], config: CaptureConfig, tr: list[str], exit_code: int, started: float
+    out: Path,
+    *,
+    mode: str,
+    command: list[str],
+    config: CaptureConfig,
+    tr: list[str],
+    exit_code: int,
+    started: float,
 ) -> dict[str, Any]:
     node_rank = _node_rank(tr)
     record = manifest_mod.node_record(
@@ -124,11 +131,17 @@ class Reporter:
             f"exit code {man.get('exit_code')}"
         )
         for r in failed:
-            self._print(f"ddpdoctor:   rank {r['rank']} {r['status']}: {r.get('reason') or 'exit ' + str(r.get('exit_code'))}")
+            self._print(
+                f"ddpdoctor:   rank {r['rank']} {r['status']}: {r.get('reason') or 'exit ' + str(r.get('exit_code'))}"
+            )
         for note in man.get("notes", []) if not failed else []:
-            self._print(f"ddpdoctor: note: {note}; call ddpdoctor.step() at the end of each iteration to mark steps")
+            self._print(
+                f"ddpdoctor: note: {note}; call ddpdoctor.step() at the end of each iteration to mark steps"
+            )
         if ranks and not any(r.get("profiled_steps") for r in ranks) and man.get("steps_detected"):
             self._print(
                 "ddpdoctor: note: the run ended before the profiled window; lower --wait/--warmup or run more steps"
             )
-        self._print(f"ddpdoctor: next: ddpdoctor diagnose {out}    (or open it in TensorBoard: ddpdoctor view {out})")
+        self._print(
+            f"ddpdoctor: next: ddpdoctor diagnose {out}    (or open it in TensorBoard: ddpdoctor view {out})"
+        )

@@ -44,7 +44,7 @@ def _rank_entry(rank: int, data: dict[str, Any] | None, node: dict[str, Any] | N
     status = data.get("status")
     reason = data.get("error")
     if status == "hung":
-        reason = (reason or "").split("\n", 1)[0] + " (stack in ranks/rank%d.json)" % rank
+        reason = (reason or "").split("\n", 1)[0] + f" (stack in ranks/rank{rank}.json)"
     if status == "running":
         # The process ended without finishing its capture: killed (SIGKILL, OOM killer) or torn down by torchrun.
         status, reason = "failed", "the rank process died without finishing (killed, or stopped by torchrun)"
@@ -96,7 +96,8 @@ def build(out: Path, *, mode: str, command: list[str], config: dict[str, Any]) -
     expected.update(range(world_size))
     by_node = {n["node_rank"]: n for n in nodes}
     entries = [
-        _rank_entry(r, ranks.get(r), by_node.get((ranks.get(r) or {}).get("node_rank", 0))) for r in sorted(expected)
+        _rank_entry(r, ranks.get(r), by_node.get((ranks.get(r) or {}).get("node_rank", 0)))
+        for r in sorted(expected)
     ]
     # A rank killed between renaming a trace into place and updating its rank file still left that trace.
     on_disk: dict[int, list[str]] = {}

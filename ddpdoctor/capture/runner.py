@@ -51,8 +51,10 @@ def _strip_own_frames(tb: TracebackType | None, target: Target) -> TracebackType
     first = tb
     while tb is not None:
         filename = tb.tb_frame.f_code.co_filename
-        own = f"{os.sep}ddpdoctor{os.sep}" in filename or filename.endswith(f"{os.sep}runpy.py") or (
-            filename.startswith("<frozen runpy")
+        own = (
+            f"{os.sep}ddpdoctor{os.sep}" in filename
+            or filename.endswith(f"{os.sep}runpy.py")
+            or (filename.startswith("<frozen runpy"))
         )
         if not own:
             return tb

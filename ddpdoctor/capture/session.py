@@ -61,7 +61,11 @@ def _dist_info() -> dict[str, Any] | None:
         import torch.distributed as dist
 
         if dist.is_available() and dist.is_initialized():
-            return {"backend": str(dist.get_backend()), "rank": dist.get_rank(), "world_size": dist.get_world_size()}
+            return {
+                "backend": str(dist.get_backend()),
+                "rank": dist.get_rank(),
+                "world_size": dist.get_world_size(),
+            }
     except Exception:
         pass
     return None
@@ -121,7 +125,10 @@ class Session:
         if torch.cuda.is_available():
             activities.append(ProfilerActivity.CUDA)
         base = schedule(
-            wait=self.config.wait, warmup=self.config.warmup, active=self.config.active, repeat=self.config.repeat
+            wait=self.config.wait,
+            warmup=self.config.warmup,
+            active=self.config.active,
+            repeat=self.config.repeat,
         )
         from torch.profiler import ProfilerAction
 
@@ -139,9 +146,13 @@ class Session:
         )
         if self._all_threads():
             try:  # DataParallel's replicas run in other threads: record them too.
-                kwargs["experimental_config"] = torch._C._profiler._ExperimentalConfig(profile_all_threads=True)
+                kwargs["experimental_config"] = torch._C._profiler._ExperimentalConfig(
+                    profile_all_threads=True
+                )
             except (TypeError, AttributeError):
-                self.capture_errors.append("this torch cannot profile all threads; only the main thread is recorded")
+                self.capture_errors.append(
+                    "this torch cannot profile all threads; only the main thread is recorded"
+                )
 
         self._install_hooks()
         if self.config.hang_timeout_s:
@@ -175,7 +186,9 @@ class Session:
             skipped = dp.install()
             self._dp = dp
             if skipped:
-                self.capture_errors.append(f"DataParallel internals not found in this torch: {', '.join(skipped)}")
+                self.capture_errors.append(
+                    f"DataParallel internals not found in this torch: {', '.join(skipped)}"
+                )
         except ImportError:
             self._dp = None
 

@@ -17,8 +17,14 @@ from ddpdoctor.errors import DDPDoctorError
 
 # command name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "trace": ("ddpdoctor.cli.trace_cmd", "run a training script under the profiler and write a run directory"),
-    "diagnose": ("ddpdoctor.cli.diagnose_cmd", "analyse a run (or any torch.profiler traces) and report findings"),
+    "trace": (
+        "ddpdoctor.cli.trace_cmd",
+        "run a training script under the profiler and write a run directory",
+    ),
+    "diagnose": (
+        "ddpdoctor.cli.diagnose_cmd",
+        "analyse a run (or any torch.profiler traces) and report findings",
+    ),
     "rules": ("ddpdoctor.cli.rules_cmd", "list the diagnosis rules"),
     "explain": ("ddpdoctor.cli.rules_cmd", "print the documentation of one rule"),
     "compare": ("ddpdoctor.cli.compare_cmd", "compare two runs side by side (e.g. DataParallel vs DDP)"),

@@ -32,9 +32,15 @@ def _own_parser() -> argparse.ArgumentParser:
     )
     g = p.add_argument_group("ddpdoctor options")
     g.add_argument("-h", "--help", action="store_true", help="show this help and exit")
-    g.add_argument("--out", "-o", metavar="DIR", help="run directory (default: ddpdoctor-runs/<script>-<time>)")
-    g.add_argument("--force", action="store_true", help="replace ddpdoctor's files in an existing run directory")
-    g.add_argument("--wait", type=int, default=5, metavar="N", help="steps to skip before profiling (default 5)")
+    g.add_argument(
+        "--out", "-o", metavar="DIR", help="run directory (default: ddpdoctor-runs/<script>-<time>)"
+    )
+    g.add_argument(
+        "--force", action="store_true", help="replace ddpdoctor's files in an existing run directory"
+    )
+    g.add_argument(
+        "--wait", type=int, default=5, metavar="N", help="steps to skip before profiling (default 5)"
+    )
     g.add_argument("--warmup", type=int, default=2, metavar="N", help="profiler warm-up steps (default 2)")
     g.add_argument("--active", type=int, default=5, metavar="N", help="steps recorded per window (default 5)")
     g.add_argument("--repeat", type=int, default=1, metavar="N", help="number of windows, 0 = until the end")
@@ -272,7 +278,9 @@ def main(argv: list[str]) -> int:
         launcher.finish_run(
             out, mode=mode, command=command, config=config, tr=tr, exit_code=code, started=started
         )
-    except OSError as exc:  # a full or read-only disk: say so, and still end with the script's own exit status
+    except (
+        OSError
+    ) as exc:  # a full or read-only disk: say so, and still end with the script's own exit status
         print(
             f"ddpdoctor: error: cannot write the run directory {out}: {exc.strerror or exc} "
             f"(the script exited with code {code})",
@@ -291,4 +299,3 @@ def main(argv: list[str]) -> int:
 def register(sub: Any, name: str, help_text: str) -> None:  # pragma: no cover - trace bypasses argparse
     p = sub.add_parser(name, help=help_text, add_help=False)
     p.set_defaults(func=lambda _args: main(["--help"]))
-

@@ -31,7 +31,9 @@ for step in range(steps):
     if rank == fail_rank and step == fail_step:
         raise RuntimeError(f"injected failure on rank {rank} at step {step}")
     if rank == hang_rank and step == hang_step:
-        while True:  # a rank stuck in Python (a deadlocked data pipeline, say); its peer then waits in all-reduce
+        while (
+            True
+        ):  # a rank stuck in Python (a deadlocked data pipeline, say); its peer then waits in all-reduce
             time.sleep(0.1)
     if rank == slow_rank:
         time.sleep(slow_ms / 1000)

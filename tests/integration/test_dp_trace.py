@@ -89,8 +89,13 @@ def test_dataparallel_stages_are_traced(tmp_path: Path) -> None:
 
     rank = read_json(out / "ranks" / "rank0.json")
     # described after the script returned and its model was freed
-    described = {"module": "Sequential", "wrapper": "DataParallel", "device_ids": list(range(DEVICES)),
-                 "output_device": 0, "dim": 0}
+    described = {
+        "module": "Sequential",
+        "wrapper": "DataParallel",
+        "device_ids": list(range(DEVICES)),
+        "output_device": 0,
+        "dim": 0,
+    }
     assert rank["dp"] == [described]
     assert len(rank["dp_steps"]) == 6
     for stats in rank["dp_steps"]:

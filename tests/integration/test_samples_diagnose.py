@@ -20,8 +20,9 @@ DDP = ["--standalone", "--nproc-per-node", "2"]
 
 def _trace_and_diagnose(tmp_path_factory, name: str, launch: list[str], args: list[str]) -> dict:
     out = tmp_path_factory.mktemp("samples") / name
-    traced = run_cli("trace", "-q", "--out", str(out), *WINDOW, *launch, str(SAMPLES / f"{name}.py"), *args,
-                     timeout=150)
+    traced = run_cli(
+        "trace", "-q", "--out", str(out), *WINDOW, *launch, str(SAMPLES / f"{name}.py"), *args, timeout=150
+    )
     assert traced.returncode == 0, traced.stderr[-3000:]
     diagnosed = run_cli("diagnose", str(out), "--format", "json", timeout=60)
     assert diagnosed.returncode == 0, diagnosed.stderr[-3000:]
@@ -55,7 +56,9 @@ def straggler(tmp_path_factory):
 def slow_dataloader(tmp_path_factory):
     # 2 ms a sample (~70 ms of loading per step) keeps the small exposed all-reduce (~2 ms) of this sample under
     # the 5% step share of poor-comm-compute-overlap / ddp-bucket-size-mismatch.
-    return _trace_and_diagnose(tmp_path_factory, "ddp_slow_dataloader", DDP, ["--steps", "10", "--cost-ms", "2"])
+    return _trace_and_diagnose(
+        tmp_path_factory, "ddp_slow_dataloader", DDP, ["--steps", "10", "--cost-ms", "2"]
+    )
 
 
 @pytest.fixture(scope="module")

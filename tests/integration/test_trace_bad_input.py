@@ -34,10 +34,14 @@ def test_unknown_flag(tmp_path):
 
 
 def test_missing_module(tmp_path):
-    assert "no_such_mod" in _one_error_line(run_cli("trace", "--out", str(tmp_path / "r"), "-m", "no_such_mod"))
+    assert "no_such_mod" in _one_error_line(
+        run_cli("trace", "--out", str(tmp_path / "r"), "-m", "no_such_mod")
+    )
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere; covered by the file-as-out case below")
+@pytest.mark.skipif(
+    os.geteuid() == 0, reason="root can write anywhere; covered by the file-as-out case below"
+)
 def test_unwritable_out(tmp_path):
     locked = tmp_path / "locked"
     locked.mkdir()

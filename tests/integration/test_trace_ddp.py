@@ -29,8 +29,9 @@ def _trace_names(path: Path) -> set[str]:
 @pytest.mark.timeout(180)
 def test_two_rank_ddp_run(tmp_path):
     out = tmp_path / "run"
-    result = run_cli("trace", "--out", str(out), *FAST, "--standalone", "--nproc-per-node", "2", SCRIPT,
-                     env={"STEPS": "8"})
+    result = run_cli(
+        "trace", "--out", str(out), *FAST, "--standalone", "--nproc-per-node", "2", SCRIPT, env={"STEPS": "8"}
+    )
     assert result.returncode == 0, result.stderr
     manifest = read_json(out / "manifest.json")
     assert manifest["world_size"] == 2 and manifest["exit_code"] == 0 and manifest["mode"] == "torchrun"
@@ -47,7 +48,11 @@ def test_two_rank_ddp_run(tmp_path):
         assert trace["distributedInfo"]["rank"] == entry["rank"]
         assert trace["distributedInfo"]["world_size"] == 2
         rank = read_json(out / "ranks" / f"rank{entry['rank']}.json")
-        assert rank["backend"] == "gloo" and rank["steps"]["source"] == "optimizer" and rank["steps"]["count"] == 8
+        assert (
+            rank["backend"] == "gloo"
+            and rank["steps"]["source"] == "optimizer"
+            and rank["steps"]["count"] == 8
+        )
         assert len(rank["steps"]["wall_ms"]) == 7 and all(ms > 0 for ms in rank["steps"]["wall_ms"])
         (ddp,) = rank["ddp"]
         data = ddp["logging_data"]
@@ -63,8 +68,17 @@ def test_two_rank_ddp_run(tmp_path):
 def test_rank_failure_keeps_data(tmp_path):
     """Rank 0 raises at step 7: exit non-zero, rank 0 marked failed, both ranks' completed windows on disk."""
     out = tmp_path / "run"
-    result = run_cli("trace", "--out", str(out), *FAST, "--standalone", "--nproc-per-node", "2", SCRIPT,
-                     env={"STEPS": "12", "FAIL_RANK": "0", "FAIL_STEP": "7"})
+    result = run_cli(
+        "trace",
+        "--out",
+        str(out),
+        *FAST,
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        SCRIPT,
+        env={"STEPS": "12", "FAIL_RANK": "0", "FAIL_STEP": "7"},
+    )
     assert result.returncode != 0
     assert "injected failure on rank 0 at step 7" in result.stderr
     manifest = read_json(out / "manifest.json")
@@ -96,9 +110,23 @@ def test_sigterm_flushes_and_leaves_no_orphans(tmp_path):
     out = tmp_path / "run"
     env = {**os.environ, "STEPS": "2000", "SLEEP_MS": "20", "PYTHONUNBUFFERED": "1"}
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "ddpdoctor", "trace", "--out", str(out), *FAST, "--standalone",
-         "--nproc-per-node", "2", SCRIPT],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "ddpdoctor",
+            "trace",
+            "--out",
+            str(out),
+            *FAST,
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            SCRIPT,
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     deadline = time.time() + 90
     while time.time() < deadline and len(list(out.glob("rank*.pt.trace.json.gz"))) < 2:

@@ -42,7 +42,6 @@ sys.exit(int(os.environ.get("EXIT_CODE", "0")))
 """
 
 
-
 @pytest.fixture
 def tmpfs(tmp_path):
     """``tmpfs(name, size="64k", read_only=False)`` mounts a small tmpfs under tmp_path (unmounted after)."""

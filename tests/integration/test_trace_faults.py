@@ -22,9 +22,23 @@ def test_rank_killed_with_sigkill(tmp_path):
     out = tmp_path / "run"
     env = {**os.environ, "STEPS": "3000", "SLEEP_MS": "20", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ddpdoctor", "trace", "--out", str(out), *FAST, "--standalone",
-         "--nproc-per-node", "2", SCRIPT],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "ddpdoctor",
+            "trace",
+            "--out",
+            str(out),
+            *FAST,
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            SCRIPT,
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     deadline = time.time() + 90
     while time.time() < deadline and len(list(out.glob("rank*.pt.trace.json.gz"))) < 2:
@@ -43,8 +57,20 @@ def test_rank_killed_with_sigkill(tmp_path):
 
 def test_hanging_rank_is_named(tmp_path):
     out = tmp_path / "run"
-    result = run_cli("trace", "--out", str(out), *FAST, "--hang-timeout", "3", "--standalone", "--nproc-per-node",
-                     "2", SCRIPT, env={"STEPS": "30", "HANG_RANK": "1", "HANG_STEP": "8"}, timeout=150)
+    result = run_cli(
+        "trace",
+        "--out",
+        str(out),
+        *FAST,
+        "--hang-timeout",
+        "3",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        SCRIPT,
+        env={"STEPS": "30", "HANG_RANK": "1", "HANG_STEP": "8"},
+        timeout=150,
+    )
     assert result.returncode != 0
     assert "rank 1 hung" in result.stderr
     manifest = read_json(out / "manifest.json")

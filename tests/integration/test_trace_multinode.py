@@ -27,12 +27,43 @@ def test_two_nodes_share_out(tmp_path):
     out = tmp_path / "run"
     port = _free_port()
     env = {**os.environ, "STEPS": "8", "PYTHONUNBUFFERED": "1"}
-    common = ["--wait", "1", "--warmup", "1", "--active", "3", "--nnodes", "2", "--nproc-per-node", "1",
-              "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "test-job"]
+    common = [
+        "--wait",
+        "1",
+        "--warmup",
+        "1",
+        "--active",
+        "3",
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "1",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{port}",
+        "--rdzv-id",
+        "test-job",
+    ]
     procs = [
-        subprocess.Popen([sys.executable, "-m", "ddpdoctor", "trace", "--out", str(out), *common,
-                          "--node-rank", str(node), SCRIPT], env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "ddpdoctor",
+                "trace",
+                "--out",
+                str(out),
+                *common,
+                "--node-rank",
+                str(node),
+                SCRIPT,
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for node in (0, 1)
     ]
     results = [p.communicate(timeout=150) for p in procs]

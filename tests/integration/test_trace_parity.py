@@ -55,7 +55,7 @@ def test_script_parity(tmp_path, mode, code):
         # the script's own traceback, as Python shows it, without ddpdoctor's or runpy's frames
         tb = wrapped.stderr[wrapped.stderr.index("Traceback") :]
         assert "ValueError: boom from the script" in tb
-        assert 'in inner' in tb and "train.py" in tb
+        assert "in inner" in tb and "train.py" in tb
         assert "ddpdoctor" not in tb.split("ValueError")[0] and "runpy" not in tb
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     assert manifest["exit_code"] == code
@@ -75,7 +75,9 @@ def test_module_parity(tmp_path):
 
 def test_no_step_script_still_traced(tmp_path):
     """A script with no optimizer and no ddpdoctor.step(): the run is still traced, and the manifest says so."""
-    script = write_script(tmp_path / "nostep.py", "import torch\nx = torch.randn(64, 64)\nfor _ in range(5): x = x @ x.T / 64\n")
+    script = write_script(
+        tmp_path / "nostep.py", "import torch\nx = torch.randn(64, 64)\nfor _ in range(5): x = x @ x.T / 64\n"
+    )
     result = run_cli("trace", "--out", str(tmp_path / "run"), str(script))
     assert result.returncode == 0, result.stderr
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
@@ -99,7 +101,9 @@ def test_manual_steps(tmp_path):
             ddpdoctor.step()
         """,
     )
-    result = run_cli("trace", "--out", str(tmp_path / "run"), "--wait", "1", "--warmup", "1", "--active", "3", str(script))
+    result = run_cli(
+        "trace", "--out", str(tmp_path / "run"), "--wait", "1", "--warmup", "1", "--active", "3", str(script)
+    )
     assert result.returncode == 0, result.stderr
     rank0 = json.loads((tmp_path / "run" / "ranks" / "rank0.json").read_text())
     assert rank0["steps"]["source"] == "manual"
@@ -128,9 +132,24 @@ def test_sigint_single_process(tmp_path):
     )
     out = tmp_path / "run"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ddpdoctor", "trace", "--out", str(out), "--wait", "1", "--warmup", "1",
-         "--active", "2", str(script)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "ddpdoctor",
+            "trace",
+            "--out",
+            str(out),
+            "--wait",
+            "1",
+            "--warmup",
+            "1",
+            "--active",
+            "2",
+            str(script),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     deadline = time.time() + 60
     while time.time() < deadline and not list(out.glob("rank0.*.pt.trace.json.gz")):

@@ -23,14 +23,18 @@ class ScriptedAllocator:
         monkeypatch.setattr(torch.cuda, "device_count", lambda: n)
         monkeypatch.setattr(torch.cuda, "memory_stats", lambda i: dict(self.stats[i]))
         monkeypatch.setattr(
-            torch.cuda, "get_device_properties", lambda i: SimpleNamespace(name=f"GPU{i}", total_memory=80 << 30)
+            torch.cuda,
+            "get_device_properties",
+            lambda i: SimpleNamespace(name=f"GPU{i}", total_memory=80 << 30),
         )
 
         def no_reset(*a, **k):
             self.resets += 1
 
         monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", no_reset)
-        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: pytest.fail("mem_get_info creates contexts"))
+        monkeypatch.setattr(
+            torch.cuda, "mem_get_info", lambda *a: pytest.fail("mem_get_info creates contexts")
+        )
 
     def set(self, i: int, alloc_peak: int, reserved_peak: int, alloc: int = 0, reserved: int = 0) -> None:
         self.stats[i] = {
@@ -53,7 +57,11 @@ def test_rank_records_only_devices_it_touched(monkeypatch):
     out = mem.to_json()
     assert [d["device"] for d in out["devices"]] == ["cuda:0", "cuda:3"]
     d0, d3 = out["devices"]
-    assert d3["per_step"]["step"] == [1, 2] and d3["peak_reserved_bytes"] == 400 and d3["peak_allocated_bytes"] == 300
+    assert (
+        d3["per_step"]["step"] == [1, 2]
+        and d3["peak_reserved_bytes"] == 400
+        and d3["peak_allocated_bytes"] == 300
+    )
     assert d0["per_step"]["step"] == [2] and d0["capacity_bytes"] == 80 << 30
     assert alloc.resets == 0  # the script's own max_memory_allocated() stays what it would be
 

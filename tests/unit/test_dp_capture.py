@@ -172,10 +172,20 @@ def test_describe_lists_instances_even_after_they_are_freed(installed: None) -> 
 
     multi = dp_harness.data_parallel(Tower(), 4, dim=0)
     passthrough = torch.nn.DataParallel(torch.nn.Linear(2, 2))  # no GPU here: DataParallel just calls it
-    tower = {"module": "Tower", "wrapper": "DataParallel", "device_ids": [0, 1, 2, 3], "output_device": 0,
-             "dim": 0}
-    linear = {"module": "Linear", "wrapper": "DataParallel", "device_ids": [], "output_device": None,
-              "dim": None}
+    tower = {
+        "module": "Tower",
+        "wrapper": "DataParallel",
+        "device_ids": [0, 1, 2, 3],
+        "output_device": 0,
+        "dim": 0,
+    }
+    linear = {
+        "module": "Linear",
+        "wrapper": "DataParallel",
+        "device_ids": [],
+        "output_device": None,
+        "dim": None,
+    }
     described = dp.describe()
     assert described.index(tower) < described.index(linear)
     json.dumps(described)
@@ -200,8 +210,13 @@ def test_an_instance_built_before_install_is_described_once_used() -> None:
         assert "Early" not in [d["module"] for d in dp.describe()]
         with dp_harness.simulated_devices():
             model(torch.randn(4, 8))
-        assert {"module": "Early", "wrapper": "DataParallel", "device_ids": [0, 1], "output_device": 0,
-                "dim": 0} in dp.describe()
+        assert {
+            "module": "Early",
+            "wrapper": "DataParallel",
+            "device_ids": [0, 1],
+            "output_device": 0,
+            "dim": 0,
+        } in dp.describe()
     finally:
         dp.uninstall()
 

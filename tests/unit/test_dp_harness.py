@@ -95,14 +95,26 @@ def test_the_context_restores_torch() -> None:
     from torch.nn.parallel import _functions, comm
 
     parallel_apply_module = dp_harness.parallel_apply_module
-    before = (comm.torch, comm.reduce_add, _functions.torch, parallel_apply_module.torch,
-              _functions.Broadcast.__dict__["forward"], _functions.Gather.__dict__["forward"])
+    before = (
+        comm.torch,
+        comm.reduce_add,
+        _functions.torch,
+        parallel_apply_module.torch,
+        _functions.Broadcast.__dict__["forward"],
+        _functions.Gather.__dict__["forward"],
+    )
     with dp_harness.simulated_devices():
         assert comm.torch is not torch
         with pytest.raises(RuntimeError, match="already active"):
             with dp_harness.simulated_devices():
                 pass
-    after = (comm.torch, comm.reduce_add, _functions.torch, parallel_apply_module.torch,
-             _functions.Broadcast.__dict__["forward"], _functions.Gather.__dict__["forward"])
+    after = (
+        comm.torch,
+        comm.reduce_add,
+        _functions.torch,
+        parallel_apply_module.torch,
+        _functions.Broadcast.__dict__["forward"],
+        _functions.Gather.__dict__["forward"],
+    )
     assert all(a is b for a, b in zip(before, after, strict=True))
     assert comm.torch is torch

@@ -80,7 +80,10 @@ def test_findings_carry_the_numbers_that_made_them_fire():
     overlap = found["poor-comm-compute-overlap"]
     assert overlap.evidence["mean(overlap_ratio)"] == pytest.approx(0.37)
     # 4 ranks expose 22 ms each, of which 17/17/1/17 ms is waiting for the straggler: mean transfer 9.0 ms
-    assert "9.0 ms per step of data transfer is exposed" in overlap.message and "35.0 ms of collectives" in overlap.message
+    assert (
+        "9.0 ms per step of data transfer is exposed" in overlap.message
+        and "35.0 ms of collectives" in overlap.message
+    )
     assert "only 1 gradient bucket" in overlap.message
     assert overlap.estimated_gain_ms == pytest.approx(9.0)
     oom = found["gpu0-oom-risk"]
@@ -118,7 +121,14 @@ def test_rules_whose_metrics_are_all_missing_are_not_evaluated_with_the_reason()
 def test_ddp_rule_without_communication_is_not_evaluated_not_passed():
     metrics = fake_metrics("ddp_4ranks")
     for row in metrics.ranks:
-        for key in ("comm_ms", "exposed_comm_ms", "exposed_transfer_ms", "overlap_ratio", "busbw_gbps", "algbw_gbps"):
+        for key in (
+            "comm_ms",
+            "exposed_comm_ms",
+            "exposed_transfer_ms",
+            "overlap_ratio",
+            "busbw_gbps",
+            "algbw_gbps",
+        ):
             row[key] = None
     result = evaluate(select_rules(load_rules(), ["poor-comm-compute-overlap"]), metrics)
     assert result.findings == () and result.passed == ()

@@ -6,8 +6,7 @@ import re
 from pathlib import Path
 
 from ddpdoctor.cli import COMMANDS
-from ddpdoctor.diagnosis import load_rules
-from ddpdoctor.diagnosis import metric_names
+from ddpdoctor.diagnosis import load_rules, metric_names
 
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
 
