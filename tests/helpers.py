@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -40,6 +41,21 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = 120, env: dict
         proc.communicate()
         raise
     return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+
+
+def start_long_ddp_run(out: Path, *trace_args: str, env: dict | None = None) -> subprocess.Popen:
+    """Start `ddpdoctor trace` of a long 2-rank run of tests/integration/ddp_script.py in the background and wait
+    until both ranks have written their first profiled window (for tests that then signal or kill it)."""
+    script = str(REPO / "tests" / "integration" / "ddp_script.py")
+    full_env = {**os.environ, "STEPS": "3000", "SLEEP_MS": "20", "PYTHONUNBUFFERED": "1", **(env or {})}
+    cmd = [sys.executable, "-m", "ddpdoctor", "trace", "--out", str(out), *trace_args]
+    cmd += ["--standalone", "--nproc-per-node", "2", script]
+    proc = subprocess.Popen(cmd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 90
+    while time.time() < deadline and len(list(out.glob("rank*.pt.trace.json.gz"))) < 2:
+        time.sleep(0.2)
+    assert len(list(out.glob("rank*.pt.trace.json.gz"))) == 2, "the profiled window never completed"
+    return proc
 
 
 def write_script(path: Path, source: str) -> Path:

@@ -6,13 +6,11 @@ import gzip
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from helpers import read_json, run_cli
+from helpers import read_json, run_cli, start_long_ddp_run
 
 pytestmark = [pytest.mark.integration]
 
@@ -108,30 +106,7 @@ def _alive(pid: int) -> bool:
 @pytest.mark.timeout(180)
 def test_sigterm_flushes_and_leaves_no_orphans(tmp_path):
     out = tmp_path / "run"
-    env = {**os.environ, "STEPS": "2000", "SLEEP_MS": "20", "PYTHONUNBUFFERED": "1"}
-    launcher = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "ddpdoctor",
-            "trace",
-            "--out",
-            str(out),
-            *FAST,
-            "--standalone",
-            "--nproc-per-node",
-            "2",
-            SCRIPT,
-        ],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.time() + 90
-    while time.time() < deadline and len(list(out.glob("rank*.pt.trace.json.gz"))) < 2:
-        time.sleep(0.2)
-    assert len(list(out.glob("rank*.pt.trace.json.gz"))) == 2, "the profiled window never completed"
+    launcher = start_long_ddp_run(out, *FAST)
     pids = [read_json(out / "ranks" / f"rank{r}.json")["pid"] for r in (0, 1)]
     launcher.send_signal(signal.SIGTERM)
     _, stderr = launcher.communicate(timeout=90)

@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
-from helpers import read_json, run_cli
+from helpers import read_json, run_cli, start_long_ddp_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -20,29 +17,7 @@ FAST = ["--wait", "1", "--warmup", "1", "--active", "3"]
 
 def test_rank_killed_with_sigkill(tmp_path):
     out = tmp_path / "run"
-    env = {**os.environ, "STEPS": "3000", "SLEEP_MS": "20", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "ddpdoctor",
-            "trace",
-            "--out",
-            str(out),
-            *FAST,
-            "--standalone",
-            "--nproc-per-node",
-            "2",
-            SCRIPT,
-        ],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.time() + 90
-    while time.time() < deadline and len(list(out.glob("rank*.pt.trace.json.gz"))) < 2:
-        time.sleep(0.2)
+    proc = start_long_ddp_run(out, *FAST)
     victim = read_json(out / "ranks" / "rank1.json")["pid"]
     os.kill(victim, signal.SIGKILL)
     _, stderr = proc.communicate(timeout=120)
