@@ -1,5 +1,5 @@
-"""The training script the capture-overhead benchmark runs three ways: bare, under `ddpdoctor trace`, and with a
-hand-written torch.profiler using the same schedule (BENCH_PROFILE=1). It times every step itself and writes
+"""The training script the capture-overhead benchmark runs three ways: bare, under `ddpdoctor trace`, and with
+a hand-written torch.profiler using the same schedule (BENCH_PROFILE=1). It times every step itself and writes
 BENCH_OUT/rank<R>.json, so all three are measured by the same clock in the same place."""
 
 import json
@@ -33,7 +33,7 @@ if os.environ.get("BENCH_PROFILE") == "1":
 times = []
 t0 = time.perf_counter()
 last = t0
-for step in range(steps):
+for _ in range(steps):
     x = torch.randn(64, 512)
     loss = model(x).square().mean()
     opt.zero_grad()

@@ -1,0 +1,90 @@
+"""Memory: peak RSS while ``ddpdoctor diagnose`` runs, over the size of the largest uncompressed rank trace.
+Target: <= 1.5x (HTA needs about 4x; bench_hta.py measures it on the same files).
+
+Each diagnosis runs in a fresh process (``diagnose_child.py``). From its peak (VmHWM) we subtract its RSS once
+the interpreter and every module the CLI imports are loaded (the baseline, printed); ranks decoded in worker
+processes are measured the same way (peak over all workers, less a fresh worker's RSS). The figure is the
+larger of the two. The main process keeps every rank's event tables until the analysis ends, so with many
+ranks its share grows with the total size of the traces, not the largest one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from bench_common import CHILD, Report, label, mb, real_set, run_child, uncompressed_size
+
+NAME = "memory"
+TARGET = 1.5
+SETS = ("hta/df_index_resolver", "tb-profiler/resnet50_num_workers_0", "astra-sim/megatron_tp8_a100_8ranks")
+QUICK_SETS = ("hta/df_index_resolver",)
+
+
+def measure(path: Path, *, floor: bool = False) -> dict[str, Any]:
+    """Peak memory of diagnosing ``path`` in a fresh process (and, with ``floor``, of orjson-decoding it)."""
+    from ddpdoctor.load.discover import group_by_worker
+    from ddpdoctor.load.discover import trace_files as ddpdoctor_trace_files
+
+    files = ddpdoctor_trace_files(path)
+    sizes = [uncompressed_size(p) for p in files]
+    in_workers = len(group_by_worker(files)) > 1  # one rank (even of several spans) is decoded in-process
+    child = run_child([str(CHILD), "diagnose", str(path)])
+    base, peak = child["baseline_rss_kb"] * 1024, child["peak_rss_kb"] * 1024
+    main = peak - base
+    workers = None
+    if in_workers and child.get("children_peak_rss_kb") and child.get("worker_baseline_rss_kb"):
+        workers = max(0, child["children_peak_rss_kb"] - child["worker_baseline_rss_kb"]) * 1024
+    out = {
+        "largest_rank_bytes": max(sizes),
+        "total_bytes": sum(sizes),
+        "ranks_files": len(sizes),
+        "baseline_bytes": base,
+        "peak_bytes": peak,
+        "main_bytes": main,
+        "workers_bytes": workers,
+        "ratio": max(main, workers or 0) / max(sizes),
+        "whole_process_s": child["child_wall_s"],
+        "import_s": child["import_s"],
+        "work_s": child["work_s"],
+    }
+    if floor:
+        f = run_child([str(CHILD), "floor", str(path)])
+        out["floor_ratio"] = (f["peak_rss_kb"] - f["baseline_rss_kb"]) * 1024 / max(sizes)
+    return out
+
+
+def line(report: Report, label: str, m: dict[str, Any]) -> None:
+    workers = "" if m["workers_bytes"] is None else f", workers {mb(m['workers_bytes']):.0f} MB"
+    report.add(
+        f"memory_vs_largest_rank[{label}]",
+        m["ratio"],
+        target=("<=", TARGET),
+        note=f"peak {mb(m['peak_bytes']):.0f} MB - {mb(m['baseline_bytes']):.0f} MB interpreter+imports = "
+        f"{mb(m['main_bytes']):.0f} MB main{workers}; largest trace file "
+        f"{mb(m['largest_rank_bytes']):.1f} MB of {m['ranks_files']}, {mb(m['total_bytes']):.1f} MB in all",
+    )
+    if "floor_ratio" in m:
+        report.add(
+            f"orjson_memory_vs_largest_rank[{label}]",
+            m["floor_ratio"],
+            note="orjson.loads of the same files, one at a time (for contrast)",
+        )
+
+
+def run(report: Report, quick: bool) -> None:
+    section: dict[str, Any] = {}
+    for name in QUICK_SETS if quick else SETS:
+        path = real_set(name)
+        if path is None:
+            report.skip(f"memory_vs_largest_rank[{label(name)}]", "trace set not found (../shared/traces)")
+            continue
+        m = measure(path, floor=not quick)
+        section[name] = m
+        line(report, label(name), m)
+        report.add(
+            f"startup_s[{label(name)}]",
+            m["import_s"],
+            unit="s",
+            note=f"interpreter + imports of `ddpdoctor diagnose` (the analysis itself: {m['work_s']:.2f} s)",
+        )
+    report.sections[NAME] = section

@@ -1,0 +1,61 @@
+"""The benchmark harness (benchmarks/) imports and its pieces run on a small real run in seconds; the numbers
+themselves are only meaningful from `python benchmarks/run.py`."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "ddp_gloo_2rank"
+sys.path.insert(0, str(BENCH))
+
+pytest.importorskip("orjson")
+
+import bench_common  # noqa: E402
+import bench_floor  # noqa: E402
+import bench_scale  # noqa: E402
+import run as harness  # noqa: E402
+
+
+def test_every_benchmark_is_listed(capsys: pytest.CaptureFixture[str]) -> None:
+    assert harness.main(["--list"]) == 0
+    listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
+    assert listed == ["floor", "hta", "memory", "large", "capture", "scale"]
+
+
+def test_a_line_says_pass_or_miss_against_its_target() -> None:
+    report = bench_common.Report(stream=open("/dev/null", "w"))  # noqa: SIM115
+    assert report.add("a", 1.2, target=("<=", 1.3)).status == "PASS"
+    assert report.add("b", 1.4, target=("<=", 1.3)).status == "MISS"
+    assert report.add("c", 12.0, target=(">=", 10.0)).line().split()[1:4] == ["12.0x", "(target", ">="]
+    assert report.add("e", 1.022, target=("<=", 1.02)).line().split()[1:5] == ["1.022x", "(target", "<=", "1.020x)"]
+    assert report.skip("d", "no traces").status == "SKIP"
+
+
+def test_diagnose_and_the_orjson_floor_are_timed_on_a_real_run() -> None:
+    result = bench_floor.compare(FIXTURE, reps=1, warm=False)
+    assert result["files"] == 4 and result["largest_rank_mb"] > 0
+    assert all(result[k] > 0 for k in ("diagnose_s", "floor_s", "floor_gc_off_s"))
+
+
+def test_a_synthetic_run_from_real_summaries_is_diagnosed_in_a_child(tmp_path: Path) -> None:
+    from ddpdoctor.load import load
+    from ddpdoctor.metrics.summary import summarize_rank
+
+    source = tmp_path / "source"
+    shutil.copytree(FIXTURE, source)
+    run = load(source)
+    for rt in run.ranks:  # the capture writes these at the end of a real run; the fixture predates them
+        summary = summarize_rank(rt, run.capture.get(rt.rank))
+        (source / "ranks" / f"rank{rt.rank}.summary.json").write_text(json.dumps(summary))
+    synthetic = bench_scale.synthesize(8, source, tmp_path / "scale-8")
+    manifest = json.loads((synthetic / "manifest.json").read_text())
+    assert manifest["world_size"] == 8 and "synthetic-from-real" in manifest["notes"][0]
+    assert json.loads((synthetic / "ranks" / "rank7.summary.json").read_text())["rank"] == 7
+    child = bench_common.run_child([str(bench_common.CHILD), "summaries", str(synthetic)])
+    assert child["work_s"] > 0 and child["peak_rss_kb"] >= child["baseline_rss_kb"] > 0
