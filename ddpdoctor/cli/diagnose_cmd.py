@@ -113,7 +113,9 @@ def load_and_analyze(path: str, steps: tuple[int, int | None] | None) -> Any:
         raise DDPDoctorError(
             "this build of ddpdoctor has no metrics module (ddpdoctor.metrics.analyze)"
         ) from None
-    run_data = load(path, progress=_progress if sys.stderr.isatty() else None)
+    # The per-rank summaries the ranks computed at the end of `ddpdoctor trace` give the same metrics without
+    # decoding a trace (a 1,000-rank run is read from 1,000 small files); a step range needs the traces.
+    run_data = load(path, progress=_progress if sys.stderr.isatty() else None, use_summaries=steps is None)
     if steps is None:
         return _with_input_notes(analyze(run_data), run_data)
     if "steps" not in inspect.signature(analyze).parameters:

@@ -19,7 +19,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
 
 CONFIDENCE = 0.95
 N_RESAMPLES = 4999
@@ -46,8 +45,15 @@ def _stat(name: str):  # noqa: ANN202 - a vectorised statistic for scipy
     return lambda x, axis: np.mean(x, axis=axis)
 
 
+def _scipy_stats():  # noqa: ANN202
+    """scipy.stats, imported when a gate needs it (it costs ~0.5 s; every other command stays fast)."""
+    from scipy import stats
+
+    return stats
+
+
 def _rng_kwargs(seed: int) -> dict:
-    params = inspect.signature(stats.bootstrap).parameters
+    params = inspect.signature(_scipy_stats().bootstrap).parameters
     key = "rng" if "rng" in params else "random_state"  # scipy >= 1.15 renamed it
     return {key: np.random.default_rng(seed)}
 
@@ -87,7 +93,7 @@ def change_interval(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # DegenerateDataWarning: handled below by the percentile fallback
         for method in ("BCa", "percentile"):
-            res = stats.bootstrap(
+            res = _scipy_stats().bootstrap(
                 (a, b),
                 change,
                 n_resamples=N_RESAMPLES,

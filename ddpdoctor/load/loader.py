@@ -16,6 +16,7 @@ from typing import Any
 
 import pandas as pd
 
+from ddpdoctor import __version__
 from ddpdoctor.errors import TraceError
 from ddpdoctor.load.consistency import (
     check_one_run,
@@ -270,7 +271,12 @@ def _summaries(root: Path, capture: dict[int, dict[str, Any]]) -> list[RankTrace
     found: dict[int, dict[str, Any]] = {}
     for p in sorted(folder.glob("rank*.summary.json")):
         data = _read_json_quietly(p)
-        if isinstance(data, dict) and valid_rank(data.get("rank")) is not None:
+        # Only summaries this version computed: an older ddpdoctor's numbers are recomputed from the traces.
+        if (
+            isinstance(data, dict)
+            and valid_rank(data.get("rank")) is not None
+            and data.get("ddpdoctor_version") == __version__
+        ):
             found[data["rank"]] = data
     if not found or (capture and set(capture) - set(found)):
         return None

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ddpdoctor import __version__
 from ddpdoctor.load.model import RankTrace
 from ddpdoctor.metrics.breakdown import BREAKDOWN, per_step
 from ddpdoctor.metrics.capture import ddp_metrics, thread_metrics
@@ -86,6 +87,7 @@ def summarize_rank(
     return _jsonable(
         {
             "schema_version": SCHEMA_VERSION,
+            "ddpdoctor_version": __version__,
             "rank": rt.rank,
             "files": [str(f) for f in rt.files],
             "distributed_info": rt.distributed_info,
