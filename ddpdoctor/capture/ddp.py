@@ -13,8 +13,6 @@ from typing import Any
 
 _instances: weakref.WeakSet = weakref.WeakSet()
 _original_init: Any = None
-
-
 _original_destroy: Any = None
 # Long enough for gloo's worker threads to finish freeing their last work items (they need the GIL to do it).
 _TEARDOWN_GRACE_S = 0.05
