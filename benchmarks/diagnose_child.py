@@ -2,7 +2,8 @@
 
     python benchmarks/diagnose_child.py MODE RUN OUT_JSON
 
-MODE ``diagnose``: ``ddpdoctor diagnose RUN`` through the CLI's own ``main`` (report to a file);
+MODE ``diagnose``: ``ddpdoctor diagnose RUN --steps 0..`` (decoding the traces) through the CLI's own ``main``
+(report to a file);
 ``summaries``: the same pipeline (load -> analyze -> rules -> text report) from the per-rank summary files,
 ``load(RUN, use_summaries=True)``; ``floor``: ``orjson.loads`` of every trace file under RUN, one after the
 other (gunzip included).
@@ -55,7 +56,9 @@ def worker_rss_kb() -> int:
 
 
 def diagnose(run: str, out_dir: str) -> int:
-    return ddpdoctor.cli.main(["diagnose", run, "--output", str(Path(out_dir) / "report.txt")])
+    # `--steps 0..` (every step) makes diagnose decode the traces even where the ranks left summaries: this mode
+    # measures reading traces; the `summaries` mode measures the other path.
+    return ddpdoctor.cli.main(["diagnose", run, "--steps", "0..", "--output", str(Path(out_dir) / "report.txt")])
 
 
 def from_summaries(run: str, out_dir: str) -> int:
