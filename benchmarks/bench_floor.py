@@ -53,7 +53,8 @@ def diagnose(path: Path, out_dir: str) -> Callable[[], None]:
     from ddpdoctor.cli import main
 
     def run() -> None:
-        rc = main(["diagnose", str(path), "--output", str(Path(out_dir) / "report.txt")])
+        # `--steps 0..` (every step): decode the traces even where the ranks left per-rank summaries
+        rc = main(["diagnose", str(path), "--steps", "0..", "--output", str(Path(out_dir) / "report.txt")])
         if rc not in (0, 1):
             raise RuntimeError(f"ddpdoctor diagnose {path} exited {rc}")
 
