@@ -86,19 +86,20 @@ class RunMetrics:
     def to_json(self) -> dict[str, Any]:
         """A JSON-serialisable dict (NaN becomes None)."""
         return {
-            "run": _clean(self.run),
-            "ranks": _clean(self.ranks),
-            "per_step": _clean(self.per_step.to_dict(orient="records")),
-            "collectives": _clean(self.collectives.to_dict(orient="records")),
-            "devices": _clean(self.devices.to_dict(orient="records")),
+            "run": jsonable(self.run),
+            "ranks": jsonable(self.ranks),
+            "per_step": jsonable(self.per_step.to_dict(orient="records")),
+            "collectives": jsonable(self.collectives.to_dict(orient="records")),
+            "devices": jsonable(self.devices.to_dict(orient="records")),
         }
 
 
-def _clean(obj: Any) -> Any:
+def jsonable(obj: Any) -> Any:
+    """``obj`` with numpy scalars as Python numbers and NaN/inf as None (JSON has neither)."""
     if isinstance(obj, dict):
-        return {str(k): _clean(v) for k, v in obj.items()}
+        return {str(k): jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
+        return [jsonable(v) for v in obj]
     if isinstance(obj, np.bool_):
         return bool(obj)
     if isinstance(obj, np.integer):

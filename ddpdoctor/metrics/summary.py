@@ -16,7 +16,6 @@ Layout (``schema_version`` 1)::
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -29,6 +28,7 @@ from ddpdoctor.metrics.capture import ddp_metrics, thread_metrics
 from ddpdoctor.metrics.comm import bus_factor, collectives
 from ddpdoctor.metrics.dp import dp_per_step, dp_rank_metrics
 from ddpdoctor.metrics.memory import device_rows, memory_metrics, own_device
+from ddpdoctor.metrics.result import jsonable
 from ddpdoctor.metrics.setup import compute_device
 from ddpdoctor.metrics.steps import step_windows
 
@@ -84,7 +84,7 @@ def summarize_rank(
     metrics.update(memory_metrics(devices, own))
     metrics.update(ddp_metrics(capture))
     metrics.update(thread_metrics(capture, None))
-    return _jsonable(
+    return jsonable(
         {
             "schema_version": SCHEMA_VERSION,
             "ddpdoctor_version": __version__,
@@ -143,16 +143,3 @@ def _bandwidth(colls: pd.DataFrame, world: int) -> dict[str, float | None]:
         "busbw_gbps": float((sized["bytes"] * factors).sum() / seconds / 1e9),
     }
 
-
-def _jsonable(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, (np.bool_,)):
-        return bool(obj)
-    if isinstance(obj, np.integer):
-        return int(obj)
-    if isinstance(obj, (float, np.floating)):
-        return None if math.isnan(obj) or math.isinf(obj) else float(obj)
-    return obj
