@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 _instances: weakref.WeakSet = weakref.WeakSet()
 _original_init: Any = None
 _original_destroy: Any = None
+# Called with each new DDP module (the set-up observer counts its BatchNorm layers, parameters, device).
+_listeners: list[Callable[[Any], None]] = []
 # Long enough for gloo's worker threads to finish freeing their last work items (they need the GIL to do it).
 _TEARDOWN_GRACE_S = 0.05
 
@@ -32,6 +35,8 @@ def install() -> None:
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         _original_init(self, *args, **kwargs)
         _instances.add(self)
+        for listener in list(_listeners):
+            listener(self)
         try:
             self._set_ddp_runtime_logging_sample_rate(1)
         except Exception:  # older torch or a subclass without a logger
@@ -39,6 +44,17 @@ def install() -> None:
 
     __init__.__wrapped__ = _original_init  # type: ignore[attr-defined]
     DDP.__init__ = __init__
+
+
+def add_listener(listener: Callable[[Any], None]) -> None:
+    """Call ``listener(ddp_module)`` for every DDP module built while capture is installed."""
+    if listener not in _listeners:
+        _listeners.append(listener)
+
+
+def remove_listener(listener: Callable[[Any], None]) -> None:
+    if listener in _listeners:
+        _listeners.remove(listener)
 
 
 def _install_destroy_grace() -> None:

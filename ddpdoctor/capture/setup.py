@@ -12,6 +12,8 @@ import os
 import weakref
 from typing import Any
 
+from ddpdoctor.capture import ddp as ddp_capture
+
 _FIRST_BATCHES = 4  # index batches per epoch hashed to compare what ranks read
 _MAX_DIGEST_BYTES = 1 << 20
 
@@ -88,13 +90,6 @@ class SetupObserver:
 
             return forward
 
-        def wrap_ddp_init(original: Any) -> Any:
-            def __init__(module: Any, *args: Any, **kwargs: Any) -> None:
-                original(module, *args, **kwargs)
-                obs._saw_ddp(module)
-
-            return __init__
-
         def wrap_set_device(original: Any) -> Any:
             def set_device(device: Any) -> None:
                 obs.set_device_calls.append(str(device))
@@ -107,7 +102,7 @@ class SetupObserver:
         self._patch(_BaseDataLoaderIter, "__next__", wrap_next)
         self._patch(DistributedSampler, "set_epoch", wrap_set_epoch)
         self._patch(DDP, "forward", wrap_forward)
-        self._patch(DDP, "__init__", wrap_ddp_init)
+        ddp_capture.add_listener(self._saw_ddp)  # DDP's constructor is wrapped once, in capture/ddp.py
         self._patch(torch.cuda, "set_device", wrap_set_device)
         accelerator = getattr(torch, "accelerator", None)  # torch >= 2.6: the device-generic spelling
         for name in ("set_device_index", "set_device_idx"):
@@ -118,6 +113,7 @@ class SetupObserver:
         for owner, name, original in reversed(self._patches):
             setattr(owner, name, original)
         self._patches.clear()
+        ddp_capture.remove_listener(self._saw_ddp)
 
     # ---- observations ----------------------------------------------------------------------------------------
     def _new_epoch(self, it: Any, loader: Any) -> None:
