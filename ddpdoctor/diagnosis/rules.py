@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.resources
+import math
 import re
 import sys
 from collections.abc import Iterable, Mapping
@@ -133,6 +134,7 @@ class Rule:
                 raise RuleError(f"{source}: rule {self.name} has no parameter {key!r} (its params: {known})")
             if not _same_kind(params[key], value):
                 kind = "true/false" if isinstance(params[key], bool) else "a number"
+                kind = "a finite number" if isinstance(value, float) and not math.isfinite(value) else kind
                 raise RuleError(f"{source}: {self.name}.{key} must be {kind}, got {value!r}")
             params[key] = value
             origin[key] = source
@@ -142,7 +144,8 @@ class Rule:
 def _same_kind(default: Any, value: Any) -> bool:
     if isinstance(default, bool):
         return isinstance(value, bool)
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    # NaN fails every comparison, so a NaN threshold would switch its rule off without a word
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 # --------------------------------------------------------------------------------------------------- loading
@@ -216,7 +219,7 @@ def _build(data: Mapping[str, Any], filename: str, where: str) -> Rule:
     if not isinstance(params, dict) or not all(
         _same_kind(v, v) and not isinstance(v, dict) for v in params.values()
     ):
-        raise _Bad("[params] must map names to numbers or true/false")
+        raise _Bad("[params] must map names to finite numbers or true/false")
     backends = data.get("backends", [])
     if not isinstance(backends, list) or not all(isinstance(b, str) for b in backends):
         raise _Bad('backends must be a list of strings, e.g. ["nccl"]')
