@@ -7,8 +7,9 @@
   ops on every other thread, except the calls that only start or wait for communication (``c10d::*``, ...).
 
 Collectives (kinds all_reduce, broadcast, all_gather, reduce_scatter, all_to_all, reduce, barrier, send, recv,
-send_recv): bytes = max(In/Out msg nelems) × dtype size from ``record_param_comms``, or the product of the
-call's Input Dims × dtype size; timed on the device (NCCL kernels) or on the gloo thread.
+send_recv): bytes = the whole buffer, as nccl-tests counts it (all_gather: the gathered output; reduce_scatter: the
+input of all ranks' shards): max(In/Out msg nelems) × dtype size from ``record_param_comms``, or the largest tensor
+(list) in the call's Input Dims × dtype size; timed on the device (NCCL kernels) or on the gloo thread.
 """
 
 from __future__ import annotations
@@ -50,33 +51,88 @@ KINDS = (
 )
 COLLECTIVE_COLUMNS = ["kind", "start_us", "end_us", "dur_us", "bytes", "group_size", "source"]
 
-_DTYPE_BYTES = {
-    "float": 4,
-    "float32": 4,
-    "c10::float": 4,
-    "double": 8,
-    "float64": 8,
-    "half": 2,
-    "float16": 2,
-    "c10::half": 2,
-    "bfloat16": 2,
-    "c10::bfloat16": 2,
-    "int": 4,
-    "int32": 4,
-    "long": 8,
-    "int64": 8,
-    "short": 2,
-    "int16": 2,
-    "char": 1,
-    "int8": 1,
-    "byte": 1,
-    "uint8": 1,
-    "bool": 1,
-    "float8_e4m3fn": 1,
-    "float8_e5m2": 1,
-    "c10::float8_e4m3fn": 1,
-    "c10::float8_e5m2": 1,
+# Bytes per element of every dtype string torch writes into a trace, keyed in the form ``dtype_bytes`` looks up
+# (lower case, no ``c10::``/``at::``/``torch.`` prefix, single spaces): c10::toString names (``Float``, ``Byte``:
+# record_param_comms' ``dtype``), C++ type names (``float``, ``unsigned char``, ``c10::complex<c10::Half>``: the
+# ``Input type`` of ops) and torch's Python names (``float32``). tests/unit/test_comm_dtypes.py checks it against
+# every dtype of the installed torch.
+_DTYPE_GROUPS: dict[int, tuple[str, ...]] = {
+    1: (
+        "byte",
+        "uint8",
+        "unsigned char",
+        "char",
+        "int8",
+        "signed char",
+        "bool",
+        "qint8",
+        "quint8",
+        "quint4x2",
+        "quint2x4",
+        "bits1x8",
+        "bits2x4",
+        "bits4x2",
+        "bits8",
+        "float8_e5m2",
+        "float8_e4m3fn",
+        "float8_e5m2fnuz",
+        "float8_e4m3fnuz",
+        "float8_e8m0fnu",
+        "float4_e2m1fn_x2",
+        *(f"uint{i}" for i in range(1, 8)),
+        *(f"int{i}" for i in range(1, 8)),
+        *(f"dummy_uint1_7_t<{i}>" for i in range(1, 8)),
+        *(f"dummy_int1_7_t<{i}>" for i in range(1, 8)),
+    ),
+    2: (
+        "half",
+        "float16",
+        "bfloat16",
+        "short",
+        "int16",
+        "short int",
+        "uint16",
+        "unsigned short",
+        "short unsigned int",
+        "unsigned short int",
+        "bits16",
+    ),
+    4: (
+        "float",
+        "float32",
+        "int",
+        "int32",
+        "unsigned int",
+        "uint32",
+        "qint32",
+        "complexhalf",
+        "complex32",
+        "chalf",
+        "complex<half>",
+    ),
+    8: (
+        "double",
+        "float64",
+        "long",
+        "int64",
+        "long int",
+        "long long",
+        "long long int",
+        "uint64",
+        "unsigned long",
+        "long unsigned int",
+        "unsigned long int",
+        "unsigned long long",
+        "long long unsigned int",
+        "complexfloat",
+        "complex64",
+        "cfloat",
+        "complex<float>",
+    ),
+    16: ("complexdouble", "complex128", "cdouble", "complex<double>"),
 }
+_DTYPE_BYTES = {name: size for size, names in _DTYPE_GROUPS.items() for name in names}
+_DTYPE_PREFIX = re.compile(r"\b(c10|at|torch)(::|\.)")
 
 
 def kind_of(name: str) -> str | None:
@@ -85,11 +141,7 @@ def kind_of(name: str) -> str | None:
     text = re.sub(
         r"[^a-z]",
         "",
-        name.split(":", 1)[-1]
-        .lower()
-        .replace("ncclkernel", "")
-        .replace("ncclkernel", "")
-        .replace("nccldevkernel", ""),
+        name.split(":", 1)[-1].lower().replace("ncclkernel", "").replace("ncclkernel", "").replace("nccldevkernel", ""),
     )
     for key, kind in (
         ("reducescatter", "reduce_scatter"),
@@ -111,9 +163,12 @@ def kind_of(name: str) -> str | None:
 
 
 def dtype_bytes(dtype: str | None) -> int | None:
-    if not dtype:
+    """Bytes per element of a dtype string as a trace writes it (``Float``, ``c10::Half``, ``unsigned char``),
+    None when unknown."""
+    if not dtype or not isinstance(dtype, str):
         return None
-    return _DTYPE_BYTES.get(dtype.strip().lower())
+    key = " ".join(_DTYPE_PREFIX.sub("", dtype).lower().split())
+    return _DTYPE_BYTES.get(key)
 
 
 def bus_factor(kind: str, n: int) -> float:
@@ -149,9 +204,7 @@ def busy_sets(rt: RankTrace) -> tuple[iv.Intervals, iv.Intervals, bool]:
     ops = rt.ops
     comm = ops[names_matching(ops, _CPU_COMM_RANGE)]
     comm_threads = set(comm["tid"].unique())
-    comp = ops[
-        (ops["cat"] == "cpu_op") & ~ops["tid"].isin(comm_threads) & ~names_matching(ops, _NOT_CPU_COMPUTE)
-    ]
+    comp = ops[(ops["cat"] == "cpu_op") & ~ops["tid"].isin(comm_threads) & ~names_matching(ops, _NOT_CPU_COMPUTE)]
     return (
         iv.union(comm["ts_us"].to_numpy(), comm["end_us"].to_numpy()),
         iv.union(comp["ts_us"].to_numpy(), comp["end_us"].to_numpy()),
@@ -194,9 +247,7 @@ def _calls(rt: RankTrace) -> pd.DataFrame:
     """The ``nccl:*``/``gloo:*`` calls with kind, bytes and group size filled in from the ops around them."""
     c = rt.comm_ops
     if c is None or len(c) == 0:
-        return pd.DataFrame(
-            columns=["name", "tid", "ts_us", "end_us", "dur_us", "kind", "bytes", "group_size"]
-        )
+        return pd.DataFrame(columns=["name", "tid", "ts_us", "end_us", "dur_us", "kind", "bytes", "group_size"])
     names = c["name"].astype(str)
     is_call = names.str.match(_COMM_CALL)
     calls = c[is_call].copy()
@@ -216,11 +267,7 @@ def _calls(rt: RankTrace) -> pd.DataFrame:
         p = p_rows[pi] if pi >= 0 else None
         o = o_rows[oi] if oi >= 0 else None
         bytes_.append(_bytes(row, p, o))
-        gs = (
-            p.group_size
-            if p is not None and p.group_size > 0
-            else (row.group_size if row.group_size > 0 else -1)
-        )
+        gs = p.group_size if p is not None and p.group_size > 0 else (row.group_size if row.group_size > 0 else -1)
         groups.append(gs)
     calls["bytes"] = np.array(bytes_, dtype=np.float64)
     calls["group_size"] = np.array(groups, dtype=np.int64)
@@ -270,14 +317,20 @@ def _bytes(call, params, outer) -> float:  # noqa: ANN001
 
 
 def _numel(dims: object) -> int:
-    """Elements of the first tensor (or tensor list) argument in an ``Input Dims`` value."""
-    if not isinstance(dims, list) or not dims:
+    """Elements of the largest tensor (or tensor list) argument in an ``Input Dims`` value: the whole buffer of a
+    collective, as nccl-tests sizes it (all_gather's output list, reduce_scatter's input list)."""
+    if not isinstance(dims, list):
         return 0
-    first = dims[0]
-    if isinstance(first, list) and first and all(isinstance(d, list) for d in first):
-        return sum(math.prod(d) for d in first)  # TensorList
-    if isinstance(first, list) and all(isinstance(d, int) for d in first):
-        return math.prod(first) if first else 0
+    return max((_arg_numel(arg) for arg in dims), default=0)
+
+
+def _arg_numel(arg: object) -> int:
+    if not isinstance(arg, list) or not arg:
+        return 0
+    if all(isinstance(d, int) for d in arg):
+        return math.prod(arg)
+    if all(isinstance(d, list) for d in arg):  # TensorList (or a list of them)
+        return sum(_arg_numel(d) for d in arg)
     return 0
 
 
@@ -294,9 +347,7 @@ def _kernel_collectives(rt: RankTrace, kernels: pd.DataFrame, calls: pd.DataFram
     launched = launch_times(rt, kernels)
     ops = rt.ops
     runtime_tid = (
-        ops.drop_duplicates("correlation").set_index("correlation")["tid"]
-        if len(ops)
-        else pd.Series(dtype=np.int64)
+        ops.drop_duplicates("correlation").set_index("correlation")["tid"] if len(ops) else pd.Series(dtype=np.int64)
     )
     tids = runtime_tid.reindex(kernels["correlation"].to_numpy()).to_numpy()
     kind = np.array(kernels["name"].astype(str).map(kind_of).tolist(), dtype=object)
