@@ -7,6 +7,10 @@ from noise is reported as "within noise" (a warning, not a failure). A noisy met
 per-step samples in both runs can warn but never fail; memory peaks, which do not vary from run to run, fail
 on the threshold alone.
 
+A run that did not complete (``Snapshot.incomplete``: a rank failed, died, hung or was interrupted, a rank
+is missing, too few steps), current or baseline, fails the gate whatever its numbers say: a crashed run's
+few fast steps would otherwise pass as an improvement.
+
 A rule fails the gate when it fires on the current run, did not fire on the baseline, and its severity is at
 or above ``fail_on``. A different environment (``snapshot.ENV_KEYS``) is a warning, a failure with
 ``strict_env``.
@@ -66,6 +70,8 @@ class GateResult:
     rules: tuple[RuleCheck, ...]
     env_diffs: tuple[EnvDiff, ...]
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # "current: rank 1 failed (...)", "baseline: ...": a run that did not complete fails the gate
+    incomplete: tuple[str, ...] = field(default_factory=tuple)
 
     @property
     def env_failed(self) -> bool:
@@ -73,7 +79,7 @@ class GateResult:
 
     @property
     def failed(self) -> bool:
-        return self.env_failed or any(c.outcome == FAIL for c in (*self.metrics, *self.rules))
+        return bool(self.incomplete) or self.env_failed or any(c.outcome == FAIL for c in (*self.metrics, *self.rules))
 
     @property
     def exit_code(self) -> int:
@@ -263,4 +269,6 @@ def gate(current: Snapshot, baseline: Snapshot, config: GateConfig) -> GateResul
         tuple(rules),
         tuple(env_diffs(baseline, current)),
         tuple(notes),
+        tuple(f"current run: {r}" for r in current.incomplete)
+        + tuple(f"baseline: {r}" for r in baseline.incomplete),
     )

@@ -66,6 +66,9 @@ class Snapshot:
     origin: str | None = None  # for a baseline file: the run it was made from
     # a baseline made of several runs: each run's metrics (the spread between runs is the gate's noise)
     runs: list[dict[str, float | None]] = field(default_factory=list)
+    # why the run did not complete (a rank failed, died, hung or was interrupted, a rank is missing, too few
+    # steps): such a run cannot pass the gate, nor serve as its baseline. Empty: complete (or unknown)
+    incomplete: list[str] = field(default_factory=list)
 
     @property
     def label(self) -> str:
@@ -89,6 +92,7 @@ class Snapshot:
             "findings": self.findings,
             "rules_evaluated": self.rules_evaluated,
             "notes": self.notes,
+            **({"incomplete": self.incomplete} if self.incomplete else {}),
             **({"runs": [{"metrics": {k: _round(v) for k, v in r.items()}} for r in self.runs]} if self.runs else {}),
         }
 
@@ -136,6 +140,7 @@ def from_json(data: Mapping[str, Any], source: str) -> Snapshot:
         findings=_findings(data.get("findings")),
         rules_evaluated=_strings_or_none(data, "rules_evaluated"),
         notes=[str(n) for n in _list(data, "notes")],
+        incomplete=_strings_or_none(data, "incomplete") or [],
         created_at=str(data.get("created_at") or ""),
         is_baseline=True,
         runs=[
@@ -270,8 +275,49 @@ def build(
         if diagnosis is None
         else sorted({*(f.name for f in diagnosis.findings), *diagnosis.passed}),
         notes=list(notes),
+        incomplete=incomplete(captures),
         created_at=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
     )
+
+
+MIN_STEPS = 5  # fewer recorded steps per rank: the statistics (and the gate's noise test) cannot be made
+_STATUS = {
+    "failed": "failed",
+    "hung": "hung",
+    "interrupted": "was interrupted",
+    "running": "did not finish (killed, or died)",
+}
+
+
+def incomplete(captures: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Why a ddpdoctor run did not complete, from its capture files (empty for foreign traces): a rank whose
+    status is not ``ok``, a rank without a capture file, no training step, fewer than ``MIN_STEPS`` steps."""
+    if not captures:
+        return []
+    out = []
+    for c in captures:
+        status = c.get("status")
+        if status != "ok":
+            why = _STATUS.get(str(status), f"ended with status {str(status)[:40]!r}")
+            error = c.get("error")
+            out.append(f"rank {c.get('rank')} {why}" + (f" ({str(error)[:200]})" if error else ""))
+    world = _int_or_none(captures[0].get("world_size"))
+    if world is not None and 0 < world <= 100_000:
+        seen = {c.get("rank") for c in captures}
+        missing = [r for r in range(world) if r not in seen]
+        if missing:
+            shown = ", ".join(map(str, missing[:8])) + (", ..." if len(missing) > 8 else "")
+            out.append(f"rank {shown} is missing (no capture file; world size {world})")
+    counts = [len(smp.rank_step_times(c)) for c in captures]
+    if max(counts, default=0) == 0:
+        out.append("no training step was recorded")
+    elif min(counts) < MIN_STEPS:
+        out.append(f"only {min(counts)} steps recorded on a rank (at least {MIN_STEPS} are needed for the statistics)")
+    return out
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def with_source(snapshot: Snapshot, source: str) -> Snapshot:

@@ -130,6 +130,7 @@ def gate(result: GateResult) -> dict[str, Any]:
                 for r in result.rules
             ],
             "fail_on": result.config.fail_on,
+            "incomplete": list(result.incomplete),
             "notes": list(result.notes),
         }
     )

@@ -22,7 +22,8 @@ _ICON = {FAIL: "❌", WARN: "⚠️", "ok": "✅"}
 def verdict_line(result: GateResult) -> str:
     n_fail, n_warn = len(result.failures()), len(result.warnings())
     word = "FAIL" if result.failed else "PASS"
-    parts = [f"{n_fail} regression(s)" if n_fail else "no regression"]
+    parts = ["run incomplete"] if result.incomplete else []
+    parts.append(f"{n_fail} regression(s)" if n_fail else "no regression")
     if n_warn:
         parts.append(f"{n_warn} warning(s)")
     if result.env_diffs:
@@ -42,12 +43,18 @@ def env_lines(result: GateResult) -> list[str]:
     ]
 
 
+def incomplete_lines(result: GateResult) -> list[str]:
+    return [f"{line}: a run that did not complete cannot pass the gate" for line in result.incomplete]
+
+
 def render(result: GateResult, stream: TextIO) -> None:
     """Write the gate result for a terminal or a CI log."""
     out = console(stream)
     out.print(t(verdict_line(result), "bold red" if result.failed else "bold green"))
     out.print(t(f"current:  {result.current.label}", "dim"))
     out.print(t(f"baseline: {result.baseline.label} ({result.baseline.created_at or 'undated'})", "dim"))
+    for line in incomplete_lines(result):
+        out.print(t("FAIL " + line, _STYLE[FAIL]), overflow="fold")
     for line in env_lines(result):
         out.print(t("warning: " + line, "yellow"), overflow="fold")
     table = Table(box=box.SIMPLE_HEAD)
@@ -97,6 +104,8 @@ def markdown_lines(result: GateResult) -> list[str]:
         f"Current `{fmt.plain(result.current.label)}` vs baseline `{fmt.plain(result.baseline.label)}`",
         "",
     ]
+    out += [f"- {_ICON[FAIL]} {fmt.md(line)}" for line in incomplete_lines(result)]
+    out += [""] if result.incomplete else []
     out += [f"- ⚠️ {fmt.md(line)}" for line in env_lines(result)] + ([""] if result.env_diffs else [])
     rows = [
         [

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TextIO
 
 from ddpdoctor.compare.gate import FAIL, WARN, GateResult
-from ddpdoctor.compare.render.gate_text import env_lines, markdown_lines
+from ddpdoctor.compare.render.gate_text import env_lines, incomplete_lines, markdown_lines
 from ddpdoctor.report import fmt
 
 
@@ -21,7 +21,10 @@ def _prop(text: str) -> str:
 
 def annotations(result: GateResult) -> list[str]:
     """One ``::error`` per failure, one ``::warning`` per warning and per environment difference."""
-    out = []
+    out = [
+        f"::error title={_prop('ddpdoctor gate: run incomplete')}::{_data(line)}"
+        for line in incomplete_lines(result)
+    ]
     for check in (*result.metrics, *result.rules):
         if check.outcome in (FAIL, WARN):
             name = getattr(check, "metric", None) or getattr(check, "rule", "")

@@ -1,6 +1,7 @@
 """``ddpdoctor gate --junit FILE``: JUnit XML that CI systems show as tests.
 
-One ``<testcase>`` per gated metric (classname ``ddpdoctor.gate.metrics``), per rule
+One ``<testcase>`` for the runs' completion (``ddpdoctor.gate.run``: a failure per reason a run did not
+complete), one per gated metric (classname ``ddpdoctor.gate.metrics``), per rule
 (``ddpdoctor.gate.rules``) and one for the environment (``ddpdoctor.gate.environment``). A regression, a new
 finding at or above fail-on and, with ``--strict-env``, a different environment are ``<failure>``s; a metric
 not measured in either run is ``<skipped>``; every testcase's ``<system-out>`` carries the numbers
@@ -13,7 +14,7 @@ import socket
 import xml.etree.ElementTree as ET
 
 from ddpdoctor.compare.gate import FAIL, GateResult
-from ddpdoctor.compare.render.gate_text import verdict_line
+from ddpdoctor.compare.render.gate_text import incomplete_lines, verdict_line
 from ddpdoctor.report import fmt
 
 
@@ -44,6 +45,10 @@ def build(result: GateResult) -> ET.Element:
         ("verdict", verdict_line(result)),
     ):
         ET.SubElement(props, "property", name=key, value=fmt.plain(value))
+    for line in incomplete_lines(result):
+        _case(suite, "ddpdoctor.gate.run", line.split(":")[0], line, failure="run incomplete")
+    if not result.incomplete:
+        _case(suite, "ddpdoctor.gate.run", "completed", "both runs completed")
     for m in result.metrics:
         both_missing = m.baseline is None and m.current is None
         _case(
