@@ -1,6 +1,6 @@
 """Rules over metrics -> findings.
 
-- ``metric_names``: the metric names a rule may use (unit, meaning).
+- the metric names a rule may use, with units and meanings, are ``ddpdoctor.metrics.catalog``'s.
 - ``expr``: the safe expression language of conditions, gains and message templates (simpleeval).
 - ``rules``: rule files (``rules/*.toml``, ``--rules-dir``), loading, checking, selection.
 - ``config``: parameter overrides from ``[tool.ddpdoctor.rules.<name>]`` or ``--config``.

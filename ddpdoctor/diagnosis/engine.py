@@ -10,81 +10,17 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from ddpdoctor.diagnosis.derived import derived_rank_metrics
-from ddpdoctor.diagnosis.expr import Expr, ExprError, Values, clean_value, compile_expr
+from ddpdoctor.diagnosis.expr import Expr, ExprError, Values, compile_expr
 from ddpdoctor.diagnosis.expr import evaluate as eval_expr
 from ddpdoctor.diagnosis.findings import Diagnosis, Finding, NotEvaluated, format_ranks, sort_findings
-from ddpdoctor.diagnosis.metric_names import ALL_RANK, RUN
 from ddpdoctor.diagnosis.rules import Rule
+from ddpdoctor.metrics import catalog
+from ddpdoctor.metrics.derived import derived_rank_metrics
+from ddpdoctor.values import clean_value
+
+ALL_RANK, RUN = catalog.RULE_RANK, catalog.RULE_RUN
 
 _MODE_WORDS = {"dp": "DataParallel (dp)", "ddp": "DistributedDataParallel (ddp)"}
-
-# Why a group of metrics may be missing, said plainly in the "not evaluated" reason ("x_": a name prefix).
-_CROSS_RANK = (
-    "collective_wait_ms",
-    "late_arrival_ms",
-    "straggler_wait_ms",
-    "straggler_rank",
-    "step_skew_ratio",
-)
-_HINTS: tuple[tuple[tuple[str, ...], str], ...] = (
-    (
-        (
-            "comm_ms",
-            "exposed_comm_ms",
-            "overlap_ratio",
-            "busbw_gbps",
-            "algbw_gbps",
-            *_CROSS_RANK,
-            "broadcast_ms",
-            "allreduce_count",
-            "allreduce_message_bytes",
-        ),
-        "no collective communication was found",
-    ),
-    (
-        (
-            "gpu0_",
-            "peak_allocated_bytes",
-            "peak_reserved_bytes",
-            "capacity_bytes",
-            "headroom_ratio",
-            "foreign_cuda0_bytes",
-            "others_max_peak_reserved_bytes",
-            "host_sync_ms",
-            "gpu_util_ratio",
-        ),
-        "no CUDA device activity or memory was recorded (a CPU run, or a trace without memory events)",
-    ),
-    (("ddp_",), "no DDP configuration was recorded (DDP not used, or not a `ddpdoctor trace` run)"),
-    (("dp_", "thread_parallelism"), "no DataParallel activity was found"),
-    (
-        ("gil_contention", "threads"),
-        "no GIL probe data (only `ddpdoctor trace` runs with gilknocker have it)",
-    ),
-    (
-        ("cpu_count", "intra_op_threads", "local_world_size"),
-        "no host and thread information (only `ddpdoctor trace` runs record it)",
-    ),
-    (
-        (
-            "data_duplication_factor",
-            "distributed_sampler",
-            "sampler_shuffle",
-            "dataloader_epochs",
-            "epochs_repeating_order",
-            "set_epoch_calls",
-            "batches_per_epoch",
-            "batch_size",
-            "epoch_dataset_share",
-        ),
-        "no DataLoader was observed (only `ddpdoctor trace` runs record it, for torch DataLoaders)",
-    ),
-    (
-        ("set_device_calls", "gpu_shared_ranks", "current_device_mismatch"),
-        "no rank used CUDA, or its DDP model's GPU is unknown (only `ddpdoctor trace` runs record it)",
-    ),
-)
 
 
 def _rows(metrics: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -112,13 +48,12 @@ def _missing_reason(rule: Rule, run: Mapping[str, Any], rows: Sequence[Mapping[s
     if not missing:
         return "its condition is undecidable on this run (a value it needs is missing or divides by zero)"
     hints = []
-    if len(rows) < 2 and any(m in _CROSS_RANK for m in missing):
-        hints.append("only one rank's trace was loaded; cross-rank metrics need two or more")
-        missing_for_hints = [m for m in missing if m not in _CROSS_RANK]
-    else:
-        missing_for_hints = missing
-    for keys, hint in _HINTS:
-        if any(m.startswith(k) if k.endswith("_") else m == k for k in keys for m in missing_for_hints):
+    entries = [e for e in (catalog.rule_metric(m) for m in missing) if e is not None]
+    if len(rows) < 2 and any(e.needs_peers for e in entries):
+        hints.append(catalog.ONE_RANK)
+        entries = [e for e in entries if not e.needs_peers]
+    for key, hint in catalog.WHY_MISSING.items():
+        if any(e.missing == key for e in entries):
             hints.append(hint)
     return f"not measured in this run: {', '.join(missing)}" + "".join(f"; {h}" for h in hints)
 

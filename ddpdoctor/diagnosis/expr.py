@@ -2,7 +2,7 @@
 ``simpleeval``.
 
 Grammar (a strict subset of Python expressions, checked when a rule loads, so a bad rule fails before any
-trace is read): numbers, ``True``/``False``/``None``, metric names (see ``metric_names``), ``params.NAME``,
+trace is read): numbers, ``True``/``False``/``None``, metric names (``ddpdoctor.metrics.catalog``), ``params.NAME``,
 ``+ - * / %``, ``**`` with a literal exponent of at most 64, comparisons, ``and``/``or``/``not``, ``a if c
 else b``, aggregates over ranks ``max min mean median p90 sum count`` applied to one per-rank metric name, and
 the scalar helpers ``abs(x)``, ``max(a, b, ...)``, ``min(a, b, ...)``, ``coalesce(a, b, ...)`` (the first
@@ -30,7 +30,10 @@ from typing import Any, Literal
 
 import simpleeval
 
-from ddpdoctor.diagnosis.metric_names import ALL_RANK, RUN, describe
+from ddpdoctor.metrics.catalog import RULE_RANK as ALL_RANK
+from ddpdoctor.metrics.catalog import RULE_RUN as RUN
+from ddpdoctor.metrics.catalog import rule_metric as describe
+from ddpdoctor.values import clean_value
 
 Scope = Literal["rank", "run"]
 
@@ -221,22 +224,6 @@ def compile_expr(source: str, *, scope: Scope, params: Collection[str] = ()) -> 
 
 
 # ------------------------------------------------------------------------------------------------ evaluation
-def clean_value(value: Any) -> Any:
-    """A metric value as the expression language sees it: NaN/inf/NA -> None, numpy scalars -> Python."""
-    if value is None:
-        return None
-    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
-        try:
-            value = value.item()
-        except (ValueError, TypeError):
-            return None
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if value.__class__.__name__ in ("NAType", "NaTType"):
-        return None
-    return value
-
-
 @dataclass(frozen=True)
 class Values:
     """What an expression reads: run-level metrics, every rank's metrics, params and (rank scope) one rank."""

@@ -1,5 +1,5 @@
-"""Per-rank metrics the diagnosis derives itself from ``RunMetrics.collectives`` (see
-``metric_names.DERIVED``).
+"""Per-rank metrics derived from ``RunMetrics.collectives`` (catalog source ``collectives``); the rule engine
+adds them to each rank's row.
 
 ``RunMetrics.collectives`` has one row per rank and collective kind with ``count``, ``bytes`` and ``ms``
 summed over the analysed steps; dividing by the rank's ``steps_analyzed`` gives per-step values. Kinds are
@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ddpdoctor.diagnosis.expr import clean_value
+from ddpdoctor.values import clean_value
 
 
 def _kind(name: Any) -> str | None:

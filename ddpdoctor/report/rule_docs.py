@@ -3,7 +3,7 @@ bad, example, how to fix it, options, references; plus the exact condition and t
 
 from __future__ import annotations
 
-from ddpdoctor.diagnosis.metric_names import describe
+from ddpdoctor.metrics.catalog import rule_metric as describe
 from ddpdoctor.diagnosis.rules import Rule
 
 _APPLIES = {"any": "any run", "dp": "DataParallel runs", "ddp": "DistributedDataParallel runs"}

@@ -11,7 +11,8 @@ import pytest
 
 from ddpdoctor.diagnosis import RuleError, apply_config, find_rule, load_config, load_rules, select_rules
 from ddpdoctor.diagnosis.expr import Expr, ExprError, Values, compile_expr, compile_template, evaluate
-from ddpdoctor.diagnosis.metric_names import ALL_RANK, RUN
+from ddpdoctor.metrics.catalog import RULE_RANK as ALL_RANK
+from ddpdoctor.metrics.catalog import RULE_RUN as RUN
 from ddpdoctor.diagnosis.rules import DOC_SECTIONS, builtin_rules_dir, load_rule_file
 from ddpdoctor.errors import DDPDoctorError
 from ddpdoctor.report.rule_docs import rule_markdown
