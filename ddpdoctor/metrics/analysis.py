@@ -10,6 +10,8 @@ import numpy as np
 import pandas as pd
 
 from ddpdoctor.load.model import Run
+from ddpdoctor.metrics import catalog
+from ddpdoctor.metrics.capture import ddp_timers
 from ddpdoctor.metrics.cross_rank import cross_rank, transfer_bandwidth
 from ddpdoctor.metrics.result import RANK_METRICS, RunMetrics
 from ddpdoctor.metrics.setup import SETUP_RANK_METRICS, setup_metrics
@@ -42,11 +44,12 @@ def analyze(run: Run, steps: tuple[int, int | None] | None = None) -> RunMetrics
         host = (run.capture.get(s["rank"]) or {}).get("hostname")
         m["local_world_size"] = hosts.get(host) if host else None
         m.update(setup_ranks.get(s["rank"]) or dict.fromkeys(SETUP_RANK_METRICS))
+        m.update(ddp_timers(run.capture.get(s["rank"])))
         ranks.append(m)
     per_step = _per_step_frame(summaries)
     devices = pd.DataFrame(
         [{"rank": s["rank"], **d} for s in summaries for d in s["devices"]],
-        columns=["rank", "device", "peak_allocated_bytes", "peak_reserved_bytes", "capacity_bytes"],
+        columns=["rank", "device", *catalog.group("device_memory")],
     )
     run_metrics = _run_level(run, ranks, devices, summaries)
     run_metrics.update(straggler)

@@ -18,6 +18,7 @@ import pandas as pd
 
 from ddpdoctor.load.categories import DEVICE_WORK_CATS, RUNTIME_CATS
 from ddpdoctor.load.model import RankTrace
+from ddpdoctor.metrics import catalog
 from ddpdoctor.metrics import intervals as iv
 from ddpdoctor.metrics.comm import busy_sets
 from ddpdoctor.metrics.phases import PHASES, host_phases, names_matching, phase_at
@@ -27,7 +28,7 @@ _HOST_SYNC = re.compile(
     r"^(cuda|hip)(Stream|Device|Event)Synchronize$|^(cuda|hip)Memcpy$|^(cuda|hip)Memcpy(2D|3D)?$|^cuStreamSynchronize"
 )
 _PROFILER_STEP = re.compile(r"^ProfilerStep#")
-BREAKDOWN = ("dataloader_ms", "forward_ms", "backward_ms", "optimizer_ms", "exposed_comm_ms", "other_ms")
+BREAKDOWN = catalog.group("breakdown")
 TB_BREAKDOWN = (
     "kernel_ms",
     "memcpy_ms",

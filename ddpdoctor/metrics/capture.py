@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ddpdoctor.metrics import catalog
+
 
 def _ints(text: Any) -> list[int]:
     if isinstance(text, (list, tuple)):
@@ -31,24 +33,9 @@ def _bool(value: Any) -> bool | None:
 
 def ddp_metrics(capture: dict[str, Any] | None) -> dict[str, Any]:
     """``ddp_*`` configuration metrics and ``ddp_reported_overlap_ratio`` (0-1) of the first DDP module."""
-    out: dict[str, Any] = {
-        k: None
-        for k in (
-            "ddp_bucket_count",
-            "ddp_bucket_cap_mb",
-            "ddp_find_unused_parameters",
-            "ddp_gradient_as_bucket_view",
-            "ddp_static_graph",
-            "ddp_broadcast_buffers",
-            "ddp_comm_hook",
-            "ddp_unused_parameter_size_ratio",
-            "ddp_reported_overlap_ratio",
-        )
-    }
+    out: dict[str, Any] = dict.fromkeys(catalog.group("ddp_config"))
     modules = (capture or {}).get("ddp") or []
-    data = next(
-        (m.get("logging_data") for m in modules if isinstance(m, dict) and m.get("logging_data")), None
-    )
+    data = next((m.get("logging_data") for m in modules if isinstance(m, dict) and m.get("logging_data")), None)
     if not isinstance(data, dict):
         return out
     buckets = _ints(data.get("rebuilt_bucket_sizes")) or _ints(data.get("bucket_sizes"))
@@ -70,6 +57,37 @@ def ddp_metrics(capture: dict[str, Any] | None) -> dict[str, Any]:
     return out
 
 
+_NS_PER_MS = 1e6
+# DDP's logging keys (ns) of its own timers -> catalog names (ms)
+_DDP_TIMERS = dict(
+    zip(
+        (
+            "avg_forward_compute_time",
+            "avg_backward_compute_time",
+            "avg_backward_comm_time",
+            "avg_backward_compute_comm_overlap_time",
+        ),
+        catalog.group("ddp_timers"),
+        strict=True,
+    )
+)
+
+
+def ddp_timers(capture: dict[str, Any] | None) -> dict[str, Any]:
+    """DDP's own averages of forward, backward, backward communication and their overlap (ms per step) of
+    the first DDP module, as its logging data reports them (None when not logged)."""
+    out: dict[str, Any] = dict.fromkeys(catalog.group("ddp_timers"))
+    modules = (capture or {}).get("ddp") or []
+    data = next((m.get("logging_data") for m in modules if isinstance(m, dict) and m.get("logging_data")), None)
+    if not isinstance(data, dict):
+        return out
+    for key, name in _DDP_TIMERS.items():
+        value = data.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+            out[name] = value / _NS_PER_MS
+    return out
+
+
 def thread_metrics(capture: dict[str, Any] | None, ranks_on_host: int | None) -> dict[str, Any]:
     """``gil_contention`` (mean over steps, 0-1), ``threads`` (max), ``cpu_count``, ``intra_op_threads``,
     ``local_world_size``."""
@@ -82,9 +100,7 @@ def thread_metrics(capture: dict[str, Any] | None, ranks_on_host: int | None) ->
         "gil_contention": sum(contention) / len(contention) if contention else None,
         "threads": max(threads) if threads else None,
         # CPUs the process may run on (taskset, cgroup cpusets), else all the host has
-        "cpu_count": next(
-            (info[k] for k in ("affinity_cpus", "cpu_count") if isinstance(info.get(k), int)), None
-        ),
+        "cpu_count": next((info[k] for k in ("affinity_cpus", "cpu_count") if isinstance(info.get(k), int)), None),
         "intra_op_threads": info.get("torch_intra_op_threads")
         if isinstance(info.get("torch_intra_op_threads"), int)
         else None,

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from ddpdoctor.load.model import RankTrace
+from ddpdoctor.metrics import catalog
 
 CUDA = 1  # c10::DeviceType::CUDA in "Device Type"
 
@@ -82,7 +83,7 @@ def memory_metrics(devices: list[dict[str, Any]], own: str | None) -> dict[str, 
         "foreign_cuda0_bytes": None,
     }
     if mine is not None:
-        out.update({k: mine[k] for k in ("peak_allocated_bytes", "peak_reserved_bytes", "capacity_bytes")})
+        out.update({k: mine[k] for k in catalog.group("device_memory")})
         used = mine["peak_reserved_bytes"] or mine["peak_allocated_bytes"]
         if used is not None and mine["capacity_bytes"]:
             out["headroom_ratio"] = 1.0 - used / mine["capacity_bytes"]

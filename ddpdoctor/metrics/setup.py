@@ -14,25 +14,10 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
-SETUP_RANK_METRICS = (
-    "distributed_sampler",
-    "sampler_shuffle",
-    "dataloader_epochs",
-    "epochs_repeating_order",
-    "set_epoch_calls",
-    "batches_per_epoch",
-    "batch_size",
-    "epoch_dataset_share",
-    "ddp_sync_rounds_per_step",
-    "ddp_forwards_per_step",
-    "ddp_batchnorm_layers",
-    "ddp_sync_batchnorm_layers",
-    "set_device_calls",
-    "gpu_shared_ranks",
-    "current_device_mismatch",
-    "dp_gathered_bytes",
-)
-SETUP_RUN_METRICS = ("data_duplication_factor",)
+from ddpdoctor.metrics import catalog
+
+SETUP_RANK_METRICS = catalog.names("rank", "setup")
+SETUP_RUN_METRICS = catalog.names("run", "setup")
 
 # Below this many reads of each sample per epoch, coverage alone (without identical batches) is not called
 # duplication: a DistributedSampler's padding or drop_last keeps a sharded run near 1.
@@ -162,9 +147,7 @@ def _sample_key(entry: Mapping[str, Any]) -> tuple[Any, Any] | None:
     return None if order is None else (order, entry.get("first_labels_digest"))
 
 
-def _duplication(
-    epochs: dict[int, list[dict[str, Any]]], per_rank: dict[int, dict[str, Any]]
-) -> float | None:
+def _duplication(epochs: dict[int, list[dict[str, Any]]], per_rank: dict[int, dict[str, Any]]) -> float | None:
     """How many times each sample is read per epoch across the job (1 = every rank reads its own shard).
 
     The largest group of ranks whose epoch starts with the same samples; or, when no rank uses a

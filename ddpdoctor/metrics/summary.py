@@ -23,26 +23,18 @@ import pandas as pd
 
 from ddpdoctor import __version__
 from ddpdoctor.load.model import RankTrace
+from ddpdoctor.metrics import catalog
 from ddpdoctor.metrics.breakdown import BREAKDOWN, per_step
 from ddpdoctor.metrics.capture import ddp_metrics, thread_metrics
 from ddpdoctor.metrics.comm import bus_factor, collectives
 from ddpdoctor.metrics.dp import dp_per_step, dp_rank_metrics
 from ddpdoctor.metrics.memory import device_rows, memory_metrics, own_device
-from ddpdoctor.metrics.result import jsonable
 from ddpdoctor.metrics.setup import compute_device
 from ddpdoctor.metrics.steps import step_windows
+from ddpdoctor.values import jsonable
 
 SCHEMA_VERSION = 1
-STEP_MEANS = BREAKDOWN + (
-    "comm_ms",
-    "gpu_util_ratio",
-    "host_sync_ms",
-    "dp_scatter_ms",
-    "dp_replicate_ms",
-    "dp_parallel_apply_ms",
-    "dp_gather_ms",
-    "dp_backward_reduce_ms",
-)
+STEP_MEANS = BREAKDOWN + catalog.group("step_means") + catalog.group("dp_stages")
 
 
 def summarize_rank(
@@ -71,9 +63,7 @@ def summarize_rank(
     metrics: dict[str, Any] = {"rank": rt.rank}
     metrics.update(_step_metrics(analysed))
     comm_total = float(analysed["comm_ms"].sum())
-    metrics["overlap_ratio"] = (
-        float(analysed["overlapped_comm_ms"].sum()) / comm_total if comm_total > 0 else None
-    )
+    metrics["overlap_ratio"] = float(analysed["overlapped_comm_ms"].sum()) / comm_total if comm_total > 0 else None
     metrics.update(_bandwidth(colls[colls["step"].isin(analysed["step"])], world))
     metrics["collective_wait_ms"] = None  # cross-rank: filled in by analyze()
     metrics["late_arrival_ms"] = None
@@ -142,4 +132,3 @@ def _bandwidth(colls: pd.DataFrame, world: int) -> dict[str, float | None]:
         "algbw_gbps": float(sized["bytes"].sum() / seconds / 1e9),
         "busbw_gbps": float((sized["bytes"] * factors).sum() / seconds / 1e9),
     }
-
