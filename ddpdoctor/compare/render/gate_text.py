@@ -9,11 +9,16 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
+from ddpdoctor import escape
 from ddpdoctor.compare import stats, units
 from ddpdoctor.compare.gate import FAIL, WARN, GateResult, format_change, format_interval
 from ddpdoctor.compare.render.compare_markdown import table as md_table
-from ddpdoctor.compare.render.console import console, t
-from ddpdoctor.report import fmt
+from ddpdoctor.compare.render.console import console
+
+
+def t(value: object, style: str = "") -> Text:
+    """One line of terminal text from anything that may come from a trace or a baseline file."""
+    return Text(escape.terminal(value), style=style)
 
 _STYLE = {FAIL: "bold red", WARN: "yellow"}
 _ICON = {FAIL: "❌", WARN: "⚠️", "ok": "✅"}
@@ -54,9 +59,9 @@ def render(result: GateResult, stream: TextIO) -> None:
     out.print(t(f"current:  {result.current.label}", "dim"))
     out.print(t(f"baseline: {result.baseline.label} ({result.baseline.created_at or 'undated'})", "dim"))
     for line in incomplete_lines(result):
-        out.print(t("FAIL " + line, _STYLE[FAIL]), overflow="fold")
+        out.print(t("FAIL " + line, _STYLE[FAIL]), soft_wrap=True)
     for line in env_lines(result):
-        out.print(t("warning: " + line, "yellow"), overflow="fold")
+        out.print(t("warning: " + line, "yellow"), soft_wrap=True)
     table = Table(box=box.SIMPLE_HEAD)
     interval_col = f"{stats.CONFIDENCE * 100:.0f}% interval"
     for col in ("metric", "baseline", "current", "change", interval_col, "threshold", "verdict"):
@@ -78,45 +83,46 @@ def render(result: GateResult, stream: TextIO) -> None:
         if r.outcome in (FAIL, WARN):
             out.print(
                 t(("FAIL " if r.outcome == FAIL else "warning ") + r.message, _STYLE[r.outcome]),
-                overflow="fold",
+                soft_wrap=True,
             )
     if result.rules:
         quiet = [r.rule for r in result.rules if r.outcome not in (FAIL, WARN)]
         out.print(
-            t(f"rules without a new finding ({len(quiet)}): {', '.join(quiet)}", "dim"), overflow="fold"
+            t(f"rules without a new finding ({len(quiet)}): {', '.join(quiet)}", "dim"), soft_wrap=True
         )
     for note in result.notes:
-        out.print(t("note: " + note, "dim"), overflow="fold")
+        out.print(t("note: " + note, "dim"), soft_wrap=True)
     out.print(
-        Text(
+        t(
             f"regression = past the threshold and outside noise: {stats.METHOD} interval of the change "
             "must exclude 0.",
-            style="dim",
+            "dim",
         ),
-        overflow="fold",
+        soft_wrap=True,
     )
 
 
 def markdown_lines(result: GateResult) -> list[str]:
     out = [
-        f"### {_ICON['ok'] if not result.failed else _ICON[FAIL]} {fmt.md(verdict_line(result))}",
+        f"### {_ICON['ok'] if not result.failed else _ICON[FAIL]} {escape.markdown(verdict_line(result))}",
         "",
-        f"Current `{fmt.plain(result.current.label)}` vs baseline `{fmt.plain(result.baseline.label)}`",
+        f"Current {escape.markdown_code(result.current.label)} vs baseline "
+        f"{escape.markdown_code(result.baseline.label)}",
         "",
     ]
-    out += [f"- {_ICON[FAIL]} {fmt.md(line)}" for line in incomplete_lines(result)]
+    out += [f"- {_ICON[FAIL]} {escape.markdown(line)}" for line in incomplete_lines(result)]
     out += [""] if result.incomplete else []
-    out += [f"- ⚠️ {fmt.md(line)}" for line in env_lines(result)] + ([""] if result.env_diffs else [])
+    out += [f"- ⚠️ {escape.markdown(line)}" for line in env_lines(result)] + ([""] if result.env_diffs else [])
     rows = [
         [
             _ICON.get(m.outcome, ""),
-            fmt.md(m.metric),
-            fmt.md(units.value(m.metric, m.baseline)),
-            fmt.md(units.value(m.metric, m.current)),
-            fmt.md(format_change(m.threshold, m.change)),
-            fmt.md(format_interval(m.threshold, m.interval, False)),
-            fmt.md(m.threshold.text()),
-            fmt.md(m.verdict),
+            escape.markdown(m.metric),
+            escape.markdown(units.value(m.metric, m.baseline)),
+            escape.markdown(units.value(m.metric, m.current)),
+            escape.markdown(format_change(m.threshold, m.change)),
+            escape.markdown(format_interval(m.threshold, m.interval, False)),
+            escape.markdown(m.threshold.text()),
+            escape.markdown(m.verdict),
         ]
         for m in result.metrics
     ]
@@ -127,8 +133,8 @@ def markdown_lines(result: GateResult) -> list[str]:
         "llrrrrrl",
     ) + [""]
     flagged = [r for r in result.rules if r.outcome in (FAIL, WARN)]
-    out += [f"- {_ICON[r.outcome]} {fmt.md(r.message)}" for r in flagged] + ([""] if flagged else [])
-    out += [f"_{fmt.md(note)}_" + "  " for note in result.notes]
+    out += [f"- {_ICON[r.outcome]} {escape.markdown(r.message)}" for r in flagged] + ([""] if flagged else [])
+    out += [f"_{escape.markdown(note)}_" + "  " for note in result.notes]
     return out + [""]
 
 

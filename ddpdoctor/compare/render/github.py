@@ -5,18 +5,11 @@ from __future__ import annotations
 
 from typing import TextIO
 
+from ddpdoctor import escape
 from ddpdoctor.compare.gate import FAIL, WARN, GateResult
 from ddpdoctor.compare.render.gate_text import env_lines, incomplete_lines, markdown_lines
-from ddpdoctor.report import fmt
 
-
-def _data(text: str) -> str:
-    """A workflow command's message: %, CR and LF escaped as the runner expects."""
-    return fmt.plain(text).replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
-
-
-def _prop(text: str) -> str:
-    return _data(text).replace(":", "%3A").replace(",", "%2C")
+_data, _prop = escape.workflow_data, escape.workflow_property
 
 
 def annotations(result: GateResult) -> list[str]:

@@ -11,8 +11,9 @@ from ddpdoctor.compare.render import document
 
 
 def _dump(doc: dict[str, Any], stream: TextIO) -> None:
-    json.dump(doc, stream, indent=2, allow_nan=False, ensure_ascii=False)
-    stream.write("\n")
+    text = json.dumps(doc, indent=2, allow_nan=False, ensure_ascii=False)
+    # a lone surrogate (JSON allows "\ud800") cannot be written as UTF-8: keep it as its JSON escape
+    stream.write(text.encode("utf-8", "backslashreplace").decode("utf-8") + "\n")
 
 
 def render_comparison(c: Comparison, stream: TextIO) -> None:

@@ -13,9 +13,9 @@ from __future__ import annotations
 import socket
 import xml.etree.ElementTree as ET
 
+from ddpdoctor import escape
 from ddpdoctor.compare.gate import FAIL, GateResult
 from ddpdoctor.compare.render.gate_text import incomplete_lines, verdict_line
-from ddpdoctor.report import fmt
 
 
 def _case(
@@ -26,12 +26,12 @@ def _case(
     failure: str | None = None,
     skipped: str | None = None,
 ) -> None:
-    case = ET.SubElement(suite, "testcase", classname=classname, name=name, time="0")
+    case = ET.SubElement(suite, "testcase", classname=classname, name=escape.xml(name), time="0")
     if failure is not None:
-        ET.SubElement(case, "failure", message=fmt.plain(message), type=failure).text = fmt.plain(message)
+        ET.SubElement(case, "failure", message=escape.xml(message), type=failure).text = escape.xml(message)
     elif skipped is not None:
-        ET.SubElement(case, "skipped", message=fmt.plain(skipped))
-    ET.SubElement(case, "system-out").text = fmt.plain(message)
+        ET.SubElement(case, "skipped", message=escape.xml(skipped))
+    ET.SubElement(case, "system-out").text = escape.xml(message)
 
 
 def build(result: GateResult) -> ET.Element:
@@ -44,7 +44,7 @@ def build(result: GateResult) -> ET.Element:
         ("current", result.current.label),
         ("verdict", verdict_line(result)),
     ):
-        ET.SubElement(props, "property", name=key, value=fmt.plain(value))
+        ET.SubElement(props, "property", name=key, value=escape.xml(value))
     for line in incomplete_lines(result):
         _case(suite, "ddpdoctor.gate.run", line.split(":")[0], line, failure="run incomplete")
     if not result.incomplete:
