@@ -32,6 +32,9 @@ class CaptureConfig:
     all_threads: str = "auto"  # "auto" | "on" | "off"
     # One process driving all GPUs (DataParallel): record every visible device, touched or not.
     all_devices: bool = False
+    # How the job was launched: "direct" (a script run by `ddpdoctor trace`, maybe starting its ranks with
+    # mp.spawn), "torchrun", "scheduler" (this process is one rank a scheduler started), "command" (`-- COMMAND`).
+    launch: str = "direct"
     extra: dict = field(default_factory=dict)
 
     def to_env(self) -> str:

@@ -135,13 +135,9 @@ class Reporter:
                 f"ddpdoctor:   rank {r['rank']} {r['status']}: {r.get('reason') or 'exit ' + str(r.get('exit_code'))}"
             )
         for note in man.get("notes", []) if not failed else []:
-            self._print(
-                f"ddpdoctor: note: {note}; call ddpdoctor.step() at the end of each iteration to mark steps"
-            )
+            self._print(f"ddpdoctor: note: {note}; call ddpdoctor.step() at the end of each iteration to mark steps")
         if ranks and not any(r.get("profiled_steps") for r in ranks) and man.get("steps_detected"):
             self._print(
                 "ddpdoctor: note: the run ended before the profiled window; lower --wait/--warmup or run more steps"
             )
-        self._print(
-            f"ddpdoctor: next: ddpdoctor diagnose {out}    (or open it in TensorBoard: ddpdoctor view {out})"
-        )
+        self._print(f"ddpdoctor: next: ddpdoctor diagnose {out}    (or open it in TensorBoard: ddpdoctor view {out})")

@@ -96,8 +96,7 @@ def build(out: Path, *, mode: str, command: list[str], config: dict[str, Any]) -
     expected.update(range(world_size))
     by_node = {n["node_rank"]: n for n in nodes}
     entries = [
-        _rank_entry(r, ranks.get(r), by_node.get((ranks.get(r) or {}).get("node_rank", 0)))
-        for r in sorted(expected)
+        _rank_entry(r, ranks.get(r), by_node.get((ranks.get(r) or {}).get("node_rank", 0))) for r in sorted(expected)
     ]
     # A rank killed between renaming a trace into place and updating its rank file still left that trace.
     on_disk: dict[int, list[str]] = {}

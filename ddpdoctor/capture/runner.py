@@ -137,12 +137,13 @@ def _on_sigterm(signum: int, frame: object) -> None:
     raise _Terminated(signum)
 
 
-def run(target: Target, config: CaptureConfig) -> int:
+def run(target: Target, config: CaptureConfig, *, claimed: bool = True) -> int:
     """Run the target under a capture session; return the exit code a bare run would have.
 
+    ``claimed=False``: the process may turn out to be only the launcher of the ranks (see :class:`Session`).
     For a signal, the caller must re-raise it with :func:`die_by_signal` after cleaning up.
     """
-    session = Session(config)
+    session = Session(config, claimed=claimed)
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     watch = _watch_signals(session)
     _prepare_sys(target)

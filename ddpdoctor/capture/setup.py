@@ -24,9 +24,7 @@ class SetupObserver:
         self.set_epoch_calls: list[int] = []
         self.set_device_calls: list[str] = []
         self.ddp_models: list[dict[str, Any]] = []
-        self.sync_rounds: list[
-            int
-        ] = []  # gradient all-reduce rounds (DDP forwards with sync) per optimizer step
+        self.sync_rounds: list[int] = []  # gradient all-reduce rounds (DDP forwards with sync) per optimizer step
         self.forwards: list[int] = []  # DDP forwards per optimizer step
         self._sync_since_step = 0
         self._forwards_since_step = 0

@@ -1,0 +1,181 @@
+"""Writing ``ranks/rank<R>.json`` (what one rank captured) and ``ranks/rank<R>.summary.json`` (its own metrics).
+
+The one place that knows the rank capture file's fields (``rundir`` documents them); the session hands over its
+state and never builds the record itself. Who a process is (rank, world size, node) comes from :func:`identity`.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ddpdoctor import __version__, rundir
+from ddpdoctor.capture import ddp as ddp_capture
+
+if TYPE_CHECKING:
+    from ddpdoctor.capture.session import Session
+
+# Rank variables by launcher, most specific first: torchrun / torch.distributed.launch / Kubernetes operators,
+# SLURM (srun), Open MPI, MPICH / Intel MPI.
+_RANK_VARS = (
+    ("env", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"),
+    ("slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"),
+    ("mpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),
+    ("mpi", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
+)
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who this process is in the job. ``source``: where it came from ("env", "slurm", "mpi", "process group",
+    or "none" for a process with no rank anywhere: rank 0 of 1)."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+    node_rank: int = 0
+    source: str = "none"
+
+    def with_process_group(self, rank: int, world_size: int) -> Identity:
+        """The identity once a process group exists: its rank and size are the truth."""
+        local = self.local_rank if self.source != "none" else rank  # no launcher variables: one node (mp.spawn)
+        local_size = self.local_world_size if self.source != "none" else world_size
+        return replace(
+            self,
+            rank=rank,
+            world_size=world_size,
+            local_rank=local,
+            local_world_size=local_size,
+            source=self.source if self.source != "none" else "process group",
+        )
+
+
+def _int(value: str | None, default: int) -> int:
+    try:
+        return int(str(value).split("(")[0]) if value not in (None, "") else default  # SLURM writes "2(x3)"
+    except ValueError:
+        return default
+
+
+def identity(environ: dict[str, str] | None = None) -> Identity:
+    """This process's rank from its launcher's variables (rank 0 of 1 when there are none)."""
+    env = os.environ if environ is None else environ
+    for source, rank, size, local, local_size in _RANK_VARS:
+        if rank in env:
+            node = env.get("GROUP_RANK", env.get("NODE_RANK", env.get("SLURM_NODEID")))
+            return Identity(
+                rank=_int(env.get(rank), 0),
+                world_size=_int(env.get(size), 1),
+                local_rank=_int(env.get(local), 0),
+                local_world_size=_int(env.get(local_size), 1),
+                node_rank=_int(node, 0),
+                source=source,
+            )
+    return Identity()
+
+
+def dist_info() -> dict[str, Any] | None:
+    """Backend, rank and world size of the default process group, if one exists."""
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return {"backend": str(dist.get_backend()), "rank": dist.get_rank(), "world_size": dist.get_world_size()}
+    except Exception:
+        pass
+    return None
+
+
+def record(session: Session) -> dict[str, Any]:
+    """The rank capture file's content for the session as it stands (JSON-ready)."""
+    import torch
+
+    device = None
+    info = session.dist or dist_info() or {}
+    who = session.identity
+    rank, world_size = info.get("rank", who.rank), info.get("world_size", who.world_size)
+    if session.memory.cuda_ready():
+        device = f"cuda:{torch.cuda.current_device()}"
+    elif not torch.cuda.is_available():
+        device = "cpu"
+    return {
+        "schema_version": rundir.SCHEMA_VERSION,
+        "ddpdoctor_version": __version__,
+        "rank": rank,
+        "local_rank": who.local_rank,
+        "world_size": world_size,
+        "local_world_size": who.local_world_size,
+        "node_rank": who.node_rank,
+        "hostname": socket.gethostname(),
+        "pid": os.getpid(),
+        "launch": session.config.launch,
+        "status": session.status,
+        "exit_code": session.exit_code,
+        "error": session.error,
+        "backend": info.get("backend"),
+        "device": device,
+        "steps": session.clock.steps_json(),
+        "fallback_window": session.clock.startup_json(),
+        "schedule": session.config.schedule_dict(),
+        "profile_all_threads": session.all_threads(),
+        "memory": session.memory.to_json(),
+        "gil": session.gil.to_json(),
+        "ddp": ddp_capture.describe(),
+        "dp": session.dp.describe() if session.dp is not None else [],
+        "dp_steps": session.dp_steps,
+        "setup": session.setup.to_json(),
+        "threads": {
+            "cpu_count": os.cpu_count(),
+            "affinity_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+            "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+            "torch_intra_op_threads": torch.get_num_threads(),
+            "torch_inter_op_threads": torch.get_num_interop_threads(),
+        },
+        "trace_files": list(session.trace_files),
+        "torch_version": torch.__version__,
+        "cuda_available": torch.cuda.is_available(),
+        "started_at": session.started_at,
+        "updated_at": time.time(),
+        "capture_errors": session.capture_errors,
+        "python": sys.version.split()[0],
+    }
+
+
+def write(session: Session) -> None:
+    """Write (replace) ``ranks/rank<R>.json``; a failure is noted in the session, never raised."""
+    try:
+        rundir.atomic_write_json(rundir.rank_file(session.out, session.rank), record(session))
+    except Exception as exc:
+        session.capture_errors.append(f"writing rank file failed: {type(exc).__name__}: {exc}")
+
+
+def write_summary(session: Session) -> None:
+    """Summarise this rank's own trace here, in the job, so analysing 1,000 ranks reads 1,000 small files."""
+    if not session.trace_files:
+        return
+    try:
+        from ddpdoctor.load.loader import load_rank_files
+        from ddpdoctor.metrics.summary import summarize_rank
+
+        rank_trace = load_rank_files([session.out / f for f in session.trace_files], session.rank)
+        summary = summarize_rank(rank_trace, record(session))
+        rundir.atomic_write_json(rundir.summary_file(session.out, session.rank), summary)
+    except Exception as exc:  # the run's data is on disk either way; analysis falls back to the traces
+        session.capture_errors.append(f"per-rank summary failed: {type(exc).__name__}: {exc}")
+        write(session)
+
+
+def own_files(out: Path, rank: int) -> list[Path]:
+    """The files rank ``rank`` writes in run directory ``out`` (what an in-rank ``--force`` may replace)."""
+    files = [rundir.rank_file(out, rank), rundir.summary_file(out, rank)]
+    for path in out.glob(f"rank{rank}.*"):
+        match = rundir.TRACE_FILE_RE.match(path.name)
+        if match and int(match["rank"]) == rank:
+            files.append(path)
+    return [p for p in files if p.exists()]

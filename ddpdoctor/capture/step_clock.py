@@ -1,0 +1,122 @@
+"""The step clock of one training process: which iteration is running, how long each took, which were recorded.
+
+Steps are found without touching the script: torch's global optimizer step hook marks the end of each iteration
+(``ddpdoctor.step()`` does the same for loops without ``torch.optim``). Iteration 0 also holds the script's start-up,
+so the profiler schedule counts from iteration 1.
+
+Until the first step is seen the profiler records the start of the run (the *start-up trace*), so that a script with
+no detectable step still yields a trace. :class:`StartupTrace` is the life of that recording.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from typing import Any
+
+
+class StartupTrace(enum.Enum):
+    """What became of the start-up recording (iteration 0, before any step)."""
+
+    RECORDING = "recording"  # no step seen yet: the profiler records from the start of the run
+    DISCARDING = "discarding"  # the first step came: the recording is not a training step; drop it when handed over
+    DROPPED = "dropped"  # dropped (the profiler handed it over and nothing was written)
+    KEPT = "kept"  # no step within the time limit, or none at all: the recording is the run's trace
+
+    @property
+    def reported(self) -> str:
+        """The state as the rank file reports it ("recording" | "dropped" | "kept")."""
+        return "dropped" if self is StartupTrace.DISCARDING else self.value
+
+
+def ranges(indices: list[int]) -> list[list[int]]:
+    """Consecutive step indices as inclusive ``[first, last]`` ranges: [3, 4, 5, 9] -> [[3, 5], [9, 9]]."""
+    out: list[list[int]] = []
+    for i in indices:
+        if out and out[-1][1] == i - 1:
+            out[-1][1] = i
+        else:
+            out.append([i, i])
+    return out
+
+
+class StepClock:
+    """Counts iterations and times them (wall ms); knows nothing of the profiler but what it is told."""
+
+    def __init__(self) -> None:
+        self.source: str | None = None  # "optimizer" | "manual" once a step was seen
+        self.iteration = 0  # index of the iteration now running (ProfilerStep#<iteration>)
+        self.wall_ms: list[float] = []  # wall time of every iteration from iteration 1 on
+        self.recorded: list[int] = []  # iterations inside a profiled window
+        self.startup = StartupTrace.RECORDING
+        self.startup_ended_by: str | None = None  # "first step" | "time limit" | "end of run"
+        self._first_optimizer: int | None = None
+        self._t0 = time.perf_counter()
+        self.last_step_t = self._t0
+
+    # ---- which calls are steps -------------------------------------------------------------------------------
+    def counts_optimizer(self, optimizer: Any) -> bool:
+        """Whether this ``optimizer.step()`` ends an iteration.
+
+        ``ddpdoctor.step()`` takes over from optimizers once called; with several optimizers (GANs, per-group
+        optimizers) the first one to step marks the iteration.
+        """
+        if self.source == "manual":
+            return False
+        if self._first_optimizer is None:
+            self._first_optimizer = id(optimizer)
+        return id(optimizer) == self._first_optimizer
+
+    def tick(self, source: str, *, recording: bool) -> None:
+        """End the current iteration. ``recording``: the profiler was recording it (a profiled step)."""
+        if self.source is None or (source == "manual" and self.source != "manual"):
+            self.source = source
+        now = time.perf_counter()
+        if self.iteration >= 1:
+            self.wall_ms.append(round((now - self.last_step_t) * 1e3, 4))
+        self.last_step_t = now
+        if self.startup is StartupTrace.RECORDING:
+            self.end_startup("first step")
+        elif recording:
+            self.recorded.append(self.iteration)
+        self.iteration += 1
+
+    @property
+    def count(self) -> int:
+        """Steps seen (0 when none was ever detected)."""
+        return self.iteration if self.source else 0
+
+    def idle_s(self) -> float:
+        """Seconds since the last step (or since the clock started)."""
+        return time.perf_counter() - self.last_step_t
+
+    # ---- the start-up trace ----------------------------------------------------------------------------------
+    def startup_over_limit(self, limit_s: float) -> bool:
+        """Still recording the start-up with no step after ``limit_s`` seconds."""
+        return self.startup is StartupTrace.RECORDING and time.perf_counter() - self._t0 > limit_s
+
+    def end_startup(self, ended_by: str) -> None:
+        """Stop treating the run as "no step yet": at the first step the start-up recording is discarded, else
+        (time limit, end of run) it is kept as the run's trace."""
+        self.startup = StartupTrace.DISCARDING if ended_by == "first step" else StartupTrace.KEPT
+        self.startup_ended_by = ended_by
+
+    def take_startup_trace(self) -> bool:
+        """Called when the profiler hands over a trace: True if it is the start-up recording to discard."""
+        if self.startup is StartupTrace.DISCARDING:
+            self.startup = StartupTrace.DROPPED
+            return True
+        return False
+
+    # ---- what the rank file reports --------------------------------------------------------------------------
+    def steps_json(self) -> dict[str, Any]:
+        return {
+            "source": self.source or "none",
+            "count": self.count,
+            "first": 1,
+            "wall_ms": self.wall_ms,
+            "profiled": ranges(self.recorded),
+        }
+
+    def startup_json(self) -> dict[str, Any]:
+        return {"state": self.startup.reported, "ended_by": self.startup_ended_by}
