@@ -6,12 +6,17 @@ Layout of ``OUT/``::
     nodes/node<K>.json                     what the launcher on node K saw (merged into manifest.json)
     rank<R>.<ms>.pt.trace.json.gz          Kineto trace of rank R, one per profiled window ("span");
                                            TensorBoard's profiler plugin shows worker "rank<R>"
-    ranks/rank<R>.json                     capture data of rank R (see RANK_SCHEMA below)
+    ranks/rank<R>.json                     capture data of rank R (``RankCapture`` below)
     ranks/rank<R>.summary.json             metrics rank R computed from its own trace at the end of the run
     tensorboard/                           event files (scalars, findings) for TensorBoard
 
 Every file is written to a temporary name in the same folder and renamed into place, so a reader never sees a
 half-written file and a crash leaves the last complete version.
+
+The files read by more than one part have msgspec types here (``Manifest``, ``RankCapture``, ``RankSummary``):
+the capture writes through them and every reader reads through ``read_run_files`` / ``read_summaries``, with
+one error policy: a file that cannot be read or does not fit its type is left out and named in a note
+(``ranks/rank3.json: skipped: ...``); the others are used.
 
 ``ranks/rank<R>.json`` (schema_version 1)::
 
@@ -41,7 +46,9 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+import msgspec
 
 MANIFEST = "manifest.json"
 RANKS_DIR = "ranks"
@@ -149,3 +156,189 @@ def ddpdoctor_owned(path: Path) -> list[Path]:
         if entry.name in (MANIFEST, RANKS_DIR, NODES_DIR, TENSORBOARD_DIR) or TRACE_FILE_RE.match(entry.name):
             owned.append(entry)
     return owned
+
+
+# --- types of the files that more than one part reads -------------------------------------------------------
+Rank = Annotated[int, msgspec.Meta(ge=0, lt=1 << 31)]
+Size = Annotated[int, msgspec.Meta(ge=1, lt=1 << 31)]
+Number = int | float
+
+
+class StepRecord(msgspec.Struct, forbid_unknown_fields=False):
+    """``steps`` of a rank capture: how steps were counted and every step's wall time (ms)."""
+
+    source: str | None = None
+    count: int | None = None
+    first: int = 1
+    wall_ms: list[Number] = []
+    profiled: list[tuple[int, int]] = []
+
+
+class RankCapture(msgspec.Struct, forbid_unknown_fields=False):
+    """``ranks/rank<R>.json``: what the capture recorded in rank R (layout in the module docstring). Nested
+    records a single part reads (memory, GIL, DDP logging data, set-up observations) stay plain objects."""
+
+    rank: Rank
+    schema_version: int = SCHEMA_VERSION
+    ddpdoctor_version: str | None = None
+    local_rank: int | None = None
+    world_size: Size | None = None
+    local_world_size: int | None = None
+    node_rank: int | None = None
+    hostname: str | None = None
+    pid: int | None = None
+    status: str | None = None
+    exit_code: int | None = None
+    error: str | None = None
+    backend: str | None = None
+    device: str | None = None
+    steps: StepRecord | None = None
+    memory: dict[str, Any] | None = None
+    gil: dict[str, Any] | None = None
+    ddp: list[dict[str, Any]] = []
+    dp: list[dict[str, Any]] = []
+    setup: dict[str, Any] | None = None
+    threads: dict[str, Any] | None = None
+    trace_files: list[str] = []
+    torch_version: str | None = None
+    cuda_available: bool | None = None
+    capture_errors: list[str] = []
+
+
+class DeviceMemory(msgspec.Struct, forbid_unknown_fields=False):
+    device: str
+    peak_allocated_bytes: Number | None = None
+    peak_reserved_bytes: Number | None = None
+    capacity_bytes: Number | None = None
+
+
+class RankSummary(msgspec.Struct, forbid_unknown_fields=False):
+    """``ranks/rank<R>.summary.json``: the metrics rank R computed from its own trace
+    (``ddpdoctor.metrics.summary``). ``per_step``/``collectives`` are columns of equal length."""
+
+    rank: Rank
+    ddpdoctor_version: str
+    schema_version: int = SCHEMA_VERSION
+    files: list[str] = []
+    distributed_info: dict[str, Any] | None = None
+    hostname: str | None = None
+    world_size: Size | None = None
+    own_device: str | None = None
+    metrics: dict[str, Number | bool | str | None] = {}
+    per_step: dict[str, list[Number | bool | str | None]] = {}
+    collectives: dict[str, list[Number | bool | str | None]] = {}
+    devices: list[DeviceMemory] = []
+
+    def __post_init__(self) -> None:
+        for table in ("per_step", "collectives"):
+            lengths = {len(column) for column in getattr(self, table).values()}
+            if len(lengths) > 1:
+                raise ValueError(f"the {table} columns have different lengths")
+        if self.per_step and "step_ms" not in self.per_step:
+            raise ValueError("per_step has no step_ms column")
+
+
+class ManifestRank(msgspec.Struct, forbid_unknown_fields=False):
+    rank: Rank
+    status: str | None = None
+    exit_code: int | None = None
+    reason: str | None = None
+    trace_files: list[str] = []
+
+
+class Manifest(msgspec.Struct, forbid_unknown_fields=False):
+    """``manifest.json``: the run as the launchers saw it (``ddpdoctor.capture.manifest`` writes it)."""
+
+    schema_version: int = SCHEMA_VERSION
+    world_size: Size | None = None
+    exit_code: int | None = None
+    ranks: list[ManifestRank] = []
+
+
+def check(data: Any, kind: type[msgspec.Struct]) -> str | None:
+    """None when ``data`` (decoded JSON) fits ``kind``, else why not, in one line."""
+    try:
+        msgspec.convert(data, kind)
+    except msgspec.ValidationError as exc:
+        return str(exc).splitlines()[0]
+    return None
+
+
+def _read_checked(path: Path, kind: type[msgspec.Struct]) -> tuple[dict[str, Any] | None, str | None]:
+    """``(data, None)`` or ``(None, why)``: the JSON object in ``path`` checked against ``kind``."""
+    try:
+        data = read_json(path)
+    except OSError as exc:
+        return None, f"cannot read it: {exc.strerror or exc}"
+    except (ValueError, RecursionError) as exc:
+        return None, f"not valid JSON: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+    if not isinstance(data, dict):
+        return None, "not a JSON object"
+    why = check(data, kind)
+    return (None, why) if why else (data, None)
+
+
+def _rank_files(run_dir: Path, suffix: str) -> list[tuple[int, Path]]:
+    folder = run_dir / RANKS_DIR
+    if not folder.is_dir():
+        return []
+    pattern = re.compile(rf"^rank(\d{{1,9}}){re.escape(suffix)}$")
+    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := pattern.match(p.name))]
+    return sorted(found)
+
+
+def read_rank_captures(run_dir: Path) -> tuple[dict[int, dict[str, Any]], list[str]]:
+    """rank -> the ``ranks/rank<R>.json`` data (checked against ``RankCapture``), and one note per file left
+    out. The rank is the one the file states (a copied file keeps its own)."""
+    out: dict[int, dict[str, Any]] = {}
+    notes: list[str] = []
+    for _, path in _rank_files(run_dir, ".json"):
+        data, why = _read_checked(path, RankCapture)
+        if data is None:
+            notes.append(f"{RANKS_DIR}/{path.name}: skipped: {why}")
+            continue
+        if data["rank"] in out:
+            notes.append(f"{RANKS_DIR}/{path.name}: skipped: rank {data['rank']} is already in another file")
+            continue
+        out[data["rank"]] = data
+    return dict(sorted(out.items())), notes
+
+
+def read_summaries(run_dir: Path, version: str) -> tuple[dict[int, dict[str, Any]], list[str]]:
+    """rank -> ``ranks/rank<R>.summary.json`` written by ddpdoctor ``version`` (checked against
+    ``RankSummary``; an older version's numbers are recomputed from the traces, silently), and notes on the
+    files left out for another reason."""
+    out: dict[int, dict[str, Any]] = {}
+    notes: list[str] = []
+    for _, path in _rank_files(run_dir, ".summary.json"):
+        data, why = _read_checked(path, RankSummary)
+        if data is None:
+            notes.append(f"{RANKS_DIR}/{path.name}: skipped: {why}; the rank's trace is read instead")
+        elif data["ddpdoctor_version"] == version and data["rank"] not in out:
+            out[data["rank"]] = data
+    return dict(sorted(out.items())), notes
+
+
+def read_manifest(run_dir: Path) -> tuple[dict[str, Any], list[str]]:
+    """``manifest.json`` checked against ``Manifest`` (``{}`` when absent), and a note when it is left out."""
+    path = run_dir / MANIFEST
+    if not path.exists():
+        return {}, []
+    data, why = _read_checked(path, Manifest)
+    return (data, []) if data is not None else ({}, [f"{MANIFEST}: skipped: {why}"])
+
+
+def read_run_files(run_dir: Path) -> tuple[dict[int, dict[str, Any]], dict[str, Any], list[str]]:
+    """The capture files of a run directory: rank captures, the manifest, and notes on files left out."""
+    captures, notes = read_rank_captures(run_dir)
+    manifest, more = read_manifest(run_dir)
+    return captures, manifest, notes + more
+
+
+def write_rank_capture(path: Path, data: dict[str, Any]) -> None:
+    """Write a rank capture file after checking it against ``RankCapture`` (a capture bug surfaces here, in
+    ddpdoctor's tests, not in a reader)."""
+    why = check(json.loads(json.dumps(data, default=_json_default)), RankCapture)
+    if why:
+        raise ValueError(f"rank capture does not fit its schema: {why}")
+    atomic_write_json(path, data)

@@ -1,4 +1,4 @@
-"""``ddpdoctor diagnose RUN``: load -> analyze -> evaluate rules -> render.
+"""``ddpdoctor diagnose RUN``: the pipeline (``ddpdoctor.pipeline.analyze_run``) -> render.
 
 Exit status: 0 no finding at or above ``--fail-on`` (off by default), 1 findings at or above it, 2 usage or
 input error (one line on stderr). ``--output`` is written atomically once the report is complete, so a failed
@@ -7,15 +7,15 @@ run never leaves an empty or partial file."""
 from __future__ import annotations
 
 import argparse
-import inspect
 import io
 import re
 import sys
 from pathlib import Path
 from typing import Any
 
-from ddpdoctor.diagnosis import SEVERITIES, apply_config, evaluate, load_config, load_rules, select_rules
+from ddpdoctor.diagnosis import SEVERITIES
 from ddpdoctor.errors import DDPDoctorError, UsageError
+from ddpdoctor.pipeline import RuleOptions, analyze_run, resolve_rules
 from ddpdoctor.report import OutputFormat, render
 
 _STEPS_RE = re.compile(r"^(\d+)\.\.(\d+)?$")
@@ -39,7 +39,26 @@ def parse_steps(text: str | None) -> tuple[int, int | None] | None:
     return first, last
 
 
-def add_rule_options(p: argparse.ArgumentParser) -> None:
+def add_rule_selection(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--select",
+        type=names_list,
+        action="extend",
+        default=[],
+        metavar="NAMES",
+        help="only these rules (comma-separated names or ids)",
+    )
+    p.add_argument(
+        "--ignore",
+        type=names_list,
+        action="extend",
+        default=[],
+        metavar="NAMES",
+        help="skip these rules (comma-separated names or ids)",
+    )
+
+
+def add_rule_options(p: argparse.ArgumentParser, *, config: bool = True) -> None:
     p.add_argument(
         "--rules-dir",
         action="append",
@@ -47,12 +66,13 @@ def add_rule_options(p: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="also load the rule files (*.toml) in DIR (repeatable)",
     )
-    p.add_argument(
-        "--config",
-        metavar="FILE",
-        help="read rule parameters from FILE ([tool.ddpdoctor.rules.<name>]) instead of the nearest "
-        "pyproject.toml",
-    )
+    if config:
+        p.add_argument(
+            "--config",
+            metavar="FILE",
+            help="read rule parameters from FILE ([tool.ddpdoctor.rules.<name>]) instead of the nearest "
+            "pyproject.toml",
+        )
 
 
 def register(subparsers: Any, name: str, help_text: str) -> None:
@@ -73,22 +93,7 @@ def register(subparsers: Any, name: str, help_text: str) -> None:
         default=None,
         help="exit 1 when a finding has this severity or a higher one",
     )
-    p.add_argument(
-        "--select",
-        type=names_list,
-        action="extend",
-        default=[],
-        metavar="NAMES",
-        help="only these rules (comma-separated names or ids)",
-    )
-    p.add_argument(
-        "--ignore",
-        type=names_list,
-        action="extend",
-        default=[],
-        metavar="NAMES",
-        help="skip these rules (comma-separated names or ids)",
-    )
+    add_rule_selection(p)
     p.add_argument("--steps", metavar="N..M", help="analyse only profiled steps N to M (M optional)")
     add_rule_options(p)
     p.set_defaults(func=run)
@@ -101,47 +106,21 @@ def _progress(done: int, total: int, label: str) -> None:
     sys.stderr.flush()
 
 
-def load_and_analyze(path: str, steps: tuple[int, int | None] | None) -> Any:
-    """The ``RunMetrics`` of ``path``."""
-    if not Path(path).exists():
-        raise UsageError(f"{path}: no such file or directory")
-    from ddpdoctor.load import load
-
-    try:
-        from ddpdoctor.metrics import analyze
-    except ImportError:
-        raise DDPDoctorError(
-            "this build of ddpdoctor has no metrics module (ddpdoctor.metrics.analyze)"
-        ) from None
-    # The per-rank summaries the ranks computed at the end of `ddpdoctor trace` give the same metrics without
-    # decoding a trace (a 1,000-rank run is read from 1,000 small files); a step range needs the traces.
-    run_data = load(path, progress=_progress if sys.stderr.isatty() else None, use_summaries=steps is None)
-    if steps is None:
-        return _with_input_notes(analyze(run_data), run_data)
-    if "steps" not in inspect.signature(analyze).parameters:
-        raise UsageError("--steps is not supported by this build's metrics")
-    metrics = analyze(run_data, steps=steps)
-    if not metrics.run.get("steps_analyzed"):
-        last = "" if steps[1] is None else str(steps[1])
-        raise UsageError(f"--steps {steps[0]}..{last}: none of the run's profiled steps is in that range")
-    return _with_input_notes(metrics, run_data)
-
-
-def _with_input_notes(metrics: Any, run_data: Any) -> Any:
-    """The files the loader skipped and its notes on the rest go into the report (run.skipped, run.notes)."""
-    if isinstance(getattr(metrics, "run", None), dict):
-        metrics.run.setdefault("skipped", list(getattr(run_data, "skipped", [])))
-        metrics.run.setdefault("notes", list(getattr(run_data, "notes", [])))
-    return metrics
+def rule_options(args: argparse.Namespace) -> RuleOptions:
+    """The rule options of a command that took ``add_rule_options`` (and maybe ``add_rule_selection``)."""
+    return RuleOptions(
+        rules_dirs=tuple(args.rules_dir),
+        config=args.config,
+        select=tuple(getattr(args, "select", ())),
+        ignore=tuple(getattr(args, "ignore", ())),
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     steps = parse_steps(args.steps)
-    rules = load_rules(args.rules_dir)
-    rules = apply_config(rules, load_config(args.config))
-    rules = select_rules(rules, args.select, args.ignore)
-    metrics = load_and_analyze(args.run, steps)
-    result = evaluate(rules, metrics)
+    rules = resolve_rules(rule_options(args))  # rule errors before any trace is read
+    progress = _progress if sys.stderr.isatty() else None
+    result = analyze_run(args.run, steps=steps, rules=rules, progress=progress).diagnosis
     if args.output is None:
         render(result, args.format, sys.stdout)
         sys.stdout.flush()

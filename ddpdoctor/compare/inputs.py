@@ -1,10 +1,10 @@
 """Read what ``compare``/``baseline``/``gate`` are given into Snapshots: a ddpdoctor run directory, a folder
 of torch.profiler traces, one trace file, or a baseline JSON written by ``ddpdoctor baseline``.
 
-A run directory gives its capture files (every step's wall time, memory of every device, GIL per step, the
-environment) and, through ``ddpdoctor.load`` + ``ddpdoctor.metrics.analyze``, the trace metrics (breakdown,
-exposed communication, overlap, bandwidth) and the diagnosis' findings. When this build has no
-``ddpdoctor.metrics.analyze``, the capture files alone are used and the snapshot says so.
+A run or traces go through the one pipeline (``ddpdoctor.pipeline.analyze_run``), so the metrics and findings
+are those ``diagnose`` reports for the same run and rule options. A run directory also gives its capture files
+(every step's wall time, memory of every device, GIL per step, the environment); when its traces cannot be
+read, those alone are used and the snapshot says why.
 """
 
 from __future__ import annotations
@@ -14,51 +14,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ddpdoctor import rundir
 from ddpdoctor.compare import snapshot as snap
-from ddpdoctor.errors import TraceError, UsageError
-
-NO_METRICS = (
-    "trace metrics (breakdown, exposed communication, overlap, bandwidth) and findings are missing: "
-    "this build of ddpdoctor has no ddpdoctor.metrics.analyze"
-)
-
-
-def read_captures(path: Path) -> list[dict[str, Any]]:
-    """The ``ranks/rank<R>.json`` files of a run directory, sorted by rank (empty for other inputs)."""
-    folder = path / rundir.RANKS_DIR
-    if not folder.is_dir():
-        return []
-    out = []
-    for file in folder.glob("rank*.json"):
-        if file.name.endswith(".summary.json") or not file.name[4:-5].isdigit():
-            continue
-        try:
-            out.append(rundir.read_json(file))
-        except (OSError, ValueError) as exc:
-            raise TraceError(f"{file}: cannot read the capture file: {exc}") from None
-    return sorted(out, key=lambda c: int(c.get("rank", 0)))
-
-
-def _analyze(path: Path, rules: Sequence[Any] | None, has_capture: bool) -> tuple[Any, Any, list[str]]:
-    try:
-        from ddpdoctor.metrics import analyze
-    except ImportError:
-        return None, None, [NO_METRICS]
-    from ddpdoctor.diagnosis import apply_config, evaluate, load_config, load_rules
-    from ddpdoctor.load import load
-
-    try:
-        loaded = load(path)
-    except TraceError as exc:
-        if not has_capture:
-            raise
-        # e.g. a run shorter than the profiler's wait: the step times in the capture files still count
-        return None, None, [f"trace metrics and findings are missing: {exc}"]
-    metrics = analyze(loaded)
-    if rules is None:
-        rules = apply_config(load_rules([]), load_config())
-    return metrics, evaluate(rules, metrics), []
+from ddpdoctor.errors import UsageError
+from ddpdoctor.pipeline import RuleOptions, analyze_run
 
 
 def _is_baseline_file(path: Path) -> bool:
@@ -87,9 +45,10 @@ def read_baseline(path: Path) -> snap.Snapshot:
         raise UsageError(f"{path}: {exc}") from None
 
 
-def read_input(arg: str, *, rules: Sequence[Any] | None = None) -> snap.Snapshot:
-    """The Snapshot of ``arg``: a baseline file, a run directory or traces. Input errors raise
-    DDPDoctorError."""
+def read_input(arg: str, *, rules: RuleOptions | Sequence[Any] | None = None) -> snap.Snapshot:
+    """The Snapshot of ``arg``: a baseline file, a run directory or traces, with ``rules`` (rule options or
+    resolved rules; default: the built-in rules with the nearest pyproject.toml's overrides). Input errors
+    raise DDPDoctorError."""
     path = Path(arg)
     if not path.exists():
         raise UsageError(f"{arg}: no such file or directory")
@@ -102,11 +61,7 @@ def read_input(arg: str, *, rules: Sequence[Any] | None = None) -> snap.Snapshot
             data = None
         if isinstance(data, dict) and "traceEvents" not in data:
             raise UsageError(f"{arg}: neither a ddpdoctor baseline nor a torch.profiler trace")
-    captures = read_captures(path) if path.is_dir() else []
-    metrics, diagnosis, notes = _analyze(path, rules, bool(captures))
-    if metrics is None and not captures:
-        raise UsageError(
-            f"{arg}: not a ddpdoctor run directory (no {rundir.RANKS_DIR}/rank<R>.json), and this "
-            "build cannot read traces without ddpdoctor.metrics"
-        )
-    return snap.build(arg, captures, metrics, diagnosis, notes)
+    analysis = analyze_run(path, rules=rules, traces_optional=True)
+    captures = [analysis.captures[rank] for rank in sorted(analysis.captures)]
+    notes = analysis.notes if analysis.metrics is None else []
+    return snap.build(arg, captures, analysis.metrics, analysis.diagnosis, notes)

@@ -34,20 +34,16 @@ import numpy as np
 from ddpdoctor import __version__
 from ddpdoctor.compare import samples as smp
 from ddpdoctor.compare.catalog import METRICS
+from ddpdoctor.metrics.catalog import RANK, RUN
 
 SCHEMA_VERSION = 1
 _NUMBER_LIST = re.compile(r"\[\s*((?:-?[\d.eE+-]+\s*,\s*)*-?[\d.eE+-]+)\s*\]")
 KIND = "ddpdoctor-baseline"
 ENV_KEYS = ("world_size", "mode", "backend", "devices", "torch_version")  # a difference here is a warning
-_RANK_MEAN = tuple(
-    m.name for m in METRICS if "." not in m.name and not m.name.startswith(("gpu0", "others", "max_"))
-)
-_RUN_LEVEL = (
-    "straggler_wait_ms",
-    "gpu0_peak_reserved_bytes",
-    "others_max_peak_reserved_bytes",
-    "gpu0_vs_others_ratio",
-)
+# Compared metrics that are a mean over the ranks, and those the run has as a whole (compare's own
+# max_peak_allocated_bytes is computed from the devices table).
+_RANK_MEAN = tuple(m.name for m in METRICS if m.of == m.name and m.of in RANK)
+_RUN_LEVEL = tuple(m.name for m in METRICS if m.of in RUN and RUN[m.of].source != "snapshot")
 
 
 @dataclass(frozen=True)

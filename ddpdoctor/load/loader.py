@@ -7,7 +7,6 @@ file can be read; otherwise ``TraceError`` names the file and the problem.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
@@ -16,7 +15,7 @@ from typing import Any
 
 import pandas as pd
 
-from ddpdoctor import __version__
+from ddpdoctor import __version__, rundir
 from ddpdoctor.errors import TraceError
 from ddpdoctor.load.consistency import (
     check_one_run,
@@ -30,7 +29,7 @@ from ddpdoctor.load.discover import group_by_worker, rank_from_name, shown, trac
 from ddpdoctor.load.frames import build_rank_trace
 from ddpdoctor.load.model import RankTrace, Run
 from ddpdoctor.load.schema import valid_rank, valid_world_size
-from ddpdoctor.rundir import MANIFEST, RANKS_DIR, is_run_dir
+from ddpdoctor.rundir import is_run_dir
 
 Progress = Callable[[int, int, str], None]
 
@@ -53,27 +52,28 @@ def load(
     if not root.exists():
         raise TraceError(f"{shown(root)}: no such file or directory")
     run_dir = root.is_dir() and is_run_dir(root)
-    manifest = _read_json_quietly(root / MANIFEST) if run_dir else None
-    capture = _read_captures(root) if run_dir else {}
+    capture, manifest, file_notes = rundir.read_run_files(root) if run_dir else ({}, {}, [])
 
     if use_summaries and run_dir:
-        summarized = _summaries(root, capture)
+        summarized, summary_notes = _summaries(root, capture)
         if summarized is not None:
-            return _make_run(root, summarized, "distributedInfo", capture, manifest, [])
+            return _make_run(root, summarized, "distributedInfo", capture, manifest, file_notes)
+        file_notes += summary_notes
 
     groups = group_by_worker(trace_files(root))
     results = _decode_groups(groups, workers, progress)
     skipped = [s for _, _, errs in results for s in errs]
+    trace_skipped = len(skipped)
     loaded = [(key, rt) for key, traces, _ in results for rt in traces]
     if not loaded:
         raise TraceError(
             skipped[0]
-            if len(skipped) == 1
-            else f"{shown(root)}: none of its {len(skipped)} trace files could be read; first: {skipped[0]}"
+            if trace_skipped == 1
+            else f"{shown(root)}: none of its {trace_skipped} trace files could be read; first: {skipped[0]}"
         )
     check_one_run(root, [rt for _, rt in loaded])
     ranks, source = _assign_ranks(loaded, groups, skipped)
-    return _make_run(root, ranks, source, capture, manifest, skipped)
+    return _make_run(root, ranks, source, capture, manifest, skipped + file_notes)
 
 
 def load_rank_files(paths: list[Path], rank: int) -> RankTrace:
@@ -241,48 +241,16 @@ def _backend(ranks: list[RankTrace], capture: dict[int, dict[str, Any]]) -> str 
     return None
 
 
-def _read_json_quietly(path: Path) -> Any:
-    try:
-        with open(path, "rb") as f:
-            return json.loads(f.read())
-    except (OSError, ValueError):
-        return None
-
-
-def _read_captures(root: Path) -> dict[int, dict[str, Any]]:
-    out: dict[int, dict[str, Any]] = {}
-    folder = root / RANKS_DIR
-    if not folder.is_dir():
-        return out
-    for p in sorted(folder.glob("rank*.json")):
-        if p.name.endswith(".summary.json"):
-            continue
-        data = _read_json_quietly(p)
-        if isinstance(data, dict) and valid_rank(data.get("rank")) is not None:
-            if "world_size" in data and valid_world_size(data["world_size"]) is None:
-                data["world_size"] = None
-            out[data["rank"]] = data
-    return out
-
-
-def _summaries(root: Path, capture: dict[int, dict[str, Any]]) -> list[RankTrace] | None:
-    """Ranks from ``ranks/rank<R>.summary.json``; None unless every captured rank has one."""
-    folder = root / RANKS_DIR
-    found: dict[int, dict[str, Any]] = {}
-    for p in sorted(folder.glob("rank*.summary.json")):
-        data = _read_json_quietly(p)
-        # Only summaries this version computed: an older ddpdoctor's numbers are recomputed from the traces.
-        if (
-            isinstance(data, dict)
-            and valid_rank(data.get("rank")) is not None
-            and data.get("ddpdoctor_version") == __version__
-        ):
-            found[data["rank"]] = data
+def _summaries(root: Path, capture: dict[int, dict[str, Any]]) -> tuple[list[RankTrace] | None, list[str]]:
+    """Ranks from ``ranks/rank<R>.summary.json`` (None unless every captured rank has one this version wrote),
+    and notes on summary files that could not be used."""
+    found, notes = rundir.read_summaries(root, __version__)
     if not found or (capture and set(capture) - set(found)):
-        return None
-    return [
+        return None, notes
+    ranks = [
         RankTrace(
             rank=r, files=list(s.get("files", [])), distributed_info=s.get("distributed_info"), summary=s
         )
         for r, s in sorted(found.items())
     ]
+    return ranks, notes

@@ -15,6 +15,7 @@ import pytest
 from ddpdoctor.cli import diagnose_cmd, main
 from ddpdoctor.diagnosis import apply_config, evaluate, load_config, load_rules, select_rules
 from ddpdoctor.diagnosis.findings import Diagnosis, Finding, format_ranks, sort_findings
+from ddpdoctor.pipeline import Analysis
 
 INPUTS = Path(__file__).resolve().parents[1] / "golden" / "inputs"
 
@@ -201,13 +202,14 @@ def test_fails_at_or_above_threshold(fail_on, fails):
 def fake_analyze(monkeypatch):
     calls = []
 
-    def load_and_analyze(path, steps):
+    def analyze_run(path, *, steps=None, rules=None, progress=None, traces_optional=False):
         calls.append((path, steps))
         if not Path(path).exists():
             raise diagnose_cmd.UsageError(f"{path}: no such file or directory")
-        return fake_metrics("ddp_4ranks")
+        metrics = fake_metrics("ddp_4ranks")
+        return Analysis(Path(path), metrics, evaluate(rules, metrics))
 
-    monkeypatch.setattr(diagnose_cmd, "load_and_analyze", load_and_analyze)
+    monkeypatch.setattr(diagnose_cmd, "analyze_run", analyze_run)
     return calls
 
 

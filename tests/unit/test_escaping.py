@@ -90,9 +90,7 @@ def test_text_report_sends_no_escape_sequences_and_parses_no_markup(hostile_run,
 
 
 def test_text_report_on_a_terminal_has_only_its_own_colours(hostile_run) -> None:
-    from ddpdoctor.cli.diagnose_cmd import load_and_analyze
-    from ddpdoctor.diagnosis import evaluate as evaluate_rules
-    from ddpdoctor.diagnosis import load_rules
+    from ddpdoctor.pipeline import RuleOptions, analyze_run
     from ddpdoctor.report import render
 
     class Terminal(io.StringIO):
@@ -100,7 +98,7 @@ def test_text_report_on_a_terminal_has_only_its_own_colours(hostile_run) -> None
             return True
 
     stream = Terminal()
-    render(evaluate_rules(load_rules([]), load_and_analyze(str(hostile_run), None)), "text", stream)
+    render(analyze_run(hostile_run, rules=RuleOptions()).diagnosis, "text", stream)
     out = stream.getvalue()
     assert "\x1b[" in out  # rich's own styles: this is the terminal path
     assert "\x07" not in out and "\x1b]" not in out  # no title change, no hyperlink, no OSC at all
