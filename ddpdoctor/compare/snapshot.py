@@ -353,9 +353,6 @@ def _from_metrics(metrics: Any, values: dict[str, float | None], samples: dict[s
         "analyzed" in df.columns
     ):  # steps the metrics leave out (a window's last step on a GPU) stay out here too
         df = df[df["analyzed"].astype(bool)]
-    if "overlap_ratio" not in df.columns and {"comm_ms", "exposed_comm_ms"} <= set(df.columns):
-        comm = df["comm_ms"].astype(float)
-        df["overlap_ratio"] = (1.0 - df["exposed_comm_ms"].astype(float) / comm).where(comm > 0)
     for m in METRICS:
         key = m.samples
         if key and key != "step_ms" and key in df.columns:

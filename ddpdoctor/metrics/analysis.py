@@ -86,6 +86,11 @@ def _per_step_frame(summaries: list[dict[str, Any]]) -> pd.DataFrame:
         per_step = pd.DataFrame(joined)
     if len(per_step):
         per_step = per_step[["rank"] + [c for c in per_step.columns if c != "rank"]]
+        if "overlap_ratio" not in per_step.columns and {"comm_ms", "exposed_comm_ms"} <= set(per_step.columns):
+            # each step's share of communication hidden behind computation (0-1; None without communication)
+            comm = per_step["comm_ms"].astype(float)
+            hidden = 1.0 - per_step["exposed_comm_ms"].astype(float) / comm.where(comm > 0)
+            per_step["overlap_ratio"] = hidden.clip(0.0, 1.0)
     return per_step
 
 
