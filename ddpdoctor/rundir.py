@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import os
 import re
 import shutil
@@ -173,6 +174,10 @@ class StepRecord(msgspec.Struct, forbid_unknown_fields=False):
     wall_ms: list[Number] = []
     profiled: list[tuple[int, int]] = []
 
+    def __post_init__(self) -> None:
+        if not all(_plain_value(v, text=False) and v is not None for v in self.wall_ms):
+            raise ValueError("steps.wall_ms holds a value that is not a finite number")
+
 
 class RankCapture(msgspec.Struct, forbid_unknown_fields=False):
     """``ranks/rank<R>.json``: what the capture recorded in rank R (layout in the module docstring). Nested
@@ -236,6 +241,37 @@ class RankSummary(msgspec.Struct, forbid_unknown_fields=False):
                 raise ValueError(f"the {table} columns have different lengths")
         if self.per_step and "step_ms" not in self.per_step:
             raise ValueError("per_step has no step_ms column")
+        # JSON holds NaN, 10**400 and "12" as well as numbers: only what summarize_rank writes gets through
+        for key, value in self.metrics.items():
+            if not _plain_value(value, text=_metric_kind(key) == "text"):
+                raise ValueError(f"metric {key} is {_kind_of(value)}, not a finite number")
+        for table in ("per_step", "collectives"):
+            for key, values in getattr(self, table).items():
+                if not all(_plain_value(v, text=key == "kind") for v in values):
+                    raise ValueError(f"{table}.{key} holds a value that is not a finite number")
+
+
+def _metric_kind(name: str) -> str | None:
+    from ddpdoctor.metrics import catalog
+
+    spec = catalog.describe(name)
+    return spec.kind if spec is not None else None
+
+
+def _plain_value(value: Any, text: bool) -> bool:
+    """None, a bool, a finite number, or (where ``text``) a string."""
+    if value is None or isinstance(value, bool):
+        return True
+    if isinstance(value, str):
+        return text
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an integer too large for a float
+        return False
+
+
+def _kind_of(value: Any) -> str:
+    return "text" if isinstance(value, str) else "too large" if isinstance(value, int) else repr(value)
 
 
 class ManifestRank(msgspec.Struct, forbid_unknown_fields=False):

@@ -12,6 +12,7 @@ others in the all-reduce, so the ranks' wall times are nearly equal and the maxi
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -21,22 +22,41 @@ MIN_STEADY = 5  # fewer undisturbed steps than this: fall back to every step but
 MAX_SAMPLES = 1000  # a baseline stays reviewable: at most this many per-step samples (the last ones)
 
 
+def _int(value: Any, default: int = 0) -> int:
+    """An integer field of a capture file; ``default`` for anything else (the files are checked for type
+    where they are read, ``rundir.RankCapture``; nested records such as the schedule are not)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and abs(value) < 1 << 62 else default
+
+
+def _float(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        out = float(value)
+    except OverflowError:
+        return None
+    return out if math.isfinite(out) else None
+
+
 def disturbed_steps(capture: Mapping[str, Any]) -> set[int]:
     """Steps whose wall time includes profiler start-up, recording or trace export, and the first step."""
     steps = capture.get("steps") or {}
-    warmup = int((capture.get("schedule") or {}).get("warmup") or 0)
-    out = {int(steps.get("first", 1))}
+    schedule = capture.get("schedule")
+    warmup = _int(schedule.get("warmup")) if isinstance(schedule, dict) else 0
+    out = {_int(steps.get("first"), 1)}
     for window in steps.get("profiled") or []:
-        lo, hi = int(window[0]), int(window[-1])
-        out.update(range(lo - warmup, hi + 2))
+        if isinstance(window, (list, tuple)) and window:
+            lo, hi = _int(window[0]), _int(window[-1])
+            out.update(range(lo - warmup, hi + 2))
     return out
 
 
 def rank_step_times(capture: Mapping[str, Any]) -> dict[int, float]:
     """step -> wall ms of one rank, for every recorded step."""
     steps = capture.get("steps") or {}
-    first = int(steps.get("first", 1))
-    return {first + i: float(ms) for i, ms in enumerate(steps.get("wall_ms") or []) if ms is not None}
+    first = _int(steps.get("first"), 1)
+    values = [_float(ms) for ms in steps.get("wall_ms") or []]
+    return {first + i: ms for i, ms in enumerate(values) if ms is not None}
 
 
 def job_step_times(captures: Sequence[Mapping[str, Any]]) -> tuple[list[float], str]:
@@ -63,10 +83,17 @@ def gil_samples(captures: Sequence[Mapping[str, Any]]) -> list[float]:
     """GIL contention (0-1) per profiled step, averaged over the ranks that measured it."""
     by_step: dict[int, list[float]] = {}
     for c in captures:
-        per_step = ((c.get("gil") or {}).get("per_step")) or {}
-        for step, value in zip(per_step.get("step") or [], per_step.get("contention") or [], strict=False):
-            if value is not None:
-                by_step.setdefault(int(step), []).append(float(value))
+        gil = c.get("gil")
+        per_step = gil.get("per_step") if isinstance(gil, dict) else None
+        if not isinstance(per_step, dict):
+            continue
+        steps, values = per_step.get("step"), per_step.get("contention")
+        if not isinstance(steps, list) or not isinstance(values, list):
+            continue
+        for step, value in zip(steps, values, strict=False):
+            value = _float(value)
+            if value is not None and isinstance(step, int) and not isinstance(step, bool):
+                by_step.setdefault(step, []).append(value)
     return [float(np.mean(v)) for _, v in sorted(by_step.items())]
 
 

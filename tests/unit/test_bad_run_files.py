@@ -1,0 +1,150 @@
+"""Wrongly typed capture and summary files (``ranks/rank<R>.json``, ``ranks/rank<R>.summary.json``) never end
+in a traceback (issue 13, item 12): a summary that does not hold what ``summarize_rank`` writes is ignored and
+the rank is analysed from its traces; a capture file's wrongly typed parts are left out of ``baseline``/``gate``
+with a note naming the file, and the other ranks' files are read as usual."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from ddpdoctor.cli import main
+from ddpdoctor.load import load
+from ddpdoctor.metrics.summary import summarize_rank
+
+HUGE = "1" + "0" * 400  # an integer JSON holds and a float cannot
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "ddp_gloo_2rank"
+
+
+def _capture(rank: int) -> dict:
+    return {
+        "schema_version": 1,
+        "rank": rank,
+        "world_size": 2,
+        "status": "ok",
+        "exit_code": 0,
+        "backend": "gloo",
+        "device": "cpu",
+        "torch_version": "2.13.0",
+        "schedule": {"wait": 1, "warmup": 1, "active": 3, "repeat": 2},
+        "steps": {"source": "optimizer", "count": 20, "first": 1, "wall_ms": [30.0 + i % 3 for i in range(20)],
+                  "profiled": [[3, 5], [9, 11]]},
+        "memory": {"devices": []},
+        "gil": {"per_step": {"step": [3, 4, 5], "contention": [0.1, 0.2, 0.1]}},
+    }
+
+
+@pytest.fixture(scope="module")
+def good_run(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("run")
+    for src in FIXTURE.glob("rank*.pt.trace.json.gz"):
+        shutil.copy(src, out / src.name)
+    (out / "ranks").mkdir()
+    for rt in load(out).ranks:
+        (out / "ranks" / f"rank{rt.rank}.json").write_text(json.dumps(_capture(rt.rank)))
+        (out / "ranks" / f"rank{rt.rank}.summary.json").write_text(json.dumps(summarize_rank(rt)))
+    return out
+
+
+def _copy(good_run: Path, tmp_path: Path, name: str, edit) -> Path:
+    run = tmp_path / "run"
+    shutil.copytree(good_run, run)
+    path = run / "ranks" / name
+    data = json.loads(path.read_text())
+    text = edit(data)
+    path.write_text(text if isinstance(text, str) else json.dumps(data))
+    return run
+
+
+def _json_diagnose(capsys, run: Path) -> dict:
+    capsys.readouterr()
+    code = main(["diagnose", str(run), "--format", "json"])
+    out, err = capsys.readouterr()
+    assert code in (0, 1) and "Traceback" not in err, err
+    return json.loads(out)
+
+
+def _set(path: str, value):
+    def edit(d):
+        keys = path.split(".")
+        for k in keys[:-1]:
+            d = d[k]
+        d[keys[-1]] = value
+
+    return edit
+
+
+SUMMARY_EDITS = {
+    "metrics a list": _set("metrics", [1, 2]),
+    "metrics null": _set("metrics", None),
+    "a number as a string": _set("metrics.step_ms_median", "12"),
+    "a huge integer": lambda d: json.dumps(d).replace('"step_ms_median": ', f'"step_ms_median": {HUGE}, "x": '),
+    "per_step of the wrong length": _set("per_step.step_ms", [1.0]),
+    "per_step not a list": _set("per_step.step_ms", "abc"),
+    "per_step null": _set("per_step", None),
+    "steps as strings": lambda d: d["per_step"].__setitem__("step", ["a"] * len(d["per_step"]["step"])),
+    "collectives a list": _set("collectives", [1]),
+    "devices of numbers": _set("devices", [1]),
+    "files a number": _set("files", 5),
+}
+
+
+@pytest.mark.parametrize("case", SUMMARY_EDITS)
+def test_a_bad_summary_is_ignored_and_the_rank_read_from_its_traces(good_run, tmp_path, capsys, case):
+    expected = _json_diagnose(capsys, good_run)
+    run = _copy(good_run, tmp_path, "rank1.summary.json", SUMMARY_EDITS[case])
+    got = _json_diagnose(capsys, run)
+    pick = lambda doc: [(r["rank"], r.get("step_ms")) for r in doc["ranks"]]  # noqa: E731
+    assert pick(got) == pick(expected)
+    said = got["run"]["skipped"] + got["run"]["notes"]
+    assert any("rank1.summary.json" in n and "trace is read instead" in n for n in said), said
+
+
+CAPTURE_EDITS = {
+    "steps a list": _set("steps", [1]),
+    "wall_ms a string": _set("steps.wall_ms", "x"),
+    "wall_ms of strings": _set("steps.wall_ms", ["1", "x"]),
+    "a huge wall time": lambda d: json.dumps(d).replace('"wall_ms": [30.0', f'"wall_ms": [{HUGE}'),
+    "first a string": _set("steps.first", "x"),
+    "profiled windows of numbers": _set("steps.profiled", [5]),
+    "memory a list": _set("memory", [1]),
+    "rank a string": _set("rank", "x"),
+    "world_size a string": _set("world_size", "x"),
+    "setup a list": _set("setup", [1]),
+}
+
+
+@pytest.mark.parametrize("case", CAPTURE_EDITS)
+def test_a_bad_capture_file_is_one_note_or_one_error_line(good_run, tmp_path, capsys, case):
+    run = _copy(good_run, tmp_path, "rank1.json", CAPTURE_EDITS[case])
+    capsys.readouterr()
+    code = main(["baseline", str(run)])
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err
+    if code == 2:
+        assert len(err.strip().splitlines()) == 1 and "rank1.json" in err
+    else:
+        assert code == 0, err
+        doc = json.loads(out)
+        assert any("rank 1" in n or "rank1.json" in n for n in doc["notes"] + doc.get("incomplete", [])), doc["notes"]
+
+
+NESTED_EDITS = {  # records inside a capture file that only one part reads: their bad values are left out
+    "gil steps as strings": _set("gil", {"per_step": {"step": ["a"], "contention": ["b"]}}),
+    "gil a list": _set("gil", [1]),
+    "schedule of strings": _set("schedule", {"warmup": "x"}),
+    "schedule a list": _set("schedule", [1]),
+}
+
+
+@pytest.mark.parametrize("case", NESTED_EDITS)
+def test_bad_values_inside_a_capture_record_are_left_out(good_run, tmp_path, capsys, case):
+    run = _copy(good_run, tmp_path, "rank1.json", NESTED_EDITS[case])
+    capsys.readouterr()
+    code = main(["baseline", str(run)])
+    out, err = capsys.readouterr()
+    assert code == 0 and "Traceback" not in err, err
+    assert len(json.loads(out)["samples"]["step_ms"]) >= 5  # both ranks' step times are still read
