@@ -11,8 +11,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 SKIP_REASON = (
-    "no CUDA device: the GPU checks need a GPU machine "
-    "(bash tests/gpu/run.sh there; see the README, Development)"
+    "no CUDA device: the GPU checks need a GPU machine (bash tests/gpu/run.sh there; see the README, Development)"
 )
 
 

@@ -53,15 +53,17 @@ def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def run_command(ctx: Context, cmd: list[str], *, env: dict[str, str] | None = None, timeout: float,
-                ok_codes: tuple[int, ...] = (0,)) -> subprocess.CompletedProcess:
+def run_command(
+    ctx: Context, cmd: list[str], *, env: dict[str, str] | None = None, timeout: float, ok_codes: tuple[int, ...] = (0,)
+) -> subprocess.CompletedProcess:
     """Run ``cmd`` in its own process group (killed whole on timeout), within the context's deadline."""
     limit = min(timeout, ctx.remaining())
     if limit < 5:
         raise CheckError(f"no time left to run {' '.join(cmd[2:5])} (budget exhausted)")
     t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=REPO, env=_env(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=_env(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
         out, err = proc.communicate(timeout=limit)
     except subprocess.TimeoutExpired:
@@ -79,22 +81,31 @@ def _tail(text: str, lines: int = 15) -> str:
     return "\n".join((text or "").strip().splitlines()[-lines:])
 
 
-def trace(ctx: Context, name: str, script: str, args: list[str], *, torchrun: list[str] | None = None,
-          timeout: float = 150) -> tuple[Path, Path]:
+def trace(
+    ctx: Context, name: str, script: str, args: list[str], *, torchrun: list[str] | None = None, timeout: float = 150
+) -> tuple[Path, Path]:
     """``python -m ddpdoctor trace --out WORK/NAME [torchrun options] WORKLOAD ARGS``; returns the run directory
     and the folder the workload wrote its own measurements to."""
     run, measure = ctx.work / name, ctx.work / f"{name}.measure"
     shutil.rmtree(run, ignore_errors=True)
     shutil.rmtree(measure, ignore_errors=True)
-    cmd = [sys.executable, "-m", "ddpdoctor", "trace", "--out", str(run), *(torchrun or []),
-           str(WORKLOADS / script), *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "ddpdoctor",
+        "trace",
+        "--out",
+        str(run),
+        *(torchrun or []),
+        str(WORKLOADS / script),
+        *args,
+    ]
     ctx.runs += [run, measure]
     run_command(ctx, cmd, env={"GPUCHECK_MEASURE": str(measure)}, timeout=timeout)
     return run, measure
 
 
-def bare(ctx: Context, name: str, script: str, args: list[str], *, torchrun: list[str],
-         timeout: float = 120) -> Path:
+def bare(ctx: Context, name: str, script: str, args: list[str], *, torchrun: list[str], timeout: float = 120) -> Path:
     """The same workload under torchrun alone (no ddpdoctor); returns its measurement folder."""
     measure = ctx.work / f"{name}.measure"
     shutil.rmtree(measure, ignore_errors=True)
@@ -107,8 +118,11 @@ def bare(ctx: Context, name: str, script: str, args: list[str], *, torchrun: lis
 def diagnose(ctx: Context, run: Path) -> dict[str, Any]:
     """``python -m ddpdoctor diagnose RUN --format json``, saved beside the run as ``RUN.diagnose.json``."""
     out = run.with_name(run.name + ".diagnose.json")
-    run_command(ctx, [sys.executable, "-m", "ddpdoctor", "diagnose", str(run), "--format", "json",
-                      "--output", str(out)], timeout=90)
+    run_command(
+        ctx,
+        [sys.executable, "-m", "ddpdoctor", "diagnose", str(run), "--format", "json", "--output", str(out)],
+        timeout=90,
+    )
     ctx.runs.append(out)
     return json.loads(out.read_text())
 
@@ -154,8 +168,13 @@ def check_ddp(ctx: Context) -> list[dict[str, Any]]:
     run, measure = trace(ctx, "ddp-nccl", "ddp.py", ["--backend", "nccl", "--steps", "16"], torchrun=one)
     items = ev.evaluate_ddp_nccl(diagnose(ctx, run), summary(run), measured(measure), trace_counts(run))
     two = ["--standalone", "--nproc-per-node", "2"]
-    run, measure = trace(ctx, "ddp-gloo-shared", "ddp.py",
-                         ["--backend", "gloo", "--no-set-device", "--steps", "16", "--width", "1024"], torchrun=two)
+    run, measure = trace(
+        ctx,
+        "ddp-gloo-shared",
+        "ddp.py",
+        ["--backend", "gloo", "--no-set-device", "--steps", "16", "--width", "1024"],
+        torchrun=two,
+    )
     items += ev.evaluate_ddp_shared(diagnose(ctx, run), [measured(measure, r) for r in (0, 1)])
     return items
 
@@ -209,8 +228,12 @@ class Check:
 
 
 CHECKS = (
-    Check("1-single-process", "one-process CUDA training: kernels, kernel time vs CUDA events, memory peaks",
-          check_single, 40),
+    Check(
+        "1-single-process",
+        "one-process CUDA training: kernels, kernel time vs CUDA events, memory peaks",
+        check_single,
+        40,
+    ),
     Check("2-ddp", "DDP: NCCL at world size 1; gloo at world size 2 on one GPU without set_device", check_ddp, 80),
     Check("3-gpu0-oom-risk", "gpu0-oom-risk at ~93 % and ~40 % of the GPU reserved", check_oom, 60),
     Check("4-host-sync-stalls", "host-sync-stalls with .item() every layer and without", check_host_sync, 60),
@@ -226,8 +249,12 @@ def run_check(check: Check, work: Path, deadline: float) -> tuple[dict[str, Any]
     t0 = time.monotonic()
     result: dict[str, Any] = {"check": check.key, "title": check.title}
     if ctx.remaining() < check.min_seconds:
-        result.update(status="error", error=f"not started: {ctx.remaining():.0f}s of the time budget left, "
-                      f"it needs about {check.min_seconds:.0f}s", items=[])
+        result.update(
+            status="error",
+            error=f"not started: {ctx.remaining():.0f}s of the time budget left, "
+            f"it needs about {check.min_seconds:.0f}s",
+            items=[],
+        )
     else:
         try:
             items = check.run(ctx)
@@ -235,9 +262,12 @@ def run_check(check: Check, work: Path, deadline: float) -> tuple[dict[str, Any]
         except CheckError as exc:
             result.update(status="error", error=str(exc), items=[])
         except Exception as exc:  # a bug in the check itself: report it and go on with the others
-            result.update(status="error", error=f"{type(exc).__name__}: {exc}\n{_tail(traceback.format_exc())}",
-                          items=[])
+            result.update(
+                status="error", error=f"{type(exc).__name__}: {exc}\n{_tail(traceback.format_exc())}", items=[]
+            )
     result["seconds"] = round(time.monotonic() - t0, 1)
-    result["commands"] = [{"cmd": " ".join(Path(c).name if "/" in c else c for c in x["cmd"]), "rc": x["rc"],
-                           "seconds": x["seconds"]} for x in ctx.commands]
+    result["commands"] = [
+        {"cmd": " ".join(Path(c).name if "/" in c else c for c in x["cmd"]), "rc": x["rc"], "seconds": x["seconds"]}
+        for x in ctx.commands
+    ]
     return result, [p for p in ctx.runs if p.exists()]

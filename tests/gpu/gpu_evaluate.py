@@ -209,56 +209,125 @@ def evaluate_single(
     """Check 1: one-process CUDA training. Trace contents, kernel time per step against CUDA events, memory
     peaks against the allocator's, and the devices touched."""
     items = [
-        item("kernels in the trace", trace_counts.get("kernel", 0) > 0, independent=trace_counts.get("kernel"),
-             expect="> 0 kernel events"),
-        item("memcpy in the trace", trace_counts.get("gpu_memcpy", 0) > 0,
-             independent=trace_counts.get("gpu_memcpy"), expect="> 0 gpu_memcpy events"),
+        item(
+            "kernels in the trace",
+            trace_counts.get("kernel", 0) > 0,
+            independent=trace_counts.get("kernel"),
+            expect="> 0 kernel events",
+        ),
+        item(
+            "memcpy in the trace",
+            trace_counts.get("gpu_memcpy", 0) > 0,
+            independent=trace_counts.get("gpu_memcpy"),
+            expect="> 0 gpu_memcpy events",
+        ),
     ]
     rows = analysed_steps(summary)
     events = measure.get("event_ms") or []
     pairs = [(r, events[r["step"]]) for r in rows if isinstance(r.get("step"), int) and r["step"] < len(events)]
-    items.append(item("analysed steps matched to the workload's steps", len(pairs) >= 3,
-                      ddpdoctor=len(rows), independent=len(pairs), expect=">= 3 steps"))
+    items.append(
+        item(
+            "analysed steps matched to the workload's steps",
+            len(pairs) >= 3,
+            ddpdoctor=len(rows),
+            independent=len(pairs),
+            expect=">= 3 steps",
+        )
+    )
     if pairs:
         ev_total = sum(e for _, e in pairs)
-        items.append(ratio_item("GPU busy time per step vs CUDA events",
-                                column_sum([r for r, _ in pairs], "gpu_busy_ms"), ev_total, BUSY_VS_EVENTS,
-                                note="sums over the matched steps, ms"))
-        items.append(ratio_item("kernel time per step vs CUDA events",
-                                column_sum([r for r, _ in pairs], "kernel_ms"), ev_total, KERNEL_VS_EVENTS,
-                                note="sums over the matched steps, ms"))
+        items.append(
+            ratio_item(
+                "GPU busy time per step vs CUDA events",
+                column_sum([r for r, _ in pairs], "gpu_busy_ms"),
+                ev_total,
+                BUSY_VS_EVENTS,
+                note="sums over the matched steps, ms",
+            )
+        )
+        items.append(
+            ratio_item(
+                "kernel time per step vs CUDA events",
+                column_sum([r for r, _ in pairs], "kernel_ms"),
+                ev_total,
+                KERNEL_VS_EVENTS,
+                note="sums over the matched steps, ms",
+            )
+        )
         ratios = [(_number(r.get("gpu_busy_ms")) or 0.0) / e for r, e in pairs if e > 0]
         worst = max(ratios, key=lambda x: abs(x - 1.0)) if ratios else None
         lo, hi = STEP_VS_EVENTS
-        items.append(item("each step's GPU busy time vs its own CUDA events", worst is not None and lo <= worst <= hi,
-                          ddpdoctor=worst, independent=[round(e, 3) for _, e in pairs],
-                          expect=f"worst per-step ratio in [{lo}, {hi}]",
-                          note="the workload's steps differ (--vary): a step matched to the wrong ProfilerStep "
-                          "shows here"))
+        items.append(
+            item(
+                "each step's GPU busy time vs its own CUDA events",
+                worst is not None and lo <= worst <= hi,
+                ddpdoctor=worst,
+                independent=[round(e, 3) for _, e in pairs],
+                expect=f"worst per-step ratio in [{lo}, {hi}]",
+                note="the workload's steps differ (--vary): a step matched to the wrong ProfilerStep shows here",
+            )
+        )
     row = device_row(doc, 0, "cuda:0") or {}
-    items.append(close_item("peak allocated on cuda:0", row.get("peak_allocated_bytes"),
-                            measure.get("max_memory_allocated"), MEMORY_REL_TOL,
-                            note="independent: torch.cuda.max_memory_allocated()"))
-    items.append(close_item("peak reserved on cuda:0", row.get("peak_reserved_bytes"),
-                            measure.get("max_memory_reserved"), MEMORY_REL_TOL,
-                            note="independent: torch.cuda.max_memory_reserved()"))
+    items.append(
+        close_item(
+            "peak allocated on cuda:0",
+            row.get("peak_allocated_bytes"),
+            measure.get("max_memory_allocated"),
+            MEMORY_REL_TOL,
+            note="independent: torch.cuda.max_memory_allocated()",
+        )
+    )
+    items.append(
+        close_item(
+            "peak reserved on cuda:0",
+            row.get("peak_reserved_bytes"),
+            measure.get("max_memory_reserved"),
+            MEMORY_REL_TOL,
+            note="independent: torch.cuda.max_memory_reserved()",
+        )
+    )
     total = (measure.get("total_memory") or [None])[0]
     items.append(close_item("capacity of cuda:0", row.get("capacity_bytes"), total, 0.001))
     recorded = sorted(d.get("device") for r in doc.get("ranks") or [] for d in r.get("devices") or [])
     touched = [f"cuda:{i}" for i in measure.get("initialized_devices") or []]
-    items.append(item("devices with memory recorded", recorded == touched, ddpdoctor=recorded, independent=touched,
-                      expect="the devices the workload allocated on"))
+    items.append(
+        item(
+            "devices with memory recorded",
+            recorded == touched,
+            ddpdoctor=recorded,
+            independent=touched,
+            expect="the devices the workload allocated on",
+        )
+    )
     count = int(measure.get("device_count") or 0)
     contexts = measure.get("nvml_context_devices")
     if count <= 1:
-        items.append(item("no CUDA context on another device", None, independent=f"{count} GPU(s)",
-                          note="one GPU: there is no other device to stay off"))
+        items.append(
+            item(
+                "no CUDA context on another device",
+                None,
+                independent=f"{count} GPU(s)",
+                note="one GPU: there is no other device to stay off",
+            )
+        )
     elif contexts is None:
-        items.append(item("no CUDA context on another device", None, independent="NVML lists no processes here",
-                          note="NVML cannot list this process's contexts on this machine"))
+        items.append(
+            item(
+                "no CUDA context on another device",
+                None,
+                independent="NVML lists no processes here",
+                note="NVML cannot list this process's contexts on this machine",
+            )
+        )
     else:
-        items.append(item("no CUDA context on another device", contexts == [0], independent=contexts,
-                          expect="NVML lists the process on GPU 0 only"))
+        items.append(
+            item(
+                "no CUDA context on another device",
+                contexts == [0],
+                independent=contexts,
+                expect="NVML lists the process on GPU 0 only",
+            )
+        )
     return items
 
 
@@ -272,29 +341,64 @@ def evaluate_ddp_nccl(
     bytes, NCCL kernels and overlap, and ranks-share-cuda0 silent."""
     run = doc.get("run") or {}
     items = [
-        item("mode, backend, world size", (run.get("mode"), run.get("backend"), run.get("world_size"))
-             == ("ddp", "nccl", 1), ddpdoctor=[run.get("mode"), run.get("backend"), run.get("world_size")],
-             independent=["ddp", measure.get("backend"), measure.get("world_size")]),
-        close_item("all-reduce bytes per step", collective_bytes_per_step(summary),
-                   measure.get("gradient_bytes_per_step"), 0.01,
-                   note="independent: the bytes of every parameter's gradient"),
+        item(
+            "mode, backend, world size",
+            (run.get("mode"), run.get("backend"), run.get("world_size")) == ("ddp", "nccl", 1),
+            ddpdoctor=[run.get("mode"), run.get("backend"), run.get("world_size")],
+            independent=["ddp", measure.get("backend"), measure.get("world_size")],
+        ),
+        close_item(
+            "all-reduce bytes per step",
+            collective_bytes_per_step(summary),
+            measure.get("gradient_bytes_per_step"),
+            0.01,
+            note="independent: the bytes of every parameter's gradient",
+        ),
     ]
     metrics = summary.get("metrics") or {}
     comm_ms, overlap = _number(metrics.get("comm_ms")), _number(metrics.get("overlap_ratio"))
     nccl = int(trace_counts.get("nccl_kernel") or 0)
     if nccl:
-        items.append(item("NCCL kernels: communication time on the device", comm_ms is not None and comm_ms > 0,
-                          ddpdoctor=comm_ms, independent=nccl, expect="comm_ms > 0 when the trace has NCCL kernels"))
-        items.append(item("overlap on the device timeline", overlap is not None and 0.0 <= overlap <= 1.0,
-                          ddpdoctor=overlap, independent=nccl, expect="a ratio in [0, 1]"))
+        items.append(
+            item(
+                "NCCL kernels: communication time on the device",
+                comm_ms is not None and comm_ms > 0,
+                ddpdoctor=comm_ms,
+                independent=nccl,
+                expect="comm_ms > 0 when the trace has NCCL kernels",
+            )
+        )
+        items.append(
+            item(
+                "overlap on the device timeline",
+                overlap is not None and 0.0 <= overlap <= 1.0,
+                ddpdoctor=overlap,
+                independent=nccl,
+                expect="a ratio in [0, 1]",
+            )
+        )
     else:
-        items.append(item("NCCL kernels", None, ddpdoctor=comm_ms, independent=0,
-                          note="NCCL launched no kernel (one rank: an in-place all-reduce is a no-op); "
-                          "overlap cannot be measured without a second GPU"))
+        items.append(
+            item(
+                "NCCL kernels",
+                None,
+                ddpdoctor=comm_ms,
+                independent=0,
+                note="NCCL launched no kernel (one rank: an in-place all-reduce is a no-op); "
+                "overlap cannot be measured without a second GPU",
+            )
+        )
     state = rule_state(doc, "ranks-share-cuda0")
-    items.append(item("ranks-share-cuda0 stays silent", state == "passed", ddpdoctor=state,
-                      independent=f"set_device called; current device {measure.get('current_device')}, model on "
-                      f"cuda:{measure.get('model_device_index')}", expect="passed (evaluated, not fired)"))
+    items.append(
+        item(
+            "ranks-share-cuda0 stays silent",
+            state == "passed",
+            ddpdoctor=state,
+            independent=f"set_device called; current device {measure.get('current_device')}, model on "
+            f"cuda:{measure.get('model_device_index')}",
+            expect="passed (evaluated, not fired)",
+        )
+    )
     return items
 
 
@@ -305,16 +409,31 @@ def evaluate_ddp_shared(doc: Mapping[str, Any], measures: Sequence[Mapping[str, 
     uuids = {m.get("model_device_uuid") for m in measures}
     shared = len(measures) if len(uuids) == 1 and len(measures) > 1 else 1
     items = [
-        item("world size and backend", (run.get("world_size"), run.get("backend")) == (2, "gloo"),
-             ddpdoctor=[run.get("world_size"), run.get("backend")], independent=[len(measures), "gloo"]),
-        item("both ranks compute on the same GPU (the workload's own view)", shared == 2, independent=sorted(uuids),
-             expect="one GPU UUID for both ranks", note="a precondition of the check, not ddpdoctor's number"),
+        item(
+            "world size and backend",
+            (run.get("world_size"), run.get("backend")) == (2, "gloo"),
+            ddpdoctor=[run.get("world_size"), run.get("backend")],
+            independent=[len(measures), "gloo"],
+        ),
+        item(
+            "both ranks compute on the same GPU (the workload's own view)",
+            shared == 2,
+            independent=sorted(uuids),
+            expect="one GPU UUID for both ranks",
+            note="a precondition of the check, not ddpdoctor's number",
+        ),
     ]
     found = finding(doc, "ranks-share-cuda0")
     fired_ranks = sorted((found or {}).get("ranks") or [])
     expected_ranks = sorted(int(m.get("rank", 0)) for m in measures)
-    items.append(item("ranks-share-cuda0 fires for both ranks", fired_ranks == expected_ranks and found is not None,
-                      ddpdoctor=fired_ranks or rule_state(doc, "ranks-share-cuda0"), independent=expected_ranks))
+    items.append(
+        item(
+            "ranks-share-cuda0 fires for both ranks",
+            fired_ranks == expected_ranks and found is not None,
+            ddpdoctor=fired_ranks or rule_state(doc, "ranks-share-cuda0"),
+            independent=expected_ranks,
+        )
+    )
     value = evidence_value(found, "gpu_shared_ranks")
     if value is not None:
         items.append(close_item("ranks sharing the GPU", value, shared, 0.0))
@@ -331,22 +450,49 @@ def evaluate_oom(runs: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]]) ->
         reserved = _number(measure.get("max_memory_reserved"))
         headroom = 1 - reserved / total if total and reserved is not None else None
         row = device_row(doc, 0, "cuda:0") or {}
-        items.append(close_item(f"{label}: peak reserved on cuda:0", row.get("peak_reserved_bytes"), reserved,
-                                MEMORY_REL_TOL, note="independent: torch.cuda.max_memory_reserved()"))
+        items.append(
+            close_item(
+                f"{label}: peak reserved on cuda:0",
+                row.get("peak_reserved_bytes"),
+                reserved,
+                MEMORY_REL_TOL,
+                note="independent: torch.cuda.max_memory_reserved()",
+            )
+        )
         want = "fired" if headroom is not None and headroom < OOM_MIN_HEADROOM else "passed"
         state = rule_state(doc, "gpu0-oom-risk")
-        items.append(item(f"{label}: gpu0-oom-risk", state == want, ddpdoctor=state, independent=headroom,
-                          expect=f"{want} (independent: headroom 1 - max_memory_reserved/total_memory, fires "
-                          f"below {OOM_MIN_HEADROOM})"))
+        items.append(
+            item(
+                f"{label}: gpu0-oom-risk",
+                state == want,
+                ddpdoctor=state,
+                independent=headroom,
+                expect=f"{want} (independent: headroom 1 - max_memory_reserved/total_memory, fires "
+                f"below {OOM_MIN_HEADROOM})",
+            )
+        )
         if state == "fired":
             value = evidence_value(finding(doc, "gpu0-oom-risk"), "gpu0_headroom_ratio")
             ok = value is not None and headroom is not None and abs(value - headroom) <= HEADROOM_ABS_TOL
-            items.append(item(f"{label}: headroom in the finding", ok, ddpdoctor=value, independent=headroom,
-                              expect=f"within {HEADROOM_ABS_TOL}"))
+            items.append(
+                item(
+                    f"{label}: headroom in the finding",
+                    ok,
+                    ddpdoctor=value,
+                    independent=headroom,
+                    expect=f"within {HEADROOM_ABS_TOL}",
+                )
+            )
     fractions = sorted(_number(m.get("args", {}).get("reserve")) or 0.0 for _, m in runs)
-    items.append(item("the runs straddle the threshold", len(runs) >= 2 and _straddles(runs),
-                      independent=fractions, expect="one run below 10 % headroom and one well above",
-                      note="a precondition of the check: the workloads reserved what they were asked to"))
+    items.append(
+        item(
+            "the runs straddle the threshold",
+            len(runs) >= 2 and _straddles(runs),
+            independent=fractions,
+            expect="one run below 10 % headroom and one well above",
+            note="a precondition of the check: the workloads reserved what they were asked to",
+        )
+    )
     return items
 
 
@@ -373,23 +519,48 @@ def evaluate_host_sync(
     steps = [r["step"] for r in rows if isinstance(r.get("step"), int) and r["step"] < len(item_ms)]
     blocked = column_sum([r for r in rows if r.get("step") in steps], "host_sync_ms")
     timed = sum(item_ms[s] for s in steps) if steps else None
-    items.append(ratio_item("with .item(): host sync time vs the workload's time inside .item()", blocked, timed,
-                            HOST_SYNC_VS_ITEM, note=f"sums over {len(steps)} analysed steps, ms"))
+    items.append(
+        ratio_item(
+            "with .item(): host sync time vs the workload's time inside .item()",
+            blocked,
+            timed,
+            HOST_SYNC_VS_ITEM,
+            note=f"sums over {len(steps)} analysed steps, ms",
+        )
+    )
     state = rule_state(doc, "host-sync-stalls")
     metrics = summary.get("metrics") or {}
-    items.append(item("with .item(): host-sync-stalls fires", state == "fired", ddpdoctor=state,
-                      independent=f"{measure.get('item_calls_per_step')} .item() calls per step",
-                      note=f"gpu_util_ratio {metrics.get('gpu_util_ratio')}, host_sync_ms {metrics.get('host_sync_ms')}"))
+    items.append(
+        item(
+            "with .item(): host-sync-stalls fires",
+            state == "fired",
+            ddpdoctor=state,
+            independent=f"{measure.get('item_calls_per_step')} .item() calls per step",
+            note=f"gpu_util_ratio {metrics.get('gpu_util_ratio')}, host_sync_ms {metrics.get('host_sync_ms')}",
+        )
+    )
     doc, summary, measure = without
     metrics = summary.get("metrics") or {}
     host_sync = _number(metrics.get("host_sync_ms"))
-    items.append(item("without: host sync time per step", host_sync is not None and host_sync < 1.0,
-                      ddpdoctor=host_sync, independent=f"{measure.get('item_calls_per_step')} .item() calls per step",
-                      expect="< 1 ms (the rule's min_ms)"))
+    items.append(
+        item(
+            "without: host sync time per step",
+            host_sync is not None and host_sync < 1.0,
+            ddpdoctor=host_sync,
+            independent=f"{measure.get('item_calls_per_step')} .item() calls per step",
+            expect="< 1 ms (the rule's min_ms)",
+        )
+    )
     state = rule_state(doc, "host-sync-stalls")
-    items.append(item("without: host-sync-stalls stays silent", state == "passed", ddpdoctor=state,
-                      expect="passed (evaluated, not fired)",
-                      note=f"gpu_util_ratio {metrics.get('gpu_util_ratio')}"))
+    items.append(
+        item(
+            "without: host-sync-stalls stays silent",
+            state == "passed",
+            ddpdoctor=state,
+            expect="passed (evaluated, not fired)",
+            note=f"gpu_util_ratio {metrics.get('gpu_util_ratio')}",
+        )
+    )
     return items
 
 
@@ -411,26 +582,59 @@ def evaluate_dp(
     steps = len(analysed_steps(summary))
     items = [
         item("mode", run.get("mode") == "dp", ddpdoctor=run.get("mode"), independent="nn.DataParallel"),
-        item("DataParallel.scatter ranges in the trace", ranges.get("DataParallel.scatter", 0) >= steps > 0,
-             ddpdoctor=steps, independent=ranges.get("DataParallel.scatter", 0),
-             expect="at least one per analysed step"),
-        item("scatter time per step", (_number(metrics.get("dp_scatter_ms")) or 0) > 0,
-             ddpdoctor=metrics.get("dp_scatter_ms"), expect="> 0 ms"),
-        item("replicas", _number(metrics.get("dp_replicas")) == len(measure.get("device_ids") or []),
-             ddpdoctor=metrics.get("dp_replicas"), independent=measure.get("device_ids"),
-             expect="len(DataParallel.device_ids)"),
+        item(
+            "DataParallel.scatter ranges in the trace",
+            ranges.get("DataParallel.scatter", 0) >= steps > 0,
+            ddpdoctor=steps,
+            independent=ranges.get("DataParallel.scatter", 0),
+            expect="at least one per analysed step",
+        ),
+        item(
+            "scatter time per step",
+            (_number(metrics.get("dp_scatter_ms")) or 0) > 0,
+            ddpdoctor=metrics.get("dp_scatter_ms"),
+            expect="> 0 ms",
+        ),
+        item(
+            "replicas",
+            _number(metrics.get("dp_replicas")) == len(measure.get("device_ids") or []),
+            ddpdoctor=metrics.get("dp_replicas"),
+            independent=measure.get("device_ids"),
+            expect="len(DataParallel.device_ids)",
+        ),
     ]
     for stage in DP_STAGES_ONE_GPU_SKIPS:
         metric = "dp_" + stage.split(".")[1] + "_ms"
         if ranges.get(stage):
-            items.append(item(f"{stage} time", (_number(metrics.get(metric)) or 0) > 0,
-                              ddpdoctor=metrics.get(metric), independent=ranges[stage], expect="> 0 ms"))
+            items.append(
+                item(
+                    f"{stage} time",
+                    (_number(metrics.get(metric)) or 0) > 0,
+                    ddpdoctor=metrics.get(metric),
+                    independent=ranges[stage],
+                    expect="> 0 ms",
+                )
+            )
         else:
-            items.append(item(stage, None, ddpdoctor=metrics.get(metric), independent=0,
-                              note="one GPU cannot show it: with one device DataParallel calls the module directly"))
+            items.append(
+                item(
+                    stage,
+                    None,
+                    ddpdoctor=metrics.get(metric),
+                    independent=0,
+                    note="one GPU cannot show it: with one device DataParallel calls the module directly",
+                )
+            )
     state = rule_state(doc, "use-ddp-instead-of-dp")
-    items.append(item("use-ddp-instead-of-dp with one replica", state == "passed", ddpdoctor=state,
-                      independent=measure.get("device_ids"), expect="passed (it is about several GPUs)"))
+    items.append(
+        item(
+            "use-ddp-instead-of-dp with one replica",
+            state == "passed",
+            ddpdoctor=state,
+            independent=measure.get("device_ids"),
+            expect="passed (it is about several GPUs)",
+        )
+    )
     return items
 
 
@@ -446,8 +650,13 @@ def evaluate_overhead(
     traced_ms = [statistics.median(o) for o in (outside_window(w, wait, warmup, active) for w in traced) if o]
     b = statistics.median(bare_ms) if bare_ms else None
     t = statistics.median(traced_ms) if traced_ms else None
-    out = ratio_item("steps outside the profiled window, traced vs bare", t, b, (0.0, MAX_OUTSIDE_WINDOW_RATIO),
-                     note=f"median ms per step over {len(bare_ms)} bare and {len(traced_ms)} traced runs "
-                     f"(per run: {[round(x, 3) for x in bare_ms]} bare, {[round(x, 3) for x in traced_ms]} traced); "
-                     "target from benchmarks/capture_overhead.py")
+    out = ratio_item(
+        "steps outside the profiled window, traced vs bare",
+        t,
+        b,
+        (0.0, MAX_OUTSIDE_WINDOW_RATIO),
+        note=f"median ms per step over {len(bare_ms)} bare and {len(traced_ms)} traced runs "
+        f"(per run: {[round(x, 3) for x in bare_ms]} bare, {[round(x, 3) for x in traced_ms]} traced); "
+        "target from benchmarks/capture_overhead.py",
+    )
     return [out]

@@ -51,9 +51,16 @@ def project_requirements() -> list[Requirement]:
     except ModuleNotFoundError:  # Python 3.10
         import tomli as tomllib
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    env = {"python_version": DEVICE_PYTHON, "python_full_version": DEVICE_PYTHON + ".3",
-           "sys_platform": "linux", "platform_system": "Linux", "implementation_name": "cpython",
-           "platform_python_implementation": "CPython", "os_name": "posix", "platform_machine": "x86_64"}
+    env = {
+        "python_version": DEVICE_PYTHON,
+        "python_full_version": DEVICE_PYTHON + ".3",
+        "sys_platform": "linux",
+        "platform_system": "Linux",
+        "implementation_name": "cpython",
+        "platform_python_implementation": "CPython",
+        "os_name": "posix",
+        "platform_machine": "x86_64",
+    }
     reqs = [Requirement(r) for r in project["dependencies"]]
     return [r for r in reqs if r.marker is None or r.marker.evaluate(env)]
 
@@ -68,14 +75,18 @@ def kit_problems() -> list[str]:
     """What is wrong with the kit: a needed package without a wheel, a pinned wheel outside its requirement,
     or a wheel of a package the image already has (pip would shadow the image's copy, torch above all)."""
     pinned, image = wheels(), image_packages()
-    problems = [f"{name}: needed on the device but not in wheels.txt" for name in needed_on_device()
-                if name not in pinned]
+    problems = [
+        f"{name}: needed on the device but not in wheels.txt" for name in needed_on_device() if name not in pinned
+    ]
     for req in project_requirements():
         version = pinned.get(normalize(req.name))
         if version is not None and not req.specifier.contains(Version(version), prereleases=True):
             problems.append(f"{req.name}: wheels.txt pins {version}, pyproject.toml wants {req.specifier}")
-    problems += [f"{name}: the image has it already; carrying it would shadow the image's copy"
-                 for name in sorted(pinned) if name in image]
+    problems += [
+        f"{name}: the image has it already; carrying it would shadow the image's copy"
+        for name in sorted(pinned)
+        if name in image
+    ]
     return problems
 
 
@@ -91,14 +102,21 @@ def installed_versions() -> dict[str, dict[str, Any]]:
         except metadata.PackageNotFoundError:
             version, location = None, None
         ok = version is not None and req.specifier.contains(Version(version), prereleases=True)
-        out[normalize(req.name)] = {"version": version, "wanted": str(req.specifier) or "any", "ok": ok,
-                                    "from": location}
+        out[normalize(req.name)] = {
+            "version": version,
+            "wanted": str(req.specifier) or "any",
+            "ok": ok,
+            "from": location,
+        }
     return out
 
 
 def missing_requirements() -> list[str]:
-    return [f"{name}: {v['version'] or 'not installed'} (wants {v['wanted']})"
-            for name, v in installed_versions().items() if not v["ok"]]
+    return [
+        f"{name}: {v['version'] or 'not installed'} (wants {v['wanted']})"
+        for name, v in installed_versions().items()
+        if not v["ok"]
+    ]
 
 
 if __name__ == "__main__":  # python3 tests/gpu/gpu_kit.py: the wheels to fetch, one name==version a line

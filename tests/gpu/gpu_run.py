@@ -1,6 +1,6 @@
 """Run every GPU check once, within a time budget, and write what a device call can bring back.
 
-    python3 tests/gpu/gpu_run.py --out DIR [--only 1,3] [--budget 450]
+    python3 tests/gpu/gpu_run.py --out DIR [--only 1,3] [--budget 330]
 
 (``bash tests/gpu/run.sh`` installs the carried wheels first and calls this.) Checks run one after the other
 (they share one GPU, two of them time it, and one fills 93 % of its memory); one that fails or breaks is
@@ -45,8 +45,7 @@ def archive(paths: list[Path], dest: Path, *, root: Path, cap: int = MAX_FILE_BY
         tmp = dest.with_name(dest.name + ".tmp")
         with tarfile.open(tmp, "w:gz", compresslevel=6) as tar:
             for p in paths:
-                tar.add(p, arcname=str(p.relative_to(root)),
-                        filter=None if keep_traces else _without_traces)
+                tar.add(p, arcname=str(p.relative_to(root)), filter=None if keep_traces else _without_traces)
         size = tmp.stat().st_size
         if size <= cap:
             os.replace(tmp, dest)
@@ -79,8 +78,12 @@ def environment() -> dict[str, Any]:
         "dependencies": gpu_kit.installed_versions(),
     }
     try:
-        env["git_commit"] = subprocess.run(["git", "rev-parse", "HEAD"], cwd=HERE, capture_output=True,
-                                           text=True, timeout=10).stdout.strip() or None
+        env["git_commit"] = (
+            subprocess.run(
+                ["git", "rev-parse", "HEAD"], cwd=HERE, capture_output=True, text=True, timeout=10
+            ).stdout.strip()
+            or None
+        )
     except (OSError, subprocess.SubprocessError):
         env["git_commit"] = None
     return env
@@ -90,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, type=Path, help="folder for the summary and the archives")
     p.add_argument("--only", default="", help="comma-separated check numbers or keys (default: all)")
-    p.add_argument("--budget", type=float, default=450.0, help="seconds for all checks (default 450)")
+    p.add_argument("--budget", type=float, default=330.0, help="seconds for all checks (default 330)")
     p.add_argument("--work", type=Path, default=None, help="working folder (default: a temporary one)")
     args = p.parse_args(argv)
     t0 = time.monotonic()
@@ -100,8 +103,9 @@ def main(argv: list[str] | None = None) -> int:
 
     args.out.mkdir(parents=True, exist_ok=True)
     if not torch.cuda.is_available():
-        print("gpu checks: no CUDA device here; run them on a GPU machine (see the README, Development)",
-              file=sys.stderr)
+        print(
+            "gpu checks: no CUDA device here; run them on a GPU machine (see the README, Development)", file=sys.stderr
+        )
         return 2
     import gpu_checks
 
@@ -126,8 +130,11 @@ def main(argv: list[str] | None = None) -> int:
         write_json(args.out / SUMMARY, summary)  # after every check: a later timeout keeps what is done
         print(f"   {result['status'].upper()} in {result['seconds']}s", flush=True)
         for it in result.get("items", []):
-            print(f"   [{it['status']}] {it['what']}: ddpdoctor {it['ddpdoctor']} | independent "
-                  f"{it['independent']} | {it.get('expect', '')} {it.get('note', '')}", flush=True)
+            print(
+                f"   [{it['status']}] {it['what']}: ddpdoctor {it['ddpdoctor']} | independent "
+                f"{it['independent']} | {it.get('expect', '')} {it.get('note', '')}",
+                flush=True,
+            )
         if result.get("error"):
             print("   error: " + result["error"].replace("\n", "\n   "), flush=True)
     statuses = [c["status"] for c in summary["checks"]]

@@ -18,10 +18,19 @@ def doc(*, mode="single", backend=None, world_size=1, findings=(), passed=(), no
     """A diagnose --format json document (schema_version 1) with the fields the checks read."""
     return {
         "schema_version": 1,
-        "run": {"path": "run", "mode": mode, "world_size": world_size, "backend": backend, "steps_analyzed": 4,
-                "skipped": [], "notes": []},
-        "ranks": [{"rank": r, "step_ms": {"median": 10.0, "p90": 11.0}, "devices": devs}
-                  for r, devs in (devices or {0: []}).items()],
+        "run": {
+            "path": "run",
+            "mode": mode,
+            "world_size": world_size,
+            "backend": backend,
+            "steps_analyzed": 4,
+            "skipped": [],
+            "notes": [],
+        },
+        "ranks": [
+            {"rank": r, "step_ms": {"median": 10.0, "p90": 11.0}, "devices": devs}
+            for r, devs in (devices or {0: []}).items()
+        ],
         "findings": list(findings),
         "not_evaluated": [{"name": n, "reason": why} for n, why in not_evaluated],
         "passed": list(passed),
@@ -29,16 +38,26 @@ def doc(*, mode="single", backend=None, world_size=1, findings=(), passed=(), no
 
 
 def cuda0(allocated, reserved, capacity=TOTAL):
-    return {"device": "cuda:0", "peak_allocated_bytes": allocated, "peak_reserved_bytes": reserved,
-            "capacity_bytes": capacity}
+    return {
+        "device": "cuda:0",
+        "peak_allocated_bytes": allocated,
+        "peak_reserved_bytes": reserved,
+        "capacity_bytes": capacity,
+    }
 
 
 def summary(steps, *, analyzed=None, metrics=None, collectives=None, **columns):
     """A per-rank summary: ``per_step`` columns over ``steps`` (the last one not analysed, as with GPU work)."""
     analyzed = analyzed if analyzed is not None else [s != steps[-1] for s in steps]
     per_step = {"step": list(steps), "analyzed": analyzed, **{k: list(v) for k, v in columns.items()}}
-    return {"schema_version": 1, "rank": 0, "metrics": metrics or {}, "per_step": per_step,
-            "collectives": collectives or {"step": [], "kind": [], "bytes": []}, "devices": []}
+    return {
+        "schema_version": 1,
+        "rank": 0,
+        "metrics": metrics or {},
+        "per_step": per_step,
+        "collectives": collectives or {"step": [], "kind": [], "bytes": []},
+        "devices": [],
+    }
 
 
 def statuses(items):
@@ -70,8 +89,11 @@ def test_status_of_needs_items_and_no_failure():
 
 
 def test_rule_state_reads_findings_passed_and_not_evaluated():
-    d = doc(findings=[{"name": "gpu0-oom-risk", "ranks": [0], "evidence": {}}], passed=["host-sync-stalls"],
-            not_evaluated=[("rank-straggler", "applies to ddp runs")])
+    d = doc(
+        findings=[{"name": "gpu0-oom-risk", "ranks": [0], "evidence": {}}],
+        passed=["host-sync-stalls"],
+        not_evaluated=[("rank-straggler", "applies to ddp runs")],
+    )
     assert ev.rule_state(d, "gpu0-oom-risk") == "fired"
     assert ev.rule_state(d, "host-sync-stalls") == "passed"
     assert ev.rule_state(d, "rank-straggler") == "not evaluated: applies to ddp runs"
@@ -89,7 +111,11 @@ def test_evidence_value_matches_plain_and_aggregated_names():
 def test_count_trace_events_counts_device_work_and_dp_ranges():
     events = [
         {"ph": "X", "cat": "kernel", "name": "ampere_sgemm_128x64_nn"},
-        {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"},
+        {
+            "ph": "X",
+            "cat": "kernel",
+            "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+        },
         {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD (Pinned -> Device)"},
         {"ph": "X", "cat": "Memcpy", "name": "Memcpy DtoH"},  # torch 1.9
         {"ph": "X", "cat": "gpu_memset", "name": "Memset (Device)"},
@@ -104,10 +130,14 @@ def test_count_trace_events_counts_device_work_and_dp_ranges():
 
 
 def test_collective_bytes_per_step_counts_analysed_steps_only():
-    s = summary([8, 9, 10, 11, 12], collectives={"step": [7, 8, 8, 9, 10, 11, 12],
-                                                    "kind": ["all_reduce", "all_reduce", "all_reduce", "all_reduce",
-                                                             "all_reduce", "broadcast", "all_reduce"],
-                                                    "bytes": [1, 100, 50, 150, 150, 999, 777]})
+    s = summary(
+        [8, 9, 10, 11, 12],
+        collectives={
+            "step": [7, 8, 8, 9, 10, 11, 12],
+            "kind": ["all_reduce", "all_reduce", "all_reduce", "all_reduce", "all_reduce", "broadcast", "all_reduce"],
+            "bytes": [1, 100, 50, 150, 150, 999, 777],
+        },
+    )
     # analysed: 8-11 (12 is the window's last step); step 7 is outside; broadcast is another kind
     assert ev.collective_bytes_per_step(s) == pytest.approx((100 + 50 + 150 + 150) / 4)
     assert ev.collective_bytes_per_step(summary([8], analyzed=[False])) is None
@@ -125,12 +155,23 @@ def single_inputs():
     gpu = {s: 8.2 + 2.8 * (s % 3) for s in range(16)}
     events = [gpu[s] + 0.05 for s in range(16)]  # events also span the launch gap after each loss.item()
     steps = [8, 9, 10, 11, 12]
-    s = summary(steps, gpu_busy_ms=[gpu[x] - 0.02 for x in steps], kernel_ms=[gpu[x] - 0.35 for x in steps],
-                memcpy_ms=[0.33] * 5, metrics={"gpu_util_ratio": 0.97, "host_sync_ms": 0.4})
+    s = summary(
+        steps,
+        gpu_busy_ms=[gpu[x] - 0.02 for x in steps],
+        kernel_ms=[gpu[x] - 0.35 for x in steps],
+        memcpy_ms=[0.33] * 5,
+        metrics={"gpu_util_ratio": 0.97, "host_sync_ms": 0.4},
+    )
     d = doc(devices={0: [cuda0(1_203_765_248, 1_441_792_000)]}, passed=["host-sync-stalls"])
-    measure = {"event_ms": events, "max_memory_allocated": 1_203_765_248, "max_memory_reserved": 1_441_792_000,
-               "total_memory": [TOTAL], "initialized_devices": [0], "device_count": 1,
-               "nvml_context_devices": None}
+    measure = {
+        "event_ms": events,
+        "max_memory_allocated": 1_203_765_248,
+        "max_memory_reserved": 1_441_792_000,
+        "total_memory": [TOTAL],
+        "initialized_devices": [0],
+        "device_count": 1,
+        "nvml_context_devices": None,
+    }
     counts = {"kernel": 1460, "gpu_memcpy": 10, "gpu_memset": 0, "nccl_kernel": 0, "ranges": {}}
     return d, s, measure, counts
 
@@ -158,9 +199,10 @@ def test_single_catches_kernel_time_far_from_the_events():
 
 def test_single_catches_memory_peaks_and_devices():
     d, s, measure, counts = single_inputs()
-    d["ranks"][0]["devices"] = [cuda0(1_203_765_248, 1_300_000_000),
-                                {"device": "cuda:1", "peak_allocated_bytes": 0, "peak_reserved_bytes": 2**21,
-                                 "capacity_bytes": TOTAL}]
+    d["ranks"][0]["devices"] = [
+        cuda0(1_203_765_248, 1_300_000_000),
+        {"device": "cuda:1", "peak_allocated_bytes": 0, "peak_reserved_bytes": 2**21, "capacity_bytes": TOTAL},
+    ]
     bad = failed(ev.evaluate_single(d, s, measure, counts))
     assert "peak reserved on cuda:0" in bad and "devices with memory recorded" in bad
     assert "peak allocated on cuda:0" not in bad
@@ -189,13 +231,19 @@ def nccl_inputs(nccl_kernels=0):
     # two buckets per step (25 MB cap), 5 steps recorded
     coll_steps = [s for s in steps for _ in range(2)]
     first = 26_222_632
-    s = summary(steps, metrics={"comm_ms": 0.41 if nccl_kernels else 0.0,
-                                "overlap_ratio": 0.62 if nccl_kernels else None},
-                collectives={"step": coll_steps, "kind": ["all_reduce"] * 10,
-                             "bytes": [first, GRAD_BYTES - first] * 5})
+    s = summary(
+        steps,
+        metrics={"comm_ms": 0.41 if nccl_kernels else 0.0, "overlap_ratio": 0.62 if nccl_kernels else None},
+        collectives={"step": coll_steps, "kind": ["all_reduce"] * 10, "bytes": [first, GRAD_BYTES - first] * 5},
+    )
     d = doc(mode="ddp", backend="nccl", world_size=1, passed=["ranks-share-cuda0", "rank-straggler"])
-    measure = {"backend": "nccl", "world_size": 1, "gradient_bytes_per_step": GRAD_BYTES, "current_device": 0,
-               "model_device_index": 0}
+    measure = {
+        "backend": "nccl",
+        "world_size": 1,
+        "gradient_bytes_per_step": GRAD_BYTES,
+        "current_device": 0,
+        "model_device_index": 0,
+    }
     return d, s, measure, {"kernel": 900, "gpu_memcpy": 10, "nccl_kernel": nccl_kernels, "ranges": {}}
 
 
@@ -217,25 +265,31 @@ def test_nccl_catches_wrong_bytes_and_a_false_ranks_share_cuda0():
     d["passed"] = []
     d["findings"] = [{"name": "ranks-share-cuda0", "ranks": [0], "evidence": {}}]
     assert failed(ev.evaluate_ddp_nccl(d, s, measure, counts)) == [
-        "all-reduce bytes per step", "ranks-share-cuda0 stays silent"]
+        "all-reduce bytes per step",
+        "ranks-share-cuda0 stays silent",
+    ]
 
 
 def shared_measures(uuids=("GPU-5b1c", "GPU-5b1c")):
-    return [{"rank": r, "model_device_uuid": u, "model_device_index": 0, "current_device": 0}
-            for r, u in enumerate(uuids)]
+    return [
+        {"rank": r, "model_device_uuid": u, "model_device_index": 0, "current_device": 0} for r, u in enumerate(uuids)
+    ]
 
 
 def test_shared_gpu_fires_for_both_ranks():
-    found = {"name": "ranks-share-cuda0", "ranks": [0, 1],
-             "evidence": {"set_device_calls": 0, "gpu_shared_ranks": 2}}
+    found = {"name": "ranks-share-cuda0", "ranks": [0, 1], "evidence": {"set_device_calls": 0, "gpu_shared_ranks": 2}}
     d = doc(mode="ddp", backend="gloo", world_size=2, findings=[found])
     items = ev.evaluate_ddp_shared(d, shared_measures())
     assert failed(items) == [] and "ranks sharing the GPU" in statuses(items)
 
 
 def test_shared_gpu_fails_when_the_rule_misses_a_rank_or_stays_silent():
-    one = doc(mode="ddp", backend="gloo", world_size=2,
-              findings=[{"name": "ranks-share-cuda0", "ranks": [1], "evidence": {"gpu_shared_ranks": 2}}])
+    one = doc(
+        mode="ddp",
+        backend="gloo",
+        world_size=2,
+        findings=[{"name": "ranks-share-cuda0", "ranks": [1], "evidence": {"gpu_shared_ranks": 2}}],
+    )
     assert failed(ev.evaluate_ddp_shared(one, shared_measures())) == ["ranks-share-cuda0 fires for both ranks"]
     silent = doc(mode="ddp", backend="gloo", world_size=2, passed=["ranks-share-cuda0"])
     item = next(i for i in ev.evaluate_ddp_shared(silent, shared_measures()) if "fires" in i["what"])
@@ -243,8 +297,12 @@ def test_shared_gpu_fails_when_the_rule_misses_a_rank_or_stays_silent():
 
 
 def test_shared_gpu_precondition_two_gpus():
-    d = doc(mode="ddp", backend="gloo", world_size=2,
-            findings=[{"name": "ranks-share-cuda0", "ranks": [0, 1], "evidence": {}}])
+    d = doc(
+        mode="ddp",
+        backend="gloo",
+        world_size=2,
+        findings=[{"name": "ranks-share-cuda0", "ranks": [0, 1], "evidence": {}}],
+    )
     bad = failed(ev.evaluate_ddp_shared(d, shared_measures(("GPU-a", "GPU-b"))))
     assert bad == ["both ranks compute on the same GPU (the workload's own view)"]
 
@@ -253,11 +311,22 @@ def test_shared_gpu_precondition_two_gpus():
 def oom_run(fraction, state):
     reserved = int(fraction * TOTAL) + 88 * 2**20  # the ballast plus the training's own blocks
     headroom = 1 - reserved / TOTAL
-    findings = ([{"name": "gpu0-oom-risk", "ranks": [0],
-                  "evidence": {"gpu0_headroom_ratio": headroom, "params.min_headroom": 0.1}}]
-                if state == "fired" else [])
-    d = doc(devices={0: [cuda0(reserved - 40 * 2**20, reserved)]}, findings=findings,
-            passed=["gpu0-oom-risk"] if state == "passed" else [])
+    findings = (
+        [
+            {
+                "name": "gpu0-oom-risk",
+                "ranks": [0],
+                "evidence": {"gpu0_headroom_ratio": headroom, "params.min_headroom": 0.1},
+            }
+        ]
+        if state == "fired"
+        else []
+    )
+    d = doc(
+        devices={0: [cuda0(reserved - 40 * 2**20, reserved)]},
+        findings=findings,
+        passed=["gpu0-oom-risk"] if state == "passed" else [],
+    )
     measure = {"args": {"reserve": fraction}, "max_memory_reserved": reserved, "total_memory": [TOTAL]}
     return d, measure
 
@@ -287,20 +356,26 @@ def test_oom_precondition_the_runs_straddle_the_threshold():
 def sync_run(*, fired, host_sync, item_ms, calls, util):
     steps = [8, 9, 10, 11, 12]
     s = summary(steps, host_sync_ms=[host_sync] * 5, metrics={"host_sync_ms": host_sync, "gpu_util_ratio": util})
-    d = doc(findings=[{"name": "host-sync-stalls", "ranks": [0], "evidence": {"host_sync_ms": host_sync}}]
-            if fired else [], passed=[] if fired else ["host-sync-stalls"])
+    d = doc(
+        findings=[{"name": "host-sync-stalls", "ranks": [0], "evidence": {"host_sync_ms": host_sync}}] if fired else [],
+        passed=[] if fired else ["host-sync-stalls"],
+    )
     return d, s, {"item_ms": [item_ms] * 16, "item_calls_per_step": calls}
 
 
 def test_host_sync_fires_with_item_and_not_without():
-    items = ev.evaluate_host_sync(sync_run(fired=True, host_sync=3.1, item_ms=4.4, calls=64, util=0.71),
-                                  sync_run(fired=False, host_sync=0.0, item_ms=0.0, calls=0, util=0.83))
+    items = ev.evaluate_host_sync(
+        sync_run(fired=True, host_sync=3.1, item_ms=4.4, calls=64, util=0.71),
+        sync_run(fired=False, host_sync=0.0, item_ms=0.0, calls=0, util=0.83),
+    )
     assert failed(items) == []
 
 
 def test_host_sync_catches_missing_blocked_time_and_a_false_finding():
-    items = ev.evaluate_host_sync(sync_run(fired=False, host_sync=0.2, item_ms=4.4, calls=64, util=0.95),
-                                  sync_run(fired=True, host_sync=1.8, item_ms=0.0, calls=0, util=0.5))
+    items = ev.evaluate_host_sync(
+        sync_run(fired=False, host_sync=0.2, item_ms=4.4, calls=64, util=0.95),
+        sync_run(fired=True, host_sync=1.8, item_ms=0.0, calls=0, util=0.5),
+    )
     assert failed(items) == [
         "with .item(): host sync time vs the workload's time inside .item()",
         "with .item(): host-sync-stalls fires",
@@ -312,8 +387,16 @@ def test_host_sync_catches_missing_blocked_time_and_a_false_finding():
 # ------------------------------------------------------------------------------ check 5: DataParallel
 def dp_inputs(ranges=None, replicas=1):
     steps = [8, 9, 10, 11, 12]
-    s = summary(steps, metrics={"dp_scatter_ms": 0.21, "dp_replicas": replicas, "dp_replicate_ms": None,
-                                "dp_parallel_apply_ms": None, "dp_gather_ms": None})
+    s = summary(
+        steps,
+        metrics={
+            "dp_scatter_ms": 0.21,
+            "dp_replicas": replicas,
+            "dp_replicate_ms": None,
+            "dp_parallel_apply_ms": None,
+            "dp_gather_ms": None,
+        },
+    )
     d = doc(mode="dp", passed=["use-ddp-instead-of-dp"])
     counts = {"kernel": 700, "ranges": ranges if ranges is not None else {"DataParallel.scatter": 6}}
     return d, s, {"device_ids": [0], "output_device": 0}, counts
@@ -342,8 +425,9 @@ def steps_ms(outside, window=40.0, n=100):
 
 
 def test_overhead_within_two_percent_passes():
-    items = ev.evaluate_overhead([steps_ms(5.00), steps_ms(5.02), steps_ms(4.98)],
-                                 [steps_ms(5.05), steps_ms(5.04), steps_ms(5.07)], (5, 2, 5))
+    items = ev.evaluate_overhead(
+        [steps_ms(5.00), steps_ms(5.02), steps_ms(4.98)], [steps_ms(5.05), steps_ms(5.04), steps_ms(5.07)], (5, 2, 5)
+    )
     assert items[0]["status"] == ev.PASS and items[0]["ratio"] == pytest.approx(1.01)
 
 

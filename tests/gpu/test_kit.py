@@ -1,0 +1,168 @@
+"""The kit around the GPU checks, on CPU: the wheels it carries, what it writes under $OUT, the way it drives
+the CLI and reads ddpdoctor's outputs (with a small CPU workload), and the documented device command."""
+
+from __future__ import annotations
+
+import json
+import re
+import tarfile
+import textwrap
+import time
+from pathlib import Path
+
+import gpu_checks
+import gpu_kit
+import gpu_run
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+# ------------------------------------------------------------------------------------------------ wheels
+def test_the_kit_carries_every_dependency_the_image_lacks():
+    assert gpu_kit.kit_problems() == []
+    # and it carries them as wheels: nothing the image lacks is left to pip on a machine without network
+    assert set(gpu_kit.needed_on_device()) <= set(gpu_kit.wheels())
+
+
+def _kit_copy(tmp_path, monkeypatch, wheels: str) -> None:
+    (tmp_path / "wheels.txt").write_text(wheels)
+    (tmp_path / "image_packages.txt").write_text((gpu_kit.HERE / "image_packages.txt").read_text())
+    monkeypatch.setattr(gpu_kit, "HERE", tmp_path)
+
+
+def test_a_missing_or_wrong_wheel_is_named(tmp_path, monkeypatch):
+    _kit_copy(tmp_path, monkeypatch, "gilknocker==0.4.2\nsimpleeval==0.9.0\ntorch-tb-profiler==0.4.3\n")
+    problems = gpu_kit.kit_problems()
+    assert "msgspec: needed on the device but not in wheels.txt" in problems
+    assert any(p.startswith("simpleeval: wheels.txt pins 0.9.0") for p in problems)
+
+
+def test_carrying_a_package_the_image_has_is_refused(tmp_path, monkeypatch):
+    wheels = (gpu_kit.HERE / "wheels.txt").read_text() + "torch==2.13.0\n"
+    _kit_copy(tmp_path, monkeypatch, wheels)
+    assert gpu_kit.kit_problems() == ["torch: the image has it already; carrying it would shadow the image's copy"]
+
+
+def test_requirements_are_evaluated_for_the_device_python():
+    names = {gpu_kit.normalize(r.name) for r in gpu_kit.project_requirements()}
+    assert "torch" in names and "tomli" not in names  # tomli only below Python 3.11; the device has 3.12
+
+
+def test_installed_versions_reports_each_requirement():
+    versions = gpu_kit.installed_versions()
+    assert set(versions) == {gpu_kit.normalize(r.name) for r in gpu_kit.project_requirements()}
+    assert versions["torch"]["version"] and versions["torch"]["ok"] is True
+
+
+# ------------------------------------------------------------------------------------------------ $OUT
+def _fake_run(root: Path, trace_bytes: int) -> Path:
+    run = root / "check" / "single"
+    (run / "ranks").mkdir(parents=True)
+    (run / "ranks" / "rank0.summary.json").write_text(json.dumps({"metrics": {}}))
+    (run / "rank0.1795981954725.pt.trace.json.gz").write_bytes(Path("/dev/urandom").open("rb").read(trace_bytes))
+    return run
+
+
+def test_archive_keeps_traces_under_the_cap_and_drops_them_over_it(tmp_path):
+    run = _fake_run(tmp_path / "work", 200_000)
+    small = gpu_run.archive([run], tmp_path / "a.tar.gz", root=tmp_path / "work", cap=1_000_000)
+    assert small["traces"] is True
+    with tarfile.open(tmp_path / "a.tar.gz") as tar:
+        assert any(n.endswith(".pt.trace.json.gz") for n in tar.getnames())
+    big = gpu_run.archive([run], tmp_path / "b.tar.gz", root=tmp_path / "work", cap=100_000)
+    assert big["traces"] is False and big["bytes"] <= 100_000
+    with tarfile.open(tmp_path / "b.tar.gz") as tar:
+        names = tar.getnames()
+    assert "check/single/ranks/rank0.summary.json" in names
+    assert not any(n.endswith(".pt.trace.json.gz") for n in names)
+
+
+def test_what_comes_back_fits_the_device_tool():
+    # gpu-summary.json + one archive per check + run.log: at most 8 files, names of letters, digits, . _ -
+    names = [gpu_run.SUMMARY, "run.log"] + [f"{c.key}.tar.gz" for c in gpu_checks.CHECKS]
+    assert len(names) <= 8
+    assert all(re.fullmatch(r"[A-Za-z0-9._-]+", n) for n in names)
+    assert gpu_run.MAX_FILE_BYTES < 16 * 2**20
+
+
+def test_entry_point_refuses_clearly_without_cuda(tmp_path, capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    assert gpu_run.main(["--out", str(tmp_path / "out")]) == 2
+    assert "no CUDA device" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------- the CLI, on CPU
+CPU_WORKLOAD = textwrap.dedent(
+    """
+    import json, os, torch, torch.nn as nn
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(15):
+        loss = model(torch.randn(32, 64)).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    os.makedirs(os.environ["GPUCHECK_MEASURE"], exist_ok=True)
+    with open(os.path.join(os.environ["GPUCHECK_MEASURE"], "rank0.json"), "w") as f:
+        json.dump({"steps": 15}, f)
+    """
+)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(180)
+def test_checks_drive_the_cli_and_read_its_outputs(tmp_path, monkeypatch):
+    """The plumbing of every check (trace, diagnose, the rank's summary, the trace counts, the workload's own
+    file) on a CPU workload: the columns and keys the comparisons read are the ones ddpdoctor writes."""
+    (tmp_path / "w").mkdir()
+    (tmp_path / "w" / "cpu.py").write_text(CPU_WORKLOAD)
+    monkeypatch.setattr(gpu_checks, "WORKLOADS", tmp_path / "w")
+    ctx = gpu_checks.Context(work=tmp_path / "work", deadline=time.monotonic() + 150)
+    ctx.work.mkdir()
+    run, measure = gpu_checks.trace(ctx, "cpu", "cpu.py", [])
+    doc = gpu_checks.diagnose(ctx, run)
+    summary = gpu_checks.summary(run)
+    counts = gpu_checks.trace_counts(run)
+    assert gpu_checks.measured(measure) == {"steps": 15}
+    assert doc["run"]["mode"] == "single" and "passed" in doc and "not_evaluated" in doc
+    rows = gpu_checks.ev.analysed_steps(summary)
+    assert [r["step"] for r in rows] == [8, 9, 10, 11, 12]
+    for column in ("gpu_busy_ms", "kernel_ms", "host_sync_ms"):
+        assert column in rows[0], column
+    for metric in ("comm_ms", "overlap_ratio", "gpu_util_ratio", "host_sync_ms", "dp_scatter_ms", "dp_replicas"):
+        assert metric in summary["metrics"], metric
+    assert counts["kernel"] == 0 and counts["files"]  # CPU: a trace without device work
+    assert gpu_checks.ev.rule_state(doc, "host-sync-stalls").startswith("not evaluated")
+    assert [c["rc"] for c in ctx.commands] == [0, 0]
+
+
+def test_a_failing_command_is_an_error_of_its_check_not_of_the_run(tmp_path, monkeypatch):
+    def broken(ctx):
+        gpu_checks.run_command(ctx, ["python3", "-c", "import sys; sys.exit('workload broke')"], timeout=30)
+        return []
+
+    check = gpu_checks.Check("9-broken", "a check whose command fails", broken, 1)
+    result, _ = gpu_checks.run_check(check, tmp_path, time.monotonic() + 60)
+    assert result["status"] == "error" and "workload broke" in result["error"]
+    late, _ = gpu_checks.run_check(check, tmp_path, time.monotonic() + 0.5)
+    assert late["status"] == "error" and late["error"].startswith("not started")
+
+
+# ---------------------------------------------------------------------------------------------- README
+def test_readme_says_how_to_run_the_gpu_checks():
+    readme = (REPO / "README.md").read_text()
+    dev = readme[readme.index("## Development") :]
+    for needed in (
+        "bash tests/gpu/prepare_wheels.sh",
+        "bash tests/gpu/run.sh",
+        '"carry": [".whl"]',
+        "tests/gpu/results/",
+    ):
+        assert needed in dev, needed
+    timeout = re.search(r'"timeout_s": (\d+)', dev)
+    # one call with room for a second in 15 minutes of device time (the machine's start counts too)
+    assert timeout and 300 <= int(timeout.group(1)) <= 450
