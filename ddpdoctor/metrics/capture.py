@@ -106,3 +106,42 @@ def thread_metrics(capture: dict[str, Any] | None, ranks_on_host: int | None) ->
         else None,
         "local_world_size": ranks_on_host,
     }
+
+
+def _profiled_steps(capture: dict[str, Any]) -> set[int]:
+    steps: set[int] = set()
+    for window in (capture.get("steps") or {}).get("profiled") or []:
+        if isinstance(window, (list, tuple)) and len(window) == 2:
+            steps.update(range(int(window[0]), int(window[1]) + 1))
+    return steps
+
+
+def step_rows(rank: int, capture: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every step the rank recorded, profiled or not: ``rank, step, step_ms`` (wall time, ms), ``profiled``,
+    ``gil_contention`` (0-1) and ``threads`` of the GIL probe."""
+    steps = capture.get("steps") or {}
+    first = int(steps.get("first") or 1)
+    profiled = _profiled_steps(capture)
+    rows = {
+        first + i: {"rank": rank, "step": first + i, "step_ms": float(ms), "profiled": first + i in profiled}
+        for i, ms in enumerate(steps.get("wall_ms") or [])
+    }
+    gil = (capture.get("gil") or {}).get("per_step") or {}
+    for i, step in enumerate(gil.get("step") or []):
+        row = rows.setdefault(
+            int(step), {"rank": rank, "step": int(step), "step_ms": None, "profiled": int(step) in profiled}
+        )
+        for key, column in (("contention", "gil_contention"), ("threads", "threads")):
+            values = gil.get(key) or []
+            row[column] = values[i] if i < len(values) else None
+    return [rows[s] for s in sorted(rows)]
+
+
+def device_rows(rank: int, capture: dict[str, Any]) -> list[dict[str, Any]]:
+    """Peak memory of every device the rank touched (``rank, device`` and the device-memory metrics, bytes),
+    from the capture's allocator counters."""
+    return [
+        {"rank": rank, "device": dev.get("device"), **{k: dev.get(k) for k in catalog.group("device_memory")}}
+        for dev in (capture.get("memory") or {}).get("devices") or []
+        if isinstance(dev, dict)
+    ]

@@ -25,38 +25,17 @@ from pathlib import Path
 from typing import Any
 
 from ddpdoctor import rundir
-from ddpdoctor.tensorboard.capture_metrics import read_rank_files
+from ddpdoctor.metrics import catalog
 from ddpdoctor.tensorboard.report import STACK_ORDER, build_report
 
 # Trace metric -> scalar tag; other per-step columns (offsets, the profiler plugin's figures) are left out.
 TAGS = {
     **{part: f"time/{part}" for part in STACK_ORDER},
-    **{
-        name: f"comm/{name}"
-        for name in (
-            "comm_ms",
-            "exposed_comm_ms",
-            "overlapped_comm_ms",
-            "overlap_ratio",
-            "busbw_gbps",
-            "algbw_gbps",
-            "collective_wait_ms",
-            "late_arrival_ms",
-            "ddp_reported_overlap_ratio",
-        )
-    },
-    **{name: f"gpu/{name}" for name in ("gpu_util_ratio", "gpu_busy_ms", "host_sync_ms")},
+    **{name: f"comm/{name}" for name in catalog.group("tb_comm")},
+    **{name: f"gpu/{name}" for name in catalog.group("tb_gpu")},
 }
 # Rank-level values written once (at the last analysed step) when the per-step rows do not have them.
-_ONCE = (
-    "busbw_gbps",
-    "algbw_gbps",
-    "overlap_ratio",
-    "exposed_comm_ms",
-    "collective_wait_ms",
-    "late_arrival_ms",
-    "ddp_reported_overlap_ratio",
-)
+_ONCE = catalog.group("tb_once")
 
 
 def _wall_times(capture: dict[str, Any]) -> dict[int, float]:
@@ -147,7 +126,7 @@ def write_events(run_dir: str | Path) -> Path:
     out = run_dir / rundir.TENSORBOARD_DIR
     report = build_report(run_dir)
     out.mkdir(parents=True, exist_ok=True)
-    for rank, capture in read_rank_files(run_dir).items():
+    for rank, capture in rundir.read_rank_captures(run_dir)[0].items():
         tmp = out / f".rank{rank}.{os.getpid()}.tmp"  # mkdir, not mkdtemp: the umask's permissions
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
@@ -179,5 +158,5 @@ def has_events(run_dir: str | Path) -> bool:
     """Whether ``<run>/tensorboard/rank<R>/`` holds an event file for every rank with a capture file."""
     run_dir = Path(run_dir)
     out = run_dir / rundir.TENSORBOARD_DIR
-    ranks = read_rank_files(run_dir)
+    ranks = rundir.read_rank_captures(run_dir)[0]
     return bool(ranks) and all(any((out / f"rank{r}").glob("events.out.tfevents.*")) for r in ranks)

@@ -1,15 +1,16 @@
 """The dashboard's data for one run: ``build_report(run_dir) -> dict`` (strict JSON: no NaN).
 
 It is the ``ddpdoctor diagnose RUN --format json`` document (``schema_version, run, ranks, findings,
-not_evaluated, passed``) with the tables the charts draw added:
+not_evaluated, passed``) of the same pipeline (``ddpdoctor.pipeline.analyze_run``, so the same findings), with
+the tables the charts draw added:
 
-- ``source``: ``"trace"`` (trace metrics, ``ddpdoctor.metrics.analyze``) or ``"capture"`` (capture files);
-  ``notes``: why the trace metrics are missing, in words.
-- ``rank_metrics`` / ``run_metrics``: every per-rank / run-level metric (CONTRACTS names).
+- ``source``: ``"trace"`` (the run's metrics) or ``"capture"`` (the traces could not be read: only the step
+  times the ranks recorded); ``notes``: why, in words.
+- ``rank_metrics`` / ``run_metrics``: every per-rank / run-level metric (``ddpdoctor.metrics.catalog`` names).
 - ``steps``: wall time of every step per rank, from the capture files (``rank, step, step_ms, profiled,
   gil_contention, threads``).
-- ``per_step``: ``RunMetrics.per_step`` (the breakdown of each profiled step; empty without trace metrics);
-  ``components``: its columns that add up to the step time, in stacking order.
+- ``per_step``: ``RunMetrics.per_step`` (the breakdown of each analysed step); ``components``: its columns
+  that add up to the step time, in stacking order.
 - ``collectives``: ``RunMetrics.collectives`` (``rank, kind, count, bytes, ms, algbw_gbps, busbw_gbps``).
 - ``devices``: peak memory per rank and device with the device's capacity (bytes).
 - ``ddp_breakdown``: per rank, DDP's own forward / backward / communication / overlap averages (ms).
@@ -17,160 +18,91 @@ not_evaluated, passed``) with the tables the charts draw added:
 
 from __future__ import annotations
 
-import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ddpdoctor.tensorboard.capture_metrics import CaptureMetrics, capture_metrics
+from ddpdoctor.errors import TraceError
+from ddpdoctor.metrics import catalog
+from ddpdoctor.pipeline import Analysis, RuleOptions, analyze_run
+from ddpdoctor.values import jsonable
 
 SCHEMA_VERSION = 1
-# Parts of a step that do not overlap one another, in the order they are stacked.
-STACK_ORDER = (
-    "dataloader_ms",
-    "forward_ms",
-    "backward_ms",
-    "optimizer_ms",
-    "exposed_comm_ms",
-    "dp_scatter_ms",
-    "dp_replicate_ms",
-    "dp_parallel_apply_ms",
-    "dp_gather_ms",
-    "dp_backward_reduce_ms",
-    "other_ms",
-)
-_DDP_BREAKDOWN = ("ddp_forward_ms", "ddp_backward_ms", "ddp_backward_comm_ms", "ddp_overlap_ms")
-
-
-def plain(value: Any) -> Any:
-    """JSON-ready: numpy/pandas scalars to Python, NaN/inf/NA to None, tuples to lists, recursively."""
-    if isinstance(value, dict):
-        return {str(k): plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
-    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
-        try:
-            value = value.item()
-        except (ValueError, TypeError):
-            pass
-    if value is None or isinstance(value, (bool, int, str)):
-        return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    try:
-        import pandas as pd
-
-        if pd.isna(value):
-            return None
-    except (TypeError, ValueError, ImportError):
-        pass
-    return str(value)
+# Parts of a step that do not overlap one another, in the order they are stacked (DataParallel's stages
+# before "other", which is what is left).
+STACK_ORDER = catalog.group("breakdown")[:-1] + catalog.group("dp_stages") + catalog.group("breakdown")[-1:]
 
 
 def records(frame: Any) -> list[dict[str, Any]]:
     if frame is None or not hasattr(frame, "to_dict") or len(frame) == 0:
         return []
-    return plain(frame.to_dict("records"))
+    return jsonable(frame.to_dict("records"))
 
 
-def step_rows(metrics: Any) -> list[dict[str, Any]]:
-    """``RunMetrics.per_step`` rows of the analysed steps, with ``overlap_ratio`` (0-1) added when the metrics
-    give communication and exposed communication but no overlap of their own."""
-    rows = [r for r in records(getattr(metrics, "per_step", None)) if r.get("analyzed") is not False]
-    for row in rows:
-        comm, exposed = row.get("comm_ms"), row.get("exposed_comm_ms")
-        if (
-            row.get("overlap_ratio") is None
-            and isinstance(comm, (int, float))
-            and comm > 0
-            and isinstance(exposed, (int, float))
-        ):
-            row["overlap_ratio"] = min(1.0, max(0.0, 1.0 - exposed / comm))
-    return rows
+def _document(analysis: Analysis) -> dict[str, Any]:
+    """The ``diagnose --format json`` document, or the run as the capture files describe it."""
+    from ddpdoctor.report.document import build
 
-
-def trace_metrics(run_dir: Path) -> tuple[Any | None, str | None]:
-    """``(RunMetrics, None)``, or ``(None, why not)`` when the trace metrics are unavailable or fail."""
-    try:
-        from ddpdoctor.load import load
-        from ddpdoctor.metrics import analyze
-    except ImportError as exc:
-        return (
-            None,
-            f"trace metrics are not available in this ddpdoctor ({exc}); figures come from the capture files",
-        )
-    try:
-        return analyze(load(run_dir)), None
-    except Exception as exc:  # a dashboard shows what it can: the capture files still say a lot
-        return (
-            None,
-            f"trace metrics failed ({type(exc).__name__}: {exc}); figures come from the capture files",
-        )
-
-
-def diagnose(metrics: Any) -> tuple[dict[str, Any], str | None]:
-    """The ``diagnose --format json`` document of ``metrics`` (built-in rules), or a minimal one and why."""
-    try:
-        from ddpdoctor.diagnosis import evaluate, load_rules
-    except ImportError as exc:
-        return _bare_document(metrics), f"the diagnosis engine is not available ({exc})"
-    result = evaluate(load_rules(), metrics)
-    try:
-        from ddpdoctor.report.document import build
-    except ImportError:
-        doc = _bare_document(metrics)
-        doc["findings"] = [f.to_json() for f in result.findings]
-        doc["not_evaluated"] = [n.to_json() for n in result.not_evaluated]
-        doc["passed"] = list(result.passed)
-        return plain(doc), None
-    return plain(build(result)), None
-
-
-def _bare_document(metrics: Any) -> dict[str, Any]:
-    run = dict(getattr(metrics, "run", {}) or {})
+    if analysis.diagnosis is not None:
+        return jsonable(build(analysis.diagnosis))
+    first = next(iter(analysis.captures.values()), {})
     return {
         "schema_version": SCHEMA_VERSION,
-        "run": {k: plain(run.get(k)) for k in ("path", "mode", "world_size", "backend", "steps_analyzed")},
-        "ranks": [{"rank": r.get("rank")} for r in getattr(metrics, "ranks", []) or []],
+        "run": {
+            "path": str(analysis.path),
+            "mode": None,
+            "world_size": analysis.manifest.get("world_size") or first.get("world_size") or len(analysis.captures),
+            "backend": first.get("backend"),
+            "steps_analyzed": 0,
+            "skipped": [],
+            "notes": list(analysis.notes),
+        },
+        "ranks": [{"rank": rank} for rank in analysis.captures],
         "findings": [],
         "not_evaluated": [],
         "passed": [],
     }
 
 
-def build_report(run_dir: Path, *, name: str | None = None) -> dict[str, Any]:
+def build_report(
+    run_dir: Path, *, name: str | None = None, rules: RuleOptions | Sequence[Any] | None = None
+) -> dict[str, Any]:
     """The dashboard document of ``run_dir`` (module docstring); ``name`` replaces the absolute path."""
-    run_dir = Path(run_dir)
-    captured: CaptureMetrics = capture_metrics(run_dir)
-    metrics, why = trace_metrics(run_dir)
-    notes = [why] if why else []
-    source = "trace" if metrics is not None else "capture"
-    used = metrics if metrics is not None else captured
-    doc, why_not = diagnose(used)
-    if why_not:
-        notes.append(why_not)
-    per_step = step_rows(metrics) if metrics is not None else []
+    from ddpdoctor.metrics.capture import device_rows, step_rows
+
+    try:
+        analysis = analyze_run(Path(run_dir), rules=rules, traces_optional=True)
+    except TraceError as exc:  # no trace and no capture file yet: the dashboard still says why it is empty
+        analysis = Analysis(Path(run_dir), None, None, notes=[f"nothing to show yet: {exc}"])
+    metrics = analysis.metrics
+    doc = _document(analysis)
+    steps = [row for rank, capture in analysis.captures.items() for row in step_rows(rank, capture)]
+    per_step = [r for r in records(getattr(metrics, "per_step", None)) if r.get("analyzed") is not False]
     present = {k for row in per_step for k, v in row.items() if v}  # parts that took time somewhere
-    devices = records(getattr(metrics, "devices", None)) if metrics is not None else []
+    rank_metrics = jsonable([dict(r) for r in getattr(metrics, "ranks", None) or []])
+    timers = catalog.group("ddp_timers")
     doc.update(
         {
-            "source": source,
-            "notes": notes,
-            "run_metrics": plain(dict(getattr(used, "run", {}) or {})),
-            "rank_metrics": plain([dict(r) for r in getattr(used, "ranks", []) or []]),
-            "steps": records(captured.per_step),
+            "source": "trace" if metrics is not None else "capture",
+            "notes": list(analysis.notes) if metrics is None else [],
+            "run_metrics": jsonable(dict(getattr(metrics, "run", None) or {})),
+            "rank_metrics": rank_metrics,
+            "steps": jsonable(steps),
             "per_step": per_step,
             "components": [k for k in STACK_ORDER if k in present],
-            "collectives": records(getattr(metrics, "collectives", None)) if metrics is not None else [],
-            "devices": devices or records(captured.devices),
+            "collectives": records(getattr(metrics, "collectives", None)),
+            "devices": records(getattr(metrics, "devices", None))
+            or jsonable([row for rank, capture in analysis.captures.items() for row in device_rows(rank, capture)]),
             "ddp_breakdown": [
-                {"rank": r["rank"], **{k: r.get(k) for k in _DDP_BREAKDOWN}}
-                for r in plain(captured.ranks)
-                if any(r.get(k) is not None for k in _DDP_BREAKDOWN)
+                {"rank": r["rank"], **{k: r.get(k) for k in timers}}
+                for r in rank_metrics
+                if any(r.get(k) is not None for k in timers)
             ],
         }
     )
-    doc["schema_version"] = doc.get("schema_version", SCHEMA_VERSION)
-    if name is not None:
+    if name is not None:  # a dashboard shows run names, never this machine's paths
+        for notes in (doc["notes"], doc["run"]["notes"], doc["run"]["skipped"]):
+            notes[:] = [str(n).replace(str(run_dir), name) for n in notes]
         doc["run"]["path"] = name
         doc["run"]["name"] = name
         doc["run_metrics"]["path"] = name
