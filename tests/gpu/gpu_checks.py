@@ -127,6 +127,16 @@ def diagnose(ctx: Context, run: Path) -> dict[str, Any]:
     return json.loads(out.read_text())
 
 
+def rule_param(rule: str, name: str) -> float:
+    """A rule's threshold as shipped (``rules/<rule>.toml``, ``[params]``): the checks judge the rule by its own
+    numbers, and follow them when they change."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+    return float(tomllib.loads((REPO / "rules" / f"{rule}.toml").read_text())["params"][name])
+
+
 def read_json(path: Path) -> dict[str, Any]:
     try:
         return json.loads(path.read_text())
@@ -184,7 +194,7 @@ def check_oom(ctx: Context) -> list[dict[str, Any]]:
     for label, fraction in (("oom-93", "0.93"), ("oom-40", "0.40")):
         run, measure = trace(ctx, label, "single.py", ["--steps", "16", "--reserve", fraction, "--width", "1024"])
         runs.append((diagnose(ctx, run), measured(measure)))
-    return ev.evaluate_oom(runs)
+    return ev.evaluate_oom(runs, rule_param("gpu0-oom-risk", "min_headroom"))
 
 
 # Small kernels (a 1024-wide layer on 1024 rows: tens of µs) so that a sync after every layer leaves the GPU
@@ -197,7 +207,7 @@ def check_host_sync(ctx: Context) -> list[dict[str, Any]]:
     for label, every in (("sync-item", "1"), ("sync-none", "0")):
         run, measure = trace(ctx, label, "single.py", [*HOST_SYNC_ARGS, "--sync-every", every])
         out.append((diagnose(ctx, run), summary(run), measured(measure)))
-    return ev.evaluate_host_sync(out[0], out[1])
+    return ev.evaluate_host_sync(out[0], out[1], rule_param("host-sync-stalls", "min_ms"))
 
 
 def check_dp(ctx: Context) -> list[dict[str, Any]]:

@@ -332,23 +332,23 @@ def oom_run(fraction, state):
 
 
 def test_oom_fires_at_93_percent_and_not_at_40():
-    items = ev.evaluate_oom([oom_run(0.93, "fired"), oom_run(0.40, "passed")])
+    items = ev.evaluate_oom([oom_run(0.93, "fired"), oom_run(0.40, "passed")], 0.10)
     assert failed(items) == [] and ev.status_of(items) == ev.PASS
 
 
 def test_oom_catches_a_missed_and_a_false_finding():
-    bad = failed(ev.evaluate_oom([oom_run(0.93, "passed"), oom_run(0.40, "fired")]))
+    bad = failed(ev.evaluate_oom([oom_run(0.93, "passed"), oom_run(0.40, "fired")], 0.10))
     assert bad == ["reserve 0.93: gpu0-oom-risk", "reserve 0.4: gpu0-oom-risk"]
 
 
 def test_oom_catches_a_wrong_headroom_in_the_finding():
     hi = oom_run(0.93, "fired")
     hi[0]["findings"][0]["evidence"]["gpu0_headroom_ratio"] = 0.12
-    assert failed(ev.evaluate_oom([hi, oom_run(0.40, "passed")])) == ["reserve 0.93: headroom in the finding"]
+    assert failed(ev.evaluate_oom([hi, oom_run(0.40, "passed")], 0.10)) == ["reserve 0.93: headroom in the finding"]
 
 
 def test_oom_precondition_the_runs_straddle_the_threshold():
-    bad = failed(ev.evaluate_oom([oom_run(0.40, "passed"), oom_run(0.50, "passed")]))
+    bad = failed(ev.evaluate_oom([oom_run(0.40, "passed"), oom_run(0.50, "passed")], 0.10))
     assert bad == ["the runs straddle the threshold"]
 
 
@@ -367,6 +367,7 @@ def test_host_sync_fires_with_item_and_not_without():
     items = ev.evaluate_host_sync(
         sync_run(fired=True, host_sync=3.1, item_ms=4.4, calls=64, util=0.71),
         sync_run(fired=False, host_sync=0.0, item_ms=0.0, calls=0, util=0.83),
+        1.0,
     )
     assert failed(items) == []
 
@@ -375,6 +376,7 @@ def test_host_sync_catches_missing_blocked_time_and_a_false_finding():
     items = ev.evaluate_host_sync(
         sync_run(fired=False, host_sync=0.2, item_ms=4.4, calls=64, util=0.95),
         sync_run(fired=True, host_sync=1.8, item_ms=0.0, calls=0, util=0.5),
+        1.0,
     )
     assert failed(items) == [
         "with .item(): host sync time vs the workload's time inside .item()",
@@ -382,6 +384,16 @@ def test_host_sync_catches_missing_blocked_time_and_a_false_finding():
         "without: host sync time per step",
         "without: host-sync-stalls stays silent",
     ]
+
+
+def test_thresholds_come_from_the_rule_files():
+    import gpu_checks
+
+    headroom = gpu_checks.rule_param("gpu0-oom-risk", "min_headroom")
+    assert 0 < headroom < 1
+    # the workloads' 93 % and 40 % must straddle the rule's threshold, whatever it is set to
+    assert 1 - 0.93 < headroom < (1 - 0.40) / 2
+    assert gpu_checks.rule_param("host-sync-stalls", "min_ms") > 0
 
 
 # ------------------------------------------------------------------------------ check 5: DataParallel
