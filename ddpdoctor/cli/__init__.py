@@ -34,14 +34,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def _available_commands() -> dict[str, tuple[str, str]]:
-    found = {}
-    for name, (module, help_text) in COMMANDS.items():
-        if importlib.util.find_spec(module) is not None:
-            found[name] = (module, help_text)
-    return found
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ddpdoctor",
@@ -50,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"ddpdoctor {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for name, (module, help_text) in _available_commands().items():
+    for name, (module, help_text) in COMMANDS.items():
         importlib.import_module(module).register(sub, name, help_text)
     return parser
 

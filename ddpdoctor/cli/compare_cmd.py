@@ -13,7 +13,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
+from ddpdoctor.cli.diagnose_cmd import add_rule_options, add_rule_selection, rule_options
 from ddpdoctor.errors import DDPDoctorError
+from ddpdoctor.pipeline import resolve_rules
 from ddpdoctor.report import OutputFormat
 
 
@@ -49,6 +51,8 @@ def register(subparsers: Any, name: str, help_text: str) -> None:
         help="report format (default: text; html has charts)",
     )
     p.add_argument("--output", "-o", metavar="FILE", help="write the report to FILE instead of stdout")
+    add_rule_selection(p)
+    add_rule_options(p)
     p.set_defaults(func=run)
 
 
@@ -56,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
     from ddpdoctor.compare import compare, read_input
     from ddpdoctor.compare.render import COMPARE_RENDERERS
 
-    a, b = read_input(args.a), read_input(args.b)
+    rules = resolve_rules(rule_options(args))
+    a, b = read_input(args.a, rules=rules), read_input(args.b, rules=rules)
     emit(COMPARE_RENDERERS[OutputFormat(args.format)], compare(a, b), args.output)
     return 0

@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from ddpdoctor.cli.compare_cmd import emit
+from ddpdoctor.cli.diagnose_cmd import add_rule_options, add_rule_selection, rule_options
 from ddpdoctor.errors import DDPDoctorError
+from ddpdoctor.pipeline import resolve_rules
 
 _GATE_EPILOG = """\
 thresholds (METRIC=THRESHOLD, repeatable; also [tool.ddpdoctor.gate.thresholds] in pyproject.toml):
@@ -44,6 +46,8 @@ def register(subparsers: Any, name: str, help_text: str) -> None:
         )
         p.add_argument("run", metavar="RUN", help="a ddpdoctor run directory (or traces)")
         p.add_argument("--output", "-o", metavar="FILE", help="write the baseline to FILE (default: stdout)")
+        add_rule_selection(p)
+        add_rule_options(p)
         p.set_defaults(func=run_baseline)
         return
     from ddpdoctor.compare.render import GateFormat
@@ -94,8 +98,10 @@ def register(subparsers: Any, name: str, help_text: str) -> None:
     p.add_argument(
         "--config",
         metavar="FILE",
-        help="read [tool.ddpdoctor.gate] from FILE instead of the nearest pyproject.toml",
+        help="read [tool.ddpdoctor.gate] and the rule parameters from FILE instead of the nearest pyproject.toml",
     )
+    add_rule_selection(p)
+    add_rule_options(p, config=False)
     p.set_defaults(func=run_gate)
 
 
@@ -103,7 +109,7 @@ def run_baseline(args: argparse.Namespace) -> int:
     from ddpdoctor.compare import read_input
     from ddpdoctor.compare.snapshot import dumps
 
-    snapshot = read_input(args.run)
+    snapshot = read_input(args.run, rules=resolve_rules(rule_options(args)))
     text = dumps(snapshot)
     emit(lambda _, stream: stream.write(text), None, args.output)
     if args.output is not None:
@@ -128,9 +134,7 @@ def _github(result: Any, report_on_stdout: bool) -> None:
         try:
             github.append_step_summary(result, summary)
         except OSError as exc:
-            raise DDPDoctorError(
-                f"{summary}: cannot append the step summary: {exc.strerror or exc}"
-            ) from None
+            raise DDPDoctorError(f"{summary}: cannot append the step summary: {exc.strerror or exc}") from None
 
 
 def run_gate(args: argparse.Namespace) -> int:
@@ -139,8 +143,9 @@ def run_gate(args: argparse.Namespace) -> int:
     from ddpdoctor.rundir import atomic_write_bytes
 
     config = load_config(args.config, args.threshold, fail_on=args.fail_on, strict_env=args.strict_env)
-    baseline = read_input(args.baseline)
-    current = read_input(args.run)
+    rules = resolve_rules(rule_options(args))
+    baseline = read_input(args.baseline, rules=rules)
+    current = read_input(args.run, rules=rules)
     result = gate(current, baseline, config)
     if args.junit:  # files first: a closed stdout (`| head`) must not cost the CI its JUnit report
         try:

@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from ddpdoctor import rundir
+from ddpdoctor.cli.diagnose_cmd import add_rule_options, add_rule_selection, rule_options
 from ddpdoctor.errors import DDPDoctorError
+from ddpdoctor.pipeline import resolve_rules
 
 _ALL_INTERFACES = {"0.0.0.0", "::", ""}
 
@@ -43,11 +45,13 @@ def register(subparsers: Any, name: str, help_text: str) -> None:
         action="store_true",
         help="write the TensorBoard event files again even when they exist",
     )
+    add_rule_selection(p)
+    add_rule_options(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from ddpdoctor.tensorboard import server
+    from ddpdoctor.tensorboard import report, server
     from ddpdoctor.tensorboard.events import has_events, write_events
 
     path = Path(args.run)
@@ -56,8 +60,10 @@ def run(args: argparse.Namespace) -> int:
     if not 0 <= args.port <= 65535:
         raise DDPDoctorError(f"--port {args.port}: not a port number (0-65535)")
     server.check_port_free(args.host, args.port)
+    rules = resolve_rules(rule_options(args))
+    report.DEFAULT_RULES = rules  # the dashboard, served from this process, uses the same rules
     if args.rewrite_events or not has_events(path):
-        out = write_events(path)
+        out = write_events(path, rules=rules)
         print(f"ddpdoctor: wrote TensorBoard event files to {out}", flush=True)
     url = server.start(path.resolve(), args.host, args.port)
     warning = (

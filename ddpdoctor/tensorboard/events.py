@@ -118,13 +118,14 @@ def _write_rank(writer: Any, rank: int, capture: dict[str, Any], report: dict[st
     writer.file_writer.add_summary(summary, last, walltime=walls.get(last))
 
 
-def write_events(run_dir: str | Path) -> Path:
-    """Write ``<run>/tensorboard/rank<R>/`` per rank with a capture file; returns ``<run>/tensorboard``."""
+def write_events(run_dir: str | Path, *, rules: Any = None) -> Path:
+    """Write ``<run>/tensorboard/rank<R>/`` per rank with a capture file; returns ``<run>/tensorboard``.
+    ``rules``: ``RuleOptions`` or resolved rules for the findings text (default: as ``build_report``)."""
     from torch.utils.tensorboard import SummaryWriter
 
     run_dir = Path(run_dir)
     out = run_dir / rundir.TENSORBOARD_DIR
-    report = build_report(run_dir)
+    report = build_report(run_dir, rules=rules)
     out.mkdir(parents=True, exist_ok=True)
     for rank, capture in rundir.read_rank_captures(run_dir)[0].items():
         tmp = out / f".rank{rank}.{os.getpid()}.tmp"  # mkdir, not mkdtemp: the umask's permissions

@@ -9,11 +9,9 @@ from tensorboard.plugins import base_plugin
 
 
 class DDPDoctorLoader(base_plugin.TBLoader):
-    """Creates the ``ddpdoctor`` dashboard plugin; None (no plugin) when it cannot be imported."""
+    """Creates the ``ddpdoctor`` dashboard plugin (imported here, when TensorBoard asks for it)."""
 
     def load(self, context: base_plugin.TBContext) -> base_plugin.TBPlugin | None:
-        try:
-            from ddpdoctor.tensorboard.plugin import DDPDoctorPlugin
-        except ImportError:
-            return None
+        from ddpdoctor.tensorboard.plugin import DDPDoctorPlugin
+
         return DDPDoctorPlugin(context)

@@ -28,6 +28,9 @@ from ddpdoctor.pipeline import Analysis, RuleOptions, analyze_run
 from ddpdoctor.values import jsonable
 
 SCHEMA_VERSION = 1
+# The rules of the dashboard when a caller names none: ``ddpdoctor view`` sets its own rule options here, since
+# TensorBoard serves the dashboard from its process. None: the built-in rules and the nearest pyproject.toml.
+DEFAULT_RULES: RuleOptions | Sequence[Any] | None = None
 # Parts of a step that do not overlap one another, in the order they are stacked (DataParallel's stages
 # before "other", which is what is left).
 STACK_ORDER = catalog.group("breakdown")[:-1] + catalog.group("dp_stages") + catalog.group("breakdown")[-1:]
@@ -71,7 +74,8 @@ def build_report(
     from ddpdoctor.metrics.capture import device_rows, step_rows
 
     try:
-        analysis = analyze_run(Path(run_dir), rules=rules, traces_optional=True)
+        chosen = rules if rules is not None else DEFAULT_RULES
+        analysis = analyze_run(Path(run_dir), rules=chosen, traces_optional=True)
     except TraceError as exc:  # no trace and no capture file yet: the dashboard still says why it is empty
         analysis = Analysis(Path(run_dir), None, None, notes=[f"nothing to show yet: {exc}"])
     metrics = analysis.metrics
