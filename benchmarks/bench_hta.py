@@ -73,12 +73,11 @@ def hta_python() -> tuple[Path | None, str]:
 
 def ddpdoctor_overlap_pct(path: Path) -> dict[str, float | None]:
     """ddpdoctor's overlap per rank, in percent (HTA's unit)."""
-    from ddpdoctor.load import load
-    from ddpdoctor.metrics import analyze
+    from ddpdoctor.pipeline import analyze_run
 
     return {
         str(r["rank"]): None if r["overlap_ratio"] is None else 100.0 * r["overlap_ratio"]
-        for r in analyze(load(path)).ranks
+        for r in analyze_run(path).metrics.ranks
     }
 
 

@@ -35,6 +35,7 @@ import ddpdoctor.cli.diagnose_cmd  # noqa: E402,F401
 import ddpdoctor.diagnosis  # noqa: E402
 import ddpdoctor.load  # noqa: E402
 import ddpdoctor.metrics  # noqa: E402
+import ddpdoctor.pipeline  # noqa: E402,F401
 import ddpdoctor.report  # noqa: E402
 import ddpdoctor.report.text  # noqa: E402,F401
 
@@ -62,16 +63,20 @@ def diagnose(run: str, out_dir: str) -> int:
 
 
 def from_summaries(run: str, out_dir: str) -> int:
-    from ddpdoctor.diagnosis import apply_config, evaluate, load_config, load_rules
+    from ddpdoctor.pipeline import analyze_run
     from ddpdoctor.report import render
 
-    loaded = ddpdoctor.load.load(run, use_summaries=True)
-    if any(rt.summary is None for rt in loaded.ranks):
+    if not all(Path(run, "ranks", f"rank{r}.summary.json").exists() for r in _capture_ranks(run)):
         raise SystemExit(f"{run}: not every rank has a summary file")
-    result = evaluate(apply_config(load_rules([]), load_config(None)), ddpdoctor.metrics.analyze(loaded))
+    result = analyze_run(run).diagnosis  # the pipeline reads the summaries when every rank has one
     with open(Path(out_dir) / "report.txt", "w") as f:
         render(result, "text", f)
     return 1 if result.findings else 0
+
+
+def _capture_ranks(run: str) -> list[int]:
+    names = Path(run, "ranks").glob("rank*.json")
+    return sorted(int(p.name[4:-5]) for p in names if p.name[4:-5].isdigit())
 
 
 def floor(run: str, out_dir: str) -> int:
