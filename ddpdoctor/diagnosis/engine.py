@@ -1,9 +1,10 @@
 """Evaluate rules over a run's metrics: ``evaluate(rules, metrics) -> Diagnosis``.
 
 ``metrics`` is a ``RunMetrics`` (``ddpdoctor.metrics.analyze``) or anything with the same ``run`` dict and
-``ranks`` list of dicts. A rule that does not apply to the run (mode, backend) or whose condition cannot be
-decided because the metrics it needs were not measured is listed in ``Diagnosis.not_evaluated`` with the
-reason."""
+``ranks`` list of dicts. A rule that does not apply to the run (mode, backend, detected parallelism), whose
+required metrics (``Rule.requires``) were not measured, or whose condition cannot be decided is listed in
+``Diagnosis.not_evaluated`` with the reason (the one the metrics gave for this input, ``run["not_measured"]``,
+where they gave one). "Passed" means the rule's inputs were measured and its condition is false."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ _MODE_WORDS = {"dp": "DataParallel (dp)", "ddp": "DistributedDataParallel (ddp)"
 
 
 def _rows(metrics: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    run = {k: clean_value(v) for k, v in dict(getattr(metrics, "run", {}) or {}).items()}
+    raw_run = dict(getattr(metrics, "run", {}) or {})
+    run = {k: v if k == "not_measured" else clean_value(v) for k, v in raw_run.items()}
     derived = derived_rank_metrics(metrics)
     rows = []
     for i, raw in enumerate(getattr(metrics, "ranks", []) or []):
@@ -43,12 +45,20 @@ def _unavailable(name: str, run: Mapping[str, Any], rows: Sequence[Mapping[str, 
     return not (name in RUN and run.get(name) is not None)
 
 
-def _missing_reason(rule: Rule, run: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str:
-    missing = sorted(m for m in rule.when.metrics if _unavailable(m, run, rows))
+def _missing_reason(
+    rule: Rule, run: Mapping[str, Any], rows: Sequence[Mapping[str, Any]], names: Iterable[str] | None = None
+) -> str:
+    """Why ``rule`` gets no verdict: the metrics among ``names`` (default: those ``when`` reads) this run lacks,
+    with the reason the metrics said for this input (``run["not_measured"]``), else the catalog's."""
+    missing = sorted(m for m in (rule.when.metrics if names is None else names) if _unavailable(m, run, rows))
     if not missing:
         return "its condition is undecidable on this run (a value it needs is missing or divides by zero)"
-    hints = []
-    entries = [e for e in (catalog.rule_metric(m) for m in missing) if e is not None]
+    said = run.get("not_measured") if isinstance(run.get("not_measured"), Mapping) else {}
+    hints: list[str] = []
+    for m in missing:
+        if isinstance(said.get(m), str) and said[m] not in hints:
+            hints.append(said[m])
+    entries = [e for e in (catalog.rule_metric(m) for m in missing if m not in said) if e is not None]
     if len(rows) < 2 and any(e.needs_peers for e in entries):
         hints.append(catalog.ONE_RANK)
         entries = [e for e in entries if not e.needs_peers]
@@ -58,12 +68,32 @@ def _missing_reason(rule: Rule, run: Mapping[str, Any], rows: Sequence[Mapping[s
     return f"not measured in this run: {', '.join(missing)}" + "".join(f"; {h}" for h in hints)
 
 
+_PARALLELISM_WORDS = {
+    "dp": "DataParallel (dp)",
+    "ddp": "data parallel with gradient all-reduce (ddp)",
+    "fsdp": "fully sharded data parallel (fsdp)",
+    "tp": "tensor parallel (tp)",
+    "pipeline": "pipeline parallel (pipeline)",
+    "unknown": "of unknown parallelism",
+    "none": "without any synchronisation between its ranks (none)",
+    "single": "a single process (single)",
+}
+
+
 def _not_applicable(rule: Rule, run: Mapping[str, Any]) -> str | None:
     mode, backend = run.get("mode"), run.get("backend")
     if rule.applies_to != "any" and mode is not None and mode != rule.applies_to:
         return f"applies to {_MODE_WORDS[rule.applies_to]} runs; this run is {mode}"
     if rule.backends and backend is not None and backend not in rule.backends:
         return f"applies to {', '.join(rule.backends)} runs; this run uses {backend}"
+    parallelism = run.get("parallelism") or {"single": "single", "dp": "dp"}.get(str(mode))
+    if isinstance(parallelism, str) and parallelism:
+        parts = parallelism.split("+")
+        if not all(p in rule.parallelism for p in parts):
+            words = " + ".join(_PARALLELISM_WORDS.get(p, p) for p in parts)
+            evidence = run.get("parallelism_evidence")
+            fits = ", ".join(p for p in rule.parallelism if p not in ("unknown", "none"))
+            return f"applies to {fits} jobs; this run is {words}" + (f" ({evidence})" if evidence else "")
     return None
 
 
@@ -100,9 +130,7 @@ def _fire(rule: Rule, run: dict[str, Any], rows: list[dict[str, Any]]) -> Findin
         if rule.ranks_where is None:
             ranks = [r["rank"] for r in rows]
         else:
-            ranks = [
-                r["rank"] for r in rows if eval_expr(rule.ranks_where, Values(run, rows, rule.params, r))
-            ]
+            ranks = [r["rank"] for r in rows if eval_expr(rule.ranks_where, Values(run, rows, rule.params, r))]
         firing = {r["rank"]: r for r in rows if r["rank"] in ranks}
         gain, shown = _gain(rule.estimated_gain, base), base
     else:
@@ -113,10 +141,7 @@ def _fire(rule: Rule, run: dict[str, Any], rows: list[dict[str, Any]]) -> Findin
         if not firing:
             return False
         ranks = list(firing)
-        gains = {
-            rank: _gain(rule.estimated_gain, Values(run, rows, rule.params, row))
-            for rank, row in firing.items()
-        }
+        gains = {rank: _gain(rule.estimated_gain, Values(run, rows, rule.params, row)) for rank, row in firing.items()}
         known = {rank: g for rank, g in gains.items() if g is not None}
         worst = max(known, key=known.__getitem__) if known else ranks[0]
         gain, shown = known.get(worst), Values(run, rows, rule.params, firing[worst])
@@ -152,6 +177,10 @@ def evaluate(rules: Iterable[Rule], metrics: Any) -> Diagnosis:
             reason = "the run has no ranks with metrics"
         if reason is not None:
             not_evaluated.append(NotEvaluated(rule.name, reason))
+            continue
+        if any(_unavailable(m, run, rows) for m in rule.requires):
+            # a rule whose inputs are absent is not evaluated, never "passed"
+            not_evaluated.append(NotEvaluated(rule.name, _missing_reason(rule, run, rows, rule.requires)))
             continue
         try:
             result = _fire(rule, run, rows)

@@ -80,11 +80,13 @@ class Diagnosis:
 
 
 def sort_findings(findings: Iterable[Finding]) -> tuple[Finding, ...]:
-    """Most costly first: by estimated gain (unknown last), then severity, then id."""
+    """Errors first (a broken job leads the report), then most costly first: by estimated gain (unknown last),
+    then severity, then id."""
     return tuple(
         sorted(
             findings,
             key=lambda f: (
+                f.severity != "error",
                 f.estimated_gain_ms is None,
                 -(f.estimated_gain_ms or 0.0),
                 -SEVERITY_RANK[f.severity],

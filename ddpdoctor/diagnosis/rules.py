@@ -8,6 +8,10 @@ Keys (required unless marked optional)::
     applies_to = "ddp"                # dp | ddp | any (run mode; "single" runs only get "any" rules)
     scope = "run"                     # run: one decision for the job; rank: decided per rank
     backends = ["nccl"]               # optional: only runs with one of these backends
+    parallelism = ["ddp", "unknown"]  # optional: the detected parallelism every part of which the rule fits
+                                      # (dp ddp fsdp tp pipeline unknown none single; default from applies_to)
+    requires = ["busbw_gbps"]         # optional: metrics that must be measured for a verdict (default: every
+                                      # metric `when` reads); otherwise the rule is "not evaluated", never passed
     summary = "one line for `ddpdoctor rules`"
     when = "mean(overlap_ratio) < params.min_overlap and ..."   # see ddpdoctor.diagnosis.expr
     ranks_where = "rank == straggler_rank"   # optional (run scope): which ranks the finding names
@@ -38,6 +42,7 @@ from typing import Any, Protocol
 from ddpdoctor.diagnosis.expr import Expr, ExprError, Scope, Template, compile_expr, compile_template
 from ddpdoctor.diagnosis.findings import SEVERITIES
 from ddpdoctor.errors import DDPDoctorError
+from ddpdoctor.metrics import catalog
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -45,6 +50,13 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 APPLIES_TO = ("dp", "ddp", "any")
+# What ddpdoctor.metrics.parallelism detects; a run's parallelism is one of these or several joined by "+".
+PARALLELISMS = ("dp", "ddp", "fsdp", "tp", "pipeline", "unknown", "none", "single")
+_DEFAULT_PARALLELISM = {
+    "dp": ("dp",),
+    "ddp": ("ddp", "unknown"),
+    "any": PARALLELISMS,
+}
 SCOPES = ("run", "rank")
 DOC_SECTIONS = ("what_it_does", "why_is_this_bad", "example", "fix", "references")
 _REQUIRED = (
@@ -59,7 +71,7 @@ _REQUIRED = (
     "recommendation",
     "docs",
 )
-_OPTIONAL = ("backends", "ranks_where", "estimated_gain_ms", "clauses", "params")
+_OPTIONAL = ("backends", "ranks_where", "estimated_gain_ms", "clauses", "params", "parallelism", "requires")
 _ID_RE = re.compile(r"^[A-Z]{2,}[0-9]{3,}$")
 _NAME_RE = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
 
@@ -113,6 +125,8 @@ class Rule:
     ranks_where: Expr | None = None
     clauses: tuple[Clause, ...] = ()
     backends: tuple[str, ...] = ()
+    parallelism: tuple[str, ...] = PARALLELISMS
+    requires: tuple[str, ...] = ()
 
     @property
     def metrics(self) -> frozenset[str]:
@@ -216,13 +230,14 @@ def _build(data: Mapping[str, Any], filename: str, where: str) -> Rule:
         if value not in allowed:
             raise _Bad(f"{key} must be one of {', '.join(allowed)}, not {value!r}")
     params = data.get("params", {})
-    if not isinstance(params, dict) or not all(
-        _same_kind(v, v) and not isinstance(v, dict) for v in params.values()
-    ):
+    if not isinstance(params, dict) or not all(_same_kind(v, v) and not isinstance(v, dict) for v in params.values()):
         raise _Bad("[params] must map names to finite numbers or true/false")
     backends = data.get("backends", [])
     if not isinstance(backends, list) or not all(isinstance(b, str) for b in backends):
         raise _Bad('backends must be a list of strings, e.g. ["nccl"]')
+    parallelism = data.get("parallelism", list(_DEFAULT_PARALLELISM[applies_to]))
+    if not isinstance(parallelism, list) or not parallelism or not all(p in PARALLELISMS for p in parallelism):
+        raise _Bad(f"parallelism must be a non-empty list of {', '.join(PARALLELISMS)}")
     s: Scope = scope  # type: ignore[assignment]
 
     def expr(key: str, text: str, expr_scope: Scope = s) -> Expr:
@@ -239,9 +254,7 @@ def _build(data: Mapping[str, Any], filename: str, where: str) -> Rule:
 
     ranks_where = data.get("ranks_where")
     if ranks_where is not None and scope != "run":
-        raise _Bad(
-            'ranks_where is only for scope = "run" (a per-rank rule names the ranks where `when` holds)'
-        )
+        raise _Bad('ranks_where is only for scope = "run" (a per-rank rule names the ranks where `when` holds)')
     gain = data.get("estimated_gain_ms")
     clauses = []
     for i, raw in enumerate(data.get("clauses", [])):
@@ -253,6 +266,16 @@ def _build(data: Mapping[str, Any], filename: str, where: str) -> Rule:
                 template("clauses message", raw["message"]),
             )
         )
+    when = expr("when", _text(data, "when"))
+    requires = data.get("requires")
+    if requires is None:
+        requires = sorted(when.metrics)
+    elif not isinstance(requires, list) or not all(isinstance(m, str) for m in requires):
+        raise _Bad('requires must be a list of metric names, e.g. ["busbw_gbps"]')
+    else:
+        unknown_metrics = [m for m in requires if catalog.rule_metric(m) is None]
+        if unknown_metrics:
+            raise _Bad(f"requires names unknown metric(s) {', '.join(unknown_metrics)}")
     return Rule(
         id=rule_id,
         name=name,
@@ -260,7 +283,7 @@ def _build(data: Mapping[str, Any], filename: str, where: str) -> Rule:
         applies_to=applies_to,
         scope=s,
         summary=_text(data, "summary"),
-        when=expr("when", _text(data, "when")),
+        when=when,
         message=template("message", _text(data, "message")),
         recommendation=template("recommendation", _text(data, "recommendation")),
         docs=_docs(data.get("docs"), params),
@@ -271,6 +294,8 @@ def _build(data: Mapping[str, Any], filename: str, where: str) -> Rule:
         ranks_where=None if ranks_where is None else expr("ranks_where", _text(data, "ranks_where"), "rank"),
         clauses=tuple(clauses),
         backends=tuple(backends),
+        parallelism=tuple(parallelism),
+        requires=tuple(requires),
     )
 
 
@@ -279,9 +304,7 @@ def _docs(docs: Any, params: Mapping[str, Any]) -> RuleDocs:
         raise _Bad("[docs] must be a table")
     unknown = sorted(set(docs) - set(DOC_SECTIONS) - {"options"})
     if unknown:
-        raise _Bad(
-            f"unknown [docs] section(s) {', '.join(unknown)} (allowed: {', '.join(DOC_SECTIONS)}, options)"
-        )
+        raise _Bad(f"unknown [docs] section(s) {', '.join(unknown)} (allowed: {', '.join(DOC_SECTIONS)}, options)")
     texts = {key: _text(docs, key, "docs") for key in DOC_SECTIONS if key != "references"}
     refs = docs.get("references")
     if not isinstance(refs, list) or not refs or not all(isinstance(r, str) and r.strip() for r in refs):
@@ -293,8 +316,7 @@ def _docs(docs: Any, params: Mapping[str, Any]) -> RuleDocs:
         missing = sorted(set(params) - set(options)) if isinstance(options, dict) else sorted(params)
         extra = sorted(set(options) - set(params)) if isinstance(options, dict) else []
         raise _Bad(
-            f"[docs.options] must describe every param "
-            f"(missing: {missing or 'none'}, unknown: {extra or 'none'})"
+            f"[docs.options] must describe every param (missing: {missing or 'none'}, unknown: {extra or 'none'})"
         )
     return RuleDocs(**texts, references=tuple(refs), options={k: str(v) for k, v in options.items()})
 
@@ -323,9 +345,7 @@ def load_rules(extra_dirs: Iterable[str | Path] = (), *, builtin: bool = True) -
     return tuple(sorted(rules.values(), key=lambda r: r.id))
 
 
-def select_rules(
-    rules: Iterable[Rule], select: Iterable[str] = (), ignore: Iterable[str] = ()
-) -> tuple[Rule, ...]:
+def select_rules(rules: Iterable[Rule], select: Iterable[str] = (), ignore: Iterable[str] = ()) -> tuple[Rule, ...]:
     """Keep the rules named (by name or id) in ``select`` (all when empty), minus those in ``ignore``."""
     rules = tuple(rules)
     by_key = {r.name: r for r in rules} | {r.id: r for r in rules}

@@ -13,6 +13,7 @@ from ddpdoctor.load.model import Run
 from ddpdoctor.metrics import catalog
 from ddpdoctor.metrics.capture import ddp_timers
 from ddpdoctor.metrics.cross_rank import cross_rank, transfer_bandwidth
+from ddpdoctor.metrics.evidence import run_evidence
 from ddpdoctor.metrics.result import RANK_METRICS, RunMetrics
 from ddpdoctor.metrics.setup import SETUP_RANK_METRICS, setup_metrics
 from ddpdoctor.metrics.summary import summarize_rank
@@ -52,7 +53,9 @@ def analyze(run: Run, steps: tuple[int, int | None] | None = None) -> RunMetrics
         columns=["rank", "device", *catalog.group("device_memory")],
     )
     run_metrics = _run_level(run, ranks, devices, summaries)
+    undecidable = straggler.pop("slow_rank_undecidable", None)
     run_metrics.update(straggler)
+    run_metrics.update(run_evidence(run_metrics, ranks, devices, summaries, undecidable))
     run_metrics.update(setup_run)
     return RunMetrics(
         run=run_metrics,
@@ -70,9 +73,7 @@ def _per_step_frame(summaries: list[dict[str, Any]]) -> pd.DataFrame:
         return pd.DataFrame()
     columns = list(summaries[0]["per_step"])
     if any(list(s["per_step"]) != columns for s in summaries):
-        per_step = pd.concat(
-            [pd.DataFrame(s["per_step"]).assign(rank=s["rank"]) for s in summaries], ignore_index=True
-        )
+        per_step = pd.concat([pd.DataFrame(s["per_step"]).assign(rank=s["rank"]) for s in summaries], ignore_index=True)
     else:
         joined: dict[str, list[Any]] = {"rank": []}
         joined.update((c, []) for c in columns if c != "rank")
@@ -118,9 +119,7 @@ def _run_level(
     }
     # devices shared by the ranks of one node: sum what every rank reserved on each device
     reserved = devices.assign(used=devices["peak_reserved_bytes"].fillna(devices["peak_allocated_bytes"]))
-    per_device = (
-        reserved.groupby("device")["used"].sum(min_count=1) if len(reserved) else pd.Series(dtype=float)
-    )
+    per_device = reserved.groupby("device")["used"].sum(min_count=1) if len(reserved) else pd.Series(dtype=float)
     gpu0 = per_device.get("cuda:0")
     others = per_device[[d for d in per_device.index if d.startswith("cuda:") and d != "cuda:0"]].dropna()
     capacity = devices.loc[devices["device"] == "cuda:0", "capacity_bytes"].dropna()

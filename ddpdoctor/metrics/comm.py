@@ -243,6 +243,12 @@ def collectives(rt: RankTrace) -> pd.DataFrame:
     return rows.sort_values("start_us", kind="stable").reset_index(drop=True)[COLLECTIVE_COLUMNS]
 
 
+def collective_calls(rt: RankTrace) -> pd.DataFrame:
+    """The host-side collective calls (``nccl:*``/``gloo:*``...) with ``kind``, ``bytes``, ``group_size``,
+    ``tid``, ``ts_us``, ``end_us``."""
+    return _calls(rt)
+
+
 def _calls(rt: RankTrace) -> pd.DataFrame:
     """The ``nccl:*``/``gloo:*`` calls with kind, bytes and group size filled in from the ops around them."""
     c = rt.comm_ops

@@ -28,7 +28,15 @@ COLUMNS = ["step", "kind", "index", "start_us", "end_us", "dur_us", "bytes", "gr
 def cross_rank(summaries: list[dict[str, Any]]) -> tuple[dict[int, dict[str, float | None]], dict[str, Any]]:
     """Per rank {collective_wait_ms, late_arrival_ms} and run-level {straggler_rank, straggler_wait_ms}."""
     per_rank: dict[int, dict[str, float | None]] = {}
-    run = {"straggler_rank": None, "straggler_wait_ms": None, "straggler_late_share": None}
+    run: dict[str, Any] = {
+        "straggler_rank": None,
+        "straggler_wait_ms": None,
+        "straggler_late_share": None,
+        "straggler_p_value": None,
+        "straggler_collectives": None,
+        "slow_rank_count": None,
+        "slow_rank_undecidable": None,
+    }
     colls = _all_collectives(summaries)
     if colls["rank"].nunique() < 2:
         return per_rank, run
@@ -75,21 +83,111 @@ def cross_rank(summaries: list[dict[str, Any]]) -> tuple[dict[int, dict[str, flo
         }
         typical_wait[s["rank"]] = float(np.median(wait_ms))
     if len(per_rank) >= 2:
+        analysed = colls[colls["step"].isin(_analysed_steps(summaries))]
+        slow = slow_ranks(analysed, sorted(per_rank))
+        for r, values in slow["ranks"].items():
+            per_rank[r].update(values)
+        run["straggler_collectives"] = slow["collectives"]
+        run["slow_rank_count"] = slow["count"]
+        run["slow_rank_undecidable"] = slow["undecidable"]
         straggler = max(per_rank, key=lambda r: per_rank[r]["late_arrival_ms"] or 0.0)
+        flagged = [r for r in per_rank if per_rank[r].get("slow_rank")]
+        if flagged:  # the slowest of the significantly slow ranks; the others are those not slow
+            straggler = min(
+                flagged, key=lambda r: (per_rank[r]["last_arrival_p_value"], -per_rank[r]["late_arrival_ms"])
+            )
         if (per_rank[straggler]["late_arrival_ms"] or 0.0) > 0:
             # The median step's wait, not the mean: one step in which the host descheduled a rank must not
             # make it a straggler; a straggler makes the others wait in most steps.
-            others = [typical_wait[r] for r in per_rank if r != straggler]
-            # A real straggler is last nearly every time; with noise alone each rank is last about 1/n
-            # of the time.
-            analysed = colls[colls["step"].isin(_analysed_steps(summaries))]
-            last = analysed.loc[analysed.groupby(KEY)["aligned_start"].idxmax(), "rank"]
-            run = {
-                "straggler_rank": int(straggler),
-                "straggler_wait_ms": float(np.mean(others)),
-                "straggler_late_share": float((last == straggler).mean()) if len(last) else None,
-            }
+            waiting = [r for r in per_rank if r not in (flagged or [straggler])]
+            others = [typical_wait[r] for r in waiting] or [typical_wait[r] for r in per_rank if r != straggler]
+            run.update(
+                {
+                    "straggler_rank": int(straggler),
+                    "straggler_wait_ms": float(np.mean(others)),
+                    "straggler_late_share": per_rank[straggler].get("last_arrival_share"),
+                    "straggler_p_value": per_rank[straggler].get("last_arrival_p_value"),
+                }
+            )
     return per_rank, run
+
+
+# Family-wise significance of "this rank arrives last more often than chance", over all ranks tested
+# (Bonferroni): about one healthy run in a hundred may name a slow rank by chance, and the rule's wait
+# thresholds must hold as well.
+SLOW_RANK_ALPHA = 0.01
+
+
+def slow_ranks(analysed: pd.DataFrame, ranks: list[int]) -> dict[str, Any]:
+    """Which ranks arrive last at the matched collectives more often than chance.
+
+    ``analysed``: one row per rank and matched collective (``KEY`` columns, ``rank``, ``aligned_start``,
+    ``wait_us``). In a collective of k ranks, noise alone makes each rank the last with chance 1/k; a rank last
+    at ``x`` of its ``n`` collectives is slow when P(X >= x) for X ~ Binomial(n, 1/k) is below
+    ``SLOW_RANK_ALPHA`` / ranks tested. Returns per rank ``last_arrival_share`` (0-1), ``last_arrival_p_value``,
+    ``slow_rank`` (None when ``n`` collectives cannot reach significance even if a rank were last at all of
+    them) and ``wait_caused_ms`` (the others' mean wait in the collectives it arrived last at, per analysed
+    step); ``count`` of slow ranks (None when undecidable), ``collectives`` matched, and ``undecidable`` (why,
+    or None).
+    """
+    out: dict[str, Any] = {"ranks": {}, "count": None, "collectives": 0, "undecidable": None}
+    if len(analysed) == 0:
+        out["undecidable"] = "no collective was matched across ranks in the analysed steps"
+        return out
+    a = analysed.reset_index(drop=True)
+    grouped = a.groupby(KEY, sort=False)
+    size = grouped["rank"].transform("size").to_numpy()
+    last_idx = grouped["aligned_start"].idxmax().to_numpy()
+    is_last = np.zeros(len(a), dtype=bool)
+    is_last[last_idx] = True
+    # the others' wait in each collective: (sum of all waits - the last rank's own) / (k - 1)
+    wait_sum = grouped["wait_us"].transform("sum").to_numpy()
+    others_wait = (wait_sum - a["wait_us"].to_numpy()) / np.maximum(size - 1, 1)
+    n_steps = max(a["step"].nunique(), 1)
+    out["collectives"] = int(len(last_idx))
+    tested = max(len(ranks), 1)
+    best_possible = 1.0
+    for r in ranks:
+        mine = (a["rank"] == r).to_numpy()
+        n = int(mine.sum())
+        if n == 0:
+            continue
+        x = int(is_last[mine].sum())
+        chance = float(np.mean(1.0 / size[mine]))
+        p_value = binomial_sf(x, n, chance)
+        best_possible = min(best_possible, chance**n)
+        out["ranks"][r] = {
+            "last_arrival_share": x / n,
+            "last_arrival_p_value": p_value,
+            "slow_rank": p_value * tested < SLOW_RANK_ALPHA,
+            "wait_caused_ms": float(others_wait[mine & is_last].sum()) / n_steps / 1e3,
+        }
+    if best_possible * tested >= SLOW_RANK_ALPHA:
+        steps = a["step"].nunique()
+        out["undecidable"] = (
+            f"{out['collectives']} collective(s) matched across ranks in {steps} analysed step(s) cannot tell a "
+            f"slow rank from chance: even a rank last at every one of them would be last by chance with "
+            f"probability {best_possible:.2g}; profile more steps (--active)"
+        )
+        for values in out["ranks"].values():
+            values["slow_rank"] = None
+        return out
+    out["count"] = sum(1 for v in out["ranks"].values() if v["slow_rank"])
+    return out
+
+
+def binomial_sf(x: int, n: int, p: float) -> float:
+    """P(X >= x) for X ~ Binomial(n, p), exact (log-space sum of the tail)."""
+    if x <= 0:
+        return 1.0
+    if x > n or p <= 0.0:
+        return 0.0
+    if p >= 1.0:
+        return 1.0
+    i = np.arange(x, n + 1)
+    log_fact = np.concatenate(([0.0], np.cumsum(np.log(np.arange(1, n + 1)))))
+    log_pmf = log_fact[n] - log_fact[i] - log_fact[n - i] + i * np.log(p) + (n - i) * np.log1p(-p)
+    return float(min(1.0, np.exp(log_pmf).sum()))
 
 
 def _all_collectives(summaries: list[dict[str, Any]]) -> pd.DataFrame:

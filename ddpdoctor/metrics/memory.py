@@ -1,5 +1,9 @@
 """Device memory of one rank: peaks per device from ``[memory]`` events and the capture's ``memory.devices``.
 
+``[memory]`` events carry ``Total Allocated``/``Total Reserved`` in recent traces; older ones (torch 1.9) only the
+size change, from which the peak allocated is the running sum's (a lower bound; reserved unknown). Capacity comes
+from the trace's ``deviceProperties`` (``totalGlobalMem``) or the capture.
+
 Bytes throughout. The rank's own device comes from the capture (``"device": "cuda:3"``), else the device its
 kernels ran on. ``foreign_cuda0_bytes``: what a rank whose own device is not cuda:0 reserved (else allocated)
 on cuda:0 — the classic "every rank creates a context on GPU 0" mistake.
@@ -47,7 +51,7 @@ def device_rows(rt: RankTrace | None, capture: dict[str, Any] | None) -> list[di
             cuda = mem[(mem["device_type"] == CUDA) & (mem["device_id"] >= 0)]
             for dev_id, g in cuda.groupby("device_id"):
                 rows[f"cuda:{int(dev_id)}"] = {
-                    "peak_allocated_bytes": _max(g["total_allocated"].to_numpy()),
+                    "peak_allocated_bytes": _max(g["total_allocated"].to_numpy()) or _running_peak(g),
                     "peak_reserved_bytes": _max(g["total_reserved"].to_numpy()),
                 }
     for d in ((capture or {}).get("memory") or {}).get("devices") or []:
@@ -62,14 +66,30 @@ def device_rows(rt: RankTrace | None, capture: dict[str, Any] | None) -> list[di
                 row[key] = max(row[key] or 0, d[key])
         if isinstance(d.get("capacity_bytes"), int):
             capacities[name] = d["capacity_bytes"]
-    return [
-        {"device": name, **row, "capacity_bytes": capacities.get(name)} for name, row in sorted(rows.items())
-    ]
+    return [{"device": name, **row, "capacity_bytes": capacities.get(name)} for name, row in sorted(rows.items())]
 
 
 def _max(values: np.ndarray) -> int | None:
     values = values[~np.isnan(values)]
     return int(values.max()) if len(values) else None
+
+
+def _running_peak(events: Any) -> int | None:
+    """Peak allocated bytes from the size changes alone (traces that record no totals, e.g. torch 1.9): per
+    profiled window, the running sum of ``bytes`` less its lowest point (memory allocated before the window
+    that is freed in it). A lower bound: what was allocated before the window and never freed is not seen."""
+    if "bytes" not in events or len(events) == 0:
+        return None
+    peaks = []
+    groups = events.groupby("span", sort=False) if "span" in events else [(0, events)]
+    for _, g in groups:
+        changes = g.sort_values("ts_us", kind="stable")["bytes"].to_numpy(dtype=np.float64)
+        changes = changes[~np.isnan(changes)]
+        if len(changes) == 0:
+            continue
+        level = np.cumsum(changes)
+        peaks.append(level.max() - min(level.min(), 0.0))
+    return int(max(peaks)) if peaks and max(peaks) > 0 else None
 
 
 def memory_metrics(devices: list[dict[str, Any]], own: str | None) -> dict[str, Any]:
@@ -87,7 +107,7 @@ def memory_metrics(devices: list[dict[str, Any]], own: str | None) -> dict[str, 
         used = mine["peak_reserved_bytes"] or mine["peak_allocated_bytes"]
         if used is not None and mine["capacity_bytes"]:
             out["headroom_ratio"] = 1.0 - used / mine["capacity_bytes"]
-    if own is not None and own.startswith("cuda"):
+    if own is not None and own.startswith("cuda") and devices:  # no memory recorded at all: unknown, not 0
         if own == "cuda:0":
             out["foreign_cuda0_bytes"] = 0
         else:

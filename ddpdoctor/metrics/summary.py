@@ -26,9 +26,10 @@ from ddpdoctor.load.model import RankTrace
 from ddpdoctor.metrics import catalog
 from ddpdoctor.metrics.breakdown import BREAKDOWN, per_step
 from ddpdoctor.metrics.capture import ddp_metrics, thread_metrics
-from ddpdoctor.metrics.comm import bus_factor, collectives
+from ddpdoctor.metrics.comm import bus_factor, collective_calls, collectives
 from ddpdoctor.metrics.dp import dp_per_step, dp_rank_metrics
 from ddpdoctor.metrics.memory import device_rows, memory_metrics, own_device
+from ddpdoctor.metrics.parallelism import parallelism_evidence
 from ddpdoctor.metrics.setup import compute_device
 from ddpdoctor.metrics.steps import step_windows
 from ddpdoctor.values import jsonable
@@ -68,6 +69,11 @@ def summarize_rank(
     metrics["collective_wait_ms"] = None  # cross-rank: filled in by analyze()
     metrics["late_arrival_ms"] = None
     metrics.update(dp_rank_metrics(rt.ops, analysed["start_us"].to_numpy(), analysed["end_us"].to_numpy()))
+    # which parallelism: collectives by kind and phase (host step windows, the analysed ones as above)
+    hosts = windows[["step", "span", "host_start_us", "host_end_us"]].merge(
+        steps[["step", "span", "analyzed"]], on=["step", "span"], how="inner"
+    )
+    metrics.update(parallelism_evidence(rt, hosts, collective_calls(rt)))
     # The GPU the DDP model lives on: a rank that never calls set_device still has current device cuda:0.
     own = compute_device(capture) or own_device(rt, capture)
     devices = device_rows(rt, capture)

@@ -87,6 +87,8 @@ def build(result: Diagnosis) -> dict[str, Any]:
         "run": {
             "path": None if run.get("path") is None else str(run["path"]),
             "mode": jsonable(run.get("mode")),
+            "parallelism": jsonable(run.get("parallelism")),
+            "parallelism_evidence": jsonable(run.get("parallelism_evidence")),
             "world_size": jsonable(run.get("world_size")),
             "backend": jsonable(run.get("backend")),
             "steps_analyzed": jsonable(run.get("steps_analyzed")),

@@ -106,7 +106,8 @@ def _body(result: Diagnosis) -> list[str]:
     run = doc["run"]
     facts = (
         f"mode {run['mode'] or '?'} · "
-        f"world size {run['world_size'] if run['world_size'] is not None else '?'} · "
+        + (f"parallelism {run['parallelism']} · " if run.get("parallelism") else "")
+        + f"world size {run['world_size'] if run['world_size'] is not None else '?'} · "
         f"backend {run['backend'] or 'none'} · "
         f"{run['steps_analyzed'] if run['steps_analyzed'] is not None else '?'} steps analysed"
     )

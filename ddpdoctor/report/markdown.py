@@ -27,7 +27,8 @@ def _lines(result: Diagnosis) -> list[str]:
         "# ddpdoctor diagnosis",
         "",
         f"**Run:** {fmt.md(run['path'] or 'unknown')} — mode {fmt.md(run['mode'] or '?')}, "
-        f"world size {fmt.md(run['world_size'] if run['world_size'] is not None else '?')}, "
+        + (f"parallelism {fmt.md(run['parallelism'])}, " if run.get("parallelism") else "")
+        + f"world size {fmt.md(run['world_size'] if run['world_size'] is not None else '?')}, "
         f"backend {fmt.md(run['backend'] or 'none')}, "
         f"{fmt.md(run['steps_analyzed'] if run['steps_analyzed'] is not None else '?')} steps analysed",
         "",
@@ -50,8 +51,7 @@ def _lines(result: Diagnosis) -> list[str]:
             "",
             f"**Recommendation:** {fmt.md(f.recommendation)}",
             "",
-            "Evidence: "
-            + "; ".join(f"{fmt.md(k)} = {fmt.md(fmt.evidence_value(v))}" for k, v in f.evidence.items()),
+            "Evidence: " + "; ".join(f"{fmt.md(k)} = {fmt.md(fmt.evidence_value(v))}" for k, v in f.evidence.items()),
             "",
         ]
     out += ["## Per-rank step breakdown (ms per step)", ""]

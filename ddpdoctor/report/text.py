@@ -1,4 +1,4 @@
-"""Terminal report (rich): findings first, most costly first; then per-rank step breakdown and memory.
+"""Terminal report (rich): findings first (errors, then most costly first); then per-rank step breakdown and memory.
 
 Nothing from a trace or a rule file is ever parsed as rich markup: every string goes in as ``rich.text.Text``
 (and the console has markup, emoji and highlighting off); control characters are shown escaped."""
@@ -34,6 +34,7 @@ def _header(doc: dict[str, Any]) -> Text:
     title.append(fmt.plain(run["path"] or "(unknown run)"))
     facts = [
         f"mode {run['mode'] or '?'}",
+        *([f"parallelism {run['parallelism']}"] if run.get("parallelism") else []),
         f"world size {run['world_size'] if run['world_size'] is not None else '?'}",
         f"backend {run['backend'] or 'none'}",
         f"{run['steps_analyzed'] if run['steps_analyzed'] is not None else '?'} steps analysed",
@@ -61,7 +62,7 @@ def _findings(console: Console, result: Diagnosis) -> None:
     if not result.findings:
         console.print(Text("No findings.", style="bold green"))
         return
-    console.print(Text(f"Findings ({len(result.findings)}), most costly first", style="bold underline"))
+    console.print(Text(f"Findings ({len(result.findings)}), errors first, then most costly", style="bold underline"))
     for i, f in enumerate(result.findings, 1):
         head = Text(f"{i}. ")
         head.append(f"{f.severity.upper():<8}", style=SEVERITY_STYLE.get(f.severity, ""))

@@ -129,7 +129,7 @@ def test_text_is_findings_first_then_ranks_then_memory():
         text.index(s)
         for s in (
             "Findings (10)",
-            "1. WARNING  DDP001 dataloader-bound",
+            "2. WARNING  DDP001 dataloader-bound",
             "Per-rank step breakdown",
             "Memory per device",
             "Not evaluated",

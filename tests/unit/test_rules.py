@@ -188,11 +188,11 @@ def test_bad_rule_files_are_clear_errors_naming_the_file(tmp_path, edit, expecte
 
 
 def test_per_rank_metric_must_be_aggregated_in_a_run_level_rule(tmp_path):
-    text = _rule_text("rank-straggler").replace(
-        "straggler_wait_ms / mean(step_ms_median)", "straggler_wait_ms / step_ms_median"
+    text = _rule_text("low-collective-bandwidth").replace(
+        "mean(exposed_comm_ms) / mean(step_ms_median)", "mean(exposed_comm_ms) / step_ms_median"
     )
     with pytest.raises(RuleError, match="step_ms_median is a per-rank metric; aggregate it"):
-        load_rule_file(_write(tmp_path, text, "rank-straggler"))
+        load_rule_file(_write(tmp_path, text, "low-collective-bandwidth"))
 
 
 def test_file_name_must_match_rule_name(tmp_path):

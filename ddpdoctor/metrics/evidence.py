@@ -1,0 +1,91 @@
+"""What the data can decide, and why not where it cannot: run-level facts every rule reads before a verdict.
+
+``run_evidence`` adds to the run-level metrics the parallelism of the job (``ddpdoctor.metrics.parallelism``),
+how many ranks of the world are absent, and ``not_measured``: for a metric that is None, the reason true for this
+input (the rule engine says it in "not evaluated"). With ranks absent, a collective's time includes waiting for
+ranks that are not in the data, so neither bandwidth nor "exposed transfer" (exposed time less waiting) can be
+told apart from waiting: they are withdrawn here, with the reason.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from ddpdoctor.metrics import catalog
+from ddpdoctor.metrics.parallelism import detect_parallelism
+
+# Per-rank metrics that need every peer: a rank's own collective time mixes transfer and waiting otherwise.
+NEED_ALL_PEERS = ("busbw_gbps", "algbw_gbps", "exposed_transfer_ms")
+
+
+def run_evidence(
+    run_metrics: dict[str, Any],
+    ranks: list[dict[str, Any]],
+    devices: pd.DataFrame,
+    summaries: list[dict[str, Any]],
+    undecidable_straggler: str | None,
+) -> dict[str, Any]:
+    """Run-level additions (``parallelism``, ``parallelism_evidence``, ``ranks_missing``, ``not_measured``);
+    withdraws the ``NEED_ALL_PEERS`` metrics of ``ranks`` (in place) when ranks are absent."""
+    world = run_metrics.get("world_size")
+    loaded = len(ranks)
+    missing = max(0, int(world) - loaded) if isinstance(world, int) and world > 0 else None
+    parallelism, why = detect_parallelism(ranks, run_metrics.get("mode"), world)
+    reasons: dict[str, str] = {}
+    if missing:
+        text = (
+            f"only {loaded} of the {world} ranks {'is' if loaded == 1 else 'are'} in the data: a collective's time "
+            f"includes waiting for the {missing} absent rank(s), so transfer cannot be told from waiting"
+        )
+        for r in ranks:
+            for name in NEED_ALL_PEERS:
+                r[name] = None
+        reasons.update(dict.fromkeys(NEED_ALL_PEERS, text))
+    if undecidable_straggler:
+        for name in (*catalog.group("slow_ranks"), "slow_rank_count", "straggler_p_value"):
+            reasons[name] = undecidable_straggler
+    reasons.update(_memory_reasons(run_metrics, devices, summaries))
+    return {
+        "parallelism": parallelism,
+        "parallelism_evidence": why,
+        "ranks_missing": missing,
+        "not_measured": reasons,
+    }
+
+
+def _memory_reasons(
+    run_metrics: dict[str, Any], devices: pd.DataFrame, summaries: list[dict[str, Any]]
+) -> dict[str, str]:
+    """Why the cuda:0 memory metrics are None, in terms of this input."""
+    out: dict[str, str] = {}
+    own = {s["rank"]: s.get("own_device") for s in summaries}
+    on_gpu = {r: d for r, d in own.items() if isinstance(d, str) and d.startswith("cuda")}
+    measured = (
+        devices.dropna(subset=["peak_allocated_bytes", "peak_reserved_bytes"], how="all") if len(devices) else devices
+    )
+    if not on_gpu and not len(measured):
+        text = "no rank ran on a GPU in the data (a CPU run: no CUDA kernels and no device memory)"
+    elif not len(measured):
+        text = (
+            "the traces record no device memory: no [memory] events (profile with profile_memory=True, or run under "
+            "`ddpdoctor trace`)"
+        )
+    elif "cuda:0" not in set(measured["device"]):
+        seen = ", ".join(sorted(set(measured["device"])))
+        ranks = ", ".join(str(r) for r in sorted(set(measured["rank"])))
+        text = f"cuda:0 is not in the data: the loaded rank(s) {ranks} recorded memory on {seen} only"
+    elif run_metrics.get("gpu0_capacity_bytes") is None:
+        text = "the capacity of cuda:0 is unknown (no deviceProperties in the trace)"
+    else:
+        text = ""
+    if text:
+        for name in ("gpu0_peak_reserved_bytes", "gpu0_capacity_bytes", "gpu0_headroom_ratio", "gpu0_vs_others_ratio"):
+            if run_metrics.get(name) is None:
+                out[name] = text
+    if run_metrics.get("gpu0_vs_others_ratio") is None and "gpu0_vs_others_ratio" not in out:
+        out["gpu0_vs_others_ratio"] = "only cuda:0's memory is in the data: no other GPU to compare it with"
+    if run_metrics.get("others_max_peak_reserved_bytes") is None:
+        out["others_max_peak_reserved_bytes"] = out["gpu0_vs_others_ratio"]
+    return out
