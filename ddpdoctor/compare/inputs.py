@@ -37,6 +37,8 @@ def read_baseline(path: Path) -> snap.Snapshot:
         raise UsageError(f"{path}: cannot read the baseline: {exc.strerror or exc}") from None
     except ValueError as exc:
         raise UsageError(f"{path}: the baseline is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise UsageError(f"{path}: the baseline is not valid JSON: nested too deeply") from None
     if not isinstance(data, dict):
         raise UsageError(f"{path}: not a ddpdoctor baseline (a JSON object is expected)")
     try:
@@ -57,7 +59,7 @@ def read_input(arg: str, *, rules: RuleOptions | Sequence[Any] | None = None) ->
     if path.is_file() and path.suffix == ".json" and not path.name.endswith(".pt.trace.json"):
         try:  # a JSON that is neither a baseline nor a trace: say which it is not
             data = json.loads(path.read_bytes())
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             data = None
         if isinstance(data, dict) and "traceEvents" not in data:
             raise UsageError(f"{arg}: neither a ddpdoctor baseline nor a torch.profiler trace")

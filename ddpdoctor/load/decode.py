@@ -28,7 +28,11 @@ from ddpdoctor.load.schema import Args, Event, Header, LooseEvent, clean_distrib
 
 CHUNK_BYTES = 1 << 20
 GZIP_MIN_BYTES = 18  # 10-byte header + 8-byte trailer
-DEFLATE_MAX_RATIO = 1032  # deflate expands a stream at most ~1032-fold
+# A gzipped trace never decompresses to more than GZIP_MAX_RATIO times its size (real Kineto traces: 13-28x,
+# synthetic ones at level 9 up to ~28x), or GZIP_MIN_LIMIT for small files: a gzip bomb stops there.
+GZIP_MAX_RATIO = 128
+GZIP_MIN_LIMIT = 64 << 20
+_JSON_START = (b"{", b"[")
 _EVENT_GAP = re.compile(rb"\}\s*,\s*\{")
 _ARRAY_START = re.compile(rb"\s*\[")
 _STREAM_TID = re.compile(r"^\s*stream\s+([0-9]{1,18})\s*$", re.IGNORECASE)
@@ -89,6 +93,15 @@ class FileColumns:
     process_labels: dict[int, str] = field(default_factory=dict)
     n_x: int = 0
     n_events: int = 0
+    # events left out because their time cannot be meant: reason -> count (said in a note)
+    bad_times: dict[str, int] = field(default_factory=dict)
+
+    def notes(self) -> list[str]:
+        """One line per kind of event left out, naming the file."""
+        return [
+            f"{shown(Path(self.path))}: {n} event{'s' if n != 1 else ''} skipped: {why}"
+            for why, n in sorted(self.bad_times.items())
+        ]
 
     def column(self, group: str, key: str, dtype: Any) -> np.ndarray:
         parts = getattr(self, group).get(key, [])
@@ -129,20 +142,38 @@ def _gunzip(f: Any) -> bytes | bytearray:
     compressed = os.fstat(f.fileno()).st_size
     if compressed < GZIP_MIN_BYTES:
         raise EOFError(f"only {compressed} bytes, shorter than a gzip header and trailer")
+    limit = max(compressed * GZIP_MAX_RATIO, GZIP_MIN_LIMIT)
     f.seek(-4, 2)
-    size = min(struct.unpack("<I", f.read(4))[0], compressed * DEFLATE_MAX_RATIO)
+    size = min(struct.unpack("<I", f.read(4))[0], limit)
     f.seek(0)
     with gzip.GzipFile(fileobj=f) as gz:
-        buf = _fill(gz, size)
-        rest = gz.read()
+        head = gz.read(min(size, 4096))
+        start = head.lstrip(b" \t\r\n").removeprefix(b"\xef\xbb\xbf")[:1]
+        if head and start not in _JSON_START:  # JSON or not, told before the rest is decompressed
+            raise TraceError(f"{shown(Path(f.name))}: not valid JSON (it starts with {head[:8]!r})")
+        buf = _fill(gz, size - len(head), bytearray(head))
+        parts, total = [], len(buf)  # what the trailer did not count (> 4 GiB, several members), bounded
+        while total <= limit and (part := gz.read(CHUNK_BYTES)):
+            parts.append(part)
+            total += len(part)
+        rest = b"".join(parts)
+    if total > limit:
+        raise TraceError(
+            f"{shown(Path(f.name))}: decompresses to more than {GZIP_MAX_RATIO} times its size "
+            f"(over {limit >> 20} MiB): not a trace (a gzip bomb?)"
+        )
     return bytes(buf) + rest if rest else buf  # > 4 GiB or several gzip members
 
 
-def _fill(f: Any, size: int) -> bytearray:
-    """Read up to ``size`` bytes from ``f`` into one buffer, 1 MiB at a time (no full-size temporaries)."""
+def _fill(f: Any, size: int, head: bytearray | None = None) -> bytearray:
+    """``head`` then up to ``size`` more bytes from ``f`` in one buffer, 1 MiB at a time (no full-size
+    temporaries)."""
+    got = len(head) if head else 0
+    size += got
     buf = bytearray(size)
+    if head:
+        buf[:got] = head
     view = memoryview(buf)
-    got = 0
     while got < size:
         n = f.readinto(view[got : got + CHUNK_BYTES])
         if not n:
@@ -168,9 +199,11 @@ def decode_file(path: Path, tables: RankTables) -> FileColumns:
     """Decode ``path`` into columns, interning names/categories into the rank's ``tables``."""
     data = read_bytes(path)
     out = FileColumns(path=str(path))
-    events_raw = _header(path, data, out)
     try:
+        events_raw = _header(path, data, out)
         out = _decode_events(path, data, events_raw, out, tables)
+    except RecursionError:
+        raise TraceError(f"{shown(path)}: not valid JSON (nested too deeply)") from None
     except msgspec.ValidationError as exc:
         raise TraceError(f"{shown(path)}: an event in traceEvents cannot be read ({exc})") from None
     except msgspec.DecodeError as exc:
@@ -296,8 +329,8 @@ def _append(group: dict[str, list[np.ndarray]], key: str, values: np.ndarray) ->
 def _add_chunk(out: FileColumns, events: list[Event], tables: RankTables) -> None:
     names, cats, strings = tables.names, tables.cats, tables.strings
     out.n_events += len(events)
-    xs = [e for e in events if e.ph == "X"]
-    memory = [e for e in events if e.name == "[memory]" and (e.ph == "i" or e.ph == "I")]
+    xs = _timed([e for e in events if e.ph == "X"], out, duration=True)
+    memory = _timed([e for e in events if e.name == "[memory]" and (e.ph == "i" or e.ph == "I")], out)
     meta = [e for e in events if e.ph == "M"]
     for e in meta:
         _add_meta(out, e, strings)
@@ -340,6 +373,25 @@ def _add_chunk(out: FileColumns, events: list[Event], tables: RankTables) -> Non
         _append(m, "total_reserved", np.array([a.total_reserved for a in args], dtype=np.float64))
         _append(m, "device_type", _int64([a.device_type for a in args]))
         _append(m, "device_id", _int64([a.device_id for a in args]))
+
+
+def _timed(events: list[Event], out: FileColumns, duration: bool = False) -> list[Event]:
+    """``events`` without those whose timestamp (or duration) is not a finite number or is negative: a step
+    of 0 or -66.9 ms is no measurement. The count of each kind goes into ``out.bad_times``."""
+    good = [e for e in events if e.ts == e.ts and (not duration or e.dur >= 0)]  # NaN != NaN; NaN >= 0 False
+    if len(good) == len(events):
+        return events
+    for e in events:
+        if e.ts != e.ts:
+            why = "timestamp (ts) not a number"
+        elif duration and e.dur != e.dur:
+            why = "duration (dur) not a number"
+        elif duration and e.dur < 0:
+            why = "negative duration (dur)"
+        else:
+            continue
+        out.bad_times[why] = out.bad_times.get(why, 0) + 1
+    return good
 
 
 def _add_meta(out: FileColumns, e: Event, strings: dict[str, int]) -> None:

@@ -11,7 +11,7 @@ from ddpdoctor.load.categories import DEVICE_CATS
 from ddpdoctor.load.decode import FileColumns, RankTables
 from ddpdoctor.load.model import RankTrace
 
-_STEP = re.compile(r"^ProfilerStep\s*#\s*(\d+)$")
+_STEP = re.compile(r"^ProfilerStep\s*#\s*(\d{1,18})$")  # a longer number is no step a profiler counted
 _COMM_ARG_COLUMNS = (
     "in_nelems",
     "out_nelems",

@@ -97,6 +97,7 @@ def _decode_group(key: str, paths: list[Path]) -> tuple[str, list[RankTrace], li
         except TraceError as exc:
             errors.append(str(exc))
             continue
+        errors += f.notes()  # events left out of a file that is read (bad timestamps)
         by_rank.setdefault(valid_rank((f.distributed_info or {}).get("rank")), []).append(f)
     traces = []
     for files in by_rank.values():

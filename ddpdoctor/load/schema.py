@@ -137,14 +137,15 @@ def _to_int(value: Any, default: int | None) -> int | None:
 
 
 def _to_float(value: Any) -> float:
-    """A finite float; 0.0 (what a missing field gives) for anything else."""
+    """A finite float from a number or numeric string; NaN for anything else (the decoder skips timed events
+    whose time is NaN, and says so)."""
     if isinstance(value, bool):
-        return 0.0
+        return math.nan
     try:
         number = float(value)
     except (TypeError, ValueError, OverflowError):
-        return 0.0
-    return number if math.isfinite(number) else 0.0
+        return math.nan
+    return number if math.isfinite(number) else math.nan
 
 
 def _to_id(value: Any) -> int | str:
