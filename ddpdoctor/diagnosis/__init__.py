@@ -1,7 +1,8 @@
 """Rules over metrics -> findings.
 
 - the metric names a rule may use, with units and meanings, are ``ddpdoctor.metrics.catalog``'s.
-- ``expr``: the safe expression language of conditions, gains and message templates (simpleeval).
+- ``expr``: the safe expression language of conditions and gains (a checked `ast` tree, evaluated by walking it).
+- ``template``: message templates with expression fields, and number formatting.
 - ``rules``: rule files (``rules/*.toml``, ``--rules-dir``), loading, checking, selection.
 - ``config``: parameter overrides from ``[tool.ddpdoctor.rules.<name>]`` or ``--config``.
 - ``engine``: ``evaluate(rules, metrics) -> Diagnosis``.

@@ -1,5 +1,5 @@
-"""The small expression language of rule conditions, gains and message templates, evaluated with
-``simpleeval``.
+"""The small expression language of rule conditions, gains and message-template fields: a Python expression
+parsed with ``ast``, checked against a whitelist when a rule loads, and evaluated by walking the checked tree.
 
 Grammar (a strict subset of Python expressions, checked when a rule loads, so a bad rule fails before any
 trace is read): numbers, ``True``/``False``/``None``, metric names (``ddpdoctor.metrics.catalog``), ``params.NAME``,
@@ -8,7 +8,7 @@ else b``, aggregates over ranks ``max min mean median p90 sum count`` applied to
 the scalar helpers ``abs(x)``, ``max(a, b, ...)``, ``min(a, b, ...)``, ``coalesce(a, b, ...)`` (the first
 known value). Nothing else: no strings, attributes (other than ``params.NAME``), indexing, comprehensions,
 lambdas or other calls, so ``__import__``, dunder access and huge powers are rejected before evaluation; the
-``simpleeval`` evaluator (with our node table) is a second fence.
+evaluator admits the same node types only, a second fence.
 
 Missing data: a metric that is ``None`` (not measurable on this run) makes arithmetic and comparisons ``None``
 ("unknown"); ``and``/``or``/``not`` use three-valued logic, so ``a or b`` is true when ``a`` is true even if
@@ -21,14 +21,10 @@ import ast
 import difflib
 import math
 import operator
-import re
 import statistics
-import string
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
-
-import simpleeval
 
 from ddpdoctor.metrics.catalog import RULE_RANK as ALL_RANK
 from ddpdoctor.metrics.catalog import RULE_RUN as RUN
@@ -261,13 +257,19 @@ def _mod(a: Any, b: Any) -> Any:
     return None if b == 0 else a % b
 
 
+def _pow(base: Any, exponent: Any) -> Any:
+    if abs(exponent) > MAX_EXPONENT:  # the checker allows literal exponents only; this guards unchecked trees
+        raise ExprError(f"** exponent larger than {MAX_EXPONENT}")
+    return base**exponent
+
+
 _OPERATORS = {
     ast.Add: _lift(operator.add),
     ast.Sub: _lift(operator.sub),
     ast.Mult: _lift(operator.mul),
     ast.Div: _lift(_div),
     ast.Mod: _lift(_mod),
-    ast.Pow: _lift(simpleeval.safe_power),
+    ast.Pow: _lift(_pow),
     ast.USub: _lift(operator.neg),
     ast.UAdd: _lift(operator.pos),
     ast.Not: _lift(operator.not_),
@@ -308,163 +310,94 @@ def aggregate(fn: str, values: Sequence[Any]) -> Any:
     return _AGG_FUNCS[fn]([float(v) for v in known])
 
 
-class _Evaluator(simpleeval.SimpleEval):
-    def __init__(self, values: Values) -> None:
-        super().__init__(operators=dict(_OPERATORS), functions={}, names={})
-        self.values = values
-        # Only the node types the checker admits; anything else is refused here too.
-        allowed = (ast.Name, ast.Constant, ast.Attribute, ast.Call, ast.BinOp, ast.UnaryOp, ast.BoolOp)
-        self.nodes = {k: v for k, v in self.nodes.items() if k in (*allowed, ast.Compare, ast.IfExp)}
+def _call(node: ast.Call, values: Values) -> Any:
+    fn = node.func.id if isinstance(node.func, ast.Name) else None
+    if node.keywords:
+        raise ExprError(f"call not allowed: {_snippet(node)!r}")
+    if fn in AGGREGATES and len(node.args) == 1 and isinstance(node.args[0], ast.Name):
+        name = node.args[0].id
+        if name not in ALL_RANK:
+            raise ExprError(f"{fn}() over ranks needs a per-rank metric, not {name!r}")
+        return aggregate(fn, values.column(name))
+    if fn == "coalesce":
+        for arg in node.args:
+            value = _eval(arg, values)
+            if value is not None:
+                return value
+        return None
+    if fn == "abs" and len(node.args) == 1:
+        return _lift(abs)(_eval(node.args[0], values))
+    if fn in ("max", "min") and len(node.args) >= 2:
+        return _lift(max if fn == "max" else min)(*(_eval(a, values) for a in node.args))
+    raise ExprError(f"call not allowed: {_snippet(node)!r}")
 
-    def _eval_name(self, node: ast.Name) -> Any:
+
+def _boolop(node: ast.BoolOp, values: Values) -> Any:
+    unknown = False
+    stop_on = isinstance(node.op, ast.Or)  # `or` stops at the first true, `and` at the first false
+    for value in node.values:
+        result = _eval(value, values)
+        if result is None:
+            unknown = True
+        elif bool(result) is stop_on:
+            return stop_on
+    return None if unknown else not stop_on
+
+
+def _compare(node: ast.Compare, values: Values) -> Any:
+    left = _eval(node.left, values)
+    result: Any = True
+    for op, comp in zip(node.ops, node.comparators, strict=True):
+        right = _eval(comp, values)
+        outcome = _OPERATORS[type(op)](left, right)
+        if outcome is False:
+            return False
+        if outcome is None:
+            result = None
+        left = right
+    return result
+
+
+def _eval(node: ast.AST, values: Values) -> Any:
+    """The value of a checked tree: numbers, bools, or None for unknown. Node types the checker does not admit
+    are refused here too (a second fence for trees that did not come through ``compile_expr``)."""
+    if isinstance(node, ast.Constant) and (node.value is None or type(node.value) in (bool, int, float)):
+        return node.value
+    if isinstance(node, ast.Name):
         if describe(node.id) is None:
             raise ExprError(f"unknown metric {node.id!r}")
-        return self.values.scalar(node.id)
-
-    def _eval_attribute(self, node: ast.Attribute) -> Any:
+        return values.scalar(node.id)
+    if isinstance(node, ast.Attribute):
         if not (isinstance(node.value, ast.Name) and node.value.id == "params") or node.attr.startswith("_"):
             raise ExprError("only params.NAME attributes are allowed")
-        if node.attr not in self.values.params:
+        if node.attr not in values.params:
             raise ExprError(f"unknown parameter params.{node.attr}")
-        return clean_value(self.values.params[node.attr])
-
-    def _eval_call(self, node: ast.Call) -> Any:
-        fn = node.func.id if isinstance(node.func, ast.Name) else None
-        if fn in AGGREGATES and len(node.args) == 1 and isinstance(node.args[0], ast.Name):
-            if fn in ("max", "min") and node.args[0].id not in ALL_RANK:
-                raise ExprError(f"{fn}() over ranks needs a per-rank metric")
-            return aggregate(fn, self.values.column(node.args[0].id))
-        if fn == "coalesce":
-            for arg in node.args:
-                value = self._eval(arg)
-                if value is not None:
-                    return value
-            return None
-        args = [self._eval(a) for a in node.args]
-        if fn == "abs" and len(args) == 1:
-            return _lift(abs)(*args)
-        if fn in ("max", "min") and len(args) >= 2:
-            return _lift(max if fn == "max" else min)(*args)
-        raise ExprError(f"call not allowed: {_snippet(node)!r}")
-
-    def _eval_boolop(self, node: ast.BoolOp) -> Any:
-        unknown = False
-        stop_on = isinstance(node.op, ast.Or)  # `or` stops at the first true, `and` at the first false
-        for value in node.values:
-            result = self._eval(value)
-            if result is None:
-                unknown = True
-            elif bool(result) is stop_on:
-                return stop_on
-        return None if unknown else not stop_on
-
-    def _eval_compare(self, node: ast.Compare) -> Any:
-        left = self._eval(node.left)
-        result: Any = True
-        for op, comp in zip(node.ops, node.comparators, strict=True):
-            right = self._eval(comp)
-            outcome = self.operators[type(op)](left, right)
-            if outcome is False:
-                return False
-            if outcome is None:
-                result = None
-            left = right
-        return result
-
-    def _eval_ifexp(self, node: ast.IfExp) -> Any:
-        test = self._eval(node.test)
+        return clean_value(values.params[node.attr])
+    if isinstance(node, ast.Call):
+        return _call(node, values)
+    if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
+        return _OPERATORS[type(node.op)](_eval(node.left, values), _eval(node.right, values))
+    if isinstance(node, ast.UnaryOp) and type(node.op) in _OPERATORS:
+        return _OPERATORS[type(node.op)](_eval(node.operand, values))
+    if isinstance(node, ast.BoolOp):
+        return _boolop(node, values)
+    if isinstance(node, ast.Compare) and all(type(op) in _OPERATORS for op in node.ops):
+        return _compare(node, values)
+    if isinstance(node, ast.IfExp):
+        test = _eval(node.test, values)
         if test is None:
             return None
-        return self._eval(node.body) if test else self._eval(node.orelse)
+        return _eval(node.body, values) if test else _eval(node.orelse, values)
+    raise ExprError(f"{type(node).__name__} is not allowed ({_snippet(node)!r})")
 
 
 def evaluate(expr: Expr | str, values: Values, *, scope: Scope = "run") -> Any:
     """Evaluate a checked expression (a string is checked first). Returns a number, bool or None (unknown)."""
     if isinstance(expr, str):
         expr = compile_expr(expr, scope=scope, params=values.params)
-    evaluator = _Evaluator(values)
     try:
-        return evaluator.eval(expr.source, previously_parsed=expr.tree)
+        return _eval(expr.tree, values)
     except ExprError:
         raise
-    except simpleeval.InvalidExpression as exc:
-        raise ExprError(f"{expr.source!r}: {exc}") from None
-    except (ArithmeticError, TypeError, ValueError) as exc:
+    except (ArithmeticError, TypeError, ValueError, RecursionError) as exc:
         raise ExprError(f"{expr.source!r}: {type(exc).__name__}: {exc}") from None
-
-
-# ------------------------------------------------------------------------------------------------- templates
-_SPEC_RE = re.compile(r"^[<>^]?[+ -]?\d{0,2},?(\.\d{1,2})?[defg%]?$")
-
-
-@dataclass(frozen=True)
-class Template:
-    """A message with ``{expression:format}`` fields.
-
-    ``{ranks}`` is the list of ranks the finding is about; ``{worst}`` names the rank whose numbers a per-rank
-    rule shows when several ranks fire (empty otherwise).
-    """
-
-    source: str
-    parts: tuple[tuple[str, Expr | None, str], ...] = field(repr=False, compare=False)
-
-    @property
-    def metrics(self) -> frozenset[str]:
-        return frozenset().union(*(e.metrics for _, e, _ in self.parts if e is not None))
-
-    def render(self, values: Values, specials: Mapping[str, str]) -> str:
-        out = []
-        for literal, expr, spec in self.parts:
-            out.append(literal)
-            if expr is None:
-                out.append(specials.get(spec, ""))
-                continue
-            out.append(format_value(evaluate(expr, values), spec))
-        return "".join(out)
-
-
-def compile_template(source: str, *, scope: Scope, params: Collection[str] = ()) -> Template:
-    """Check a message template; every field must be an allowed expression with a plain number format."""
-    parts: list[tuple[str, Expr | None, str]] = []
-    try:
-        parsed = list(string.Formatter().parse(source))
-    except ValueError as exc:
-        raise ExprError(f"bad template: {exc} (write {{{{ and }}}} for literal braces)") from None
-    for literal, field_name, spec, conversion in parsed:
-        if field_name is None:
-            parts.append((literal, None, ""))
-            continue
-        if conversion:
-            raise ExprError(f"!{conversion} conversions are not allowed in templates ({field_name!r})")
-        if field_name.strip() in TEMPLATE_SPECIALS:
-            parts.append((literal, None, field_name.strip()))
-            continue
-        if spec and not _SPEC_RE.match(spec):
-            raise ExprError(f"format spec {spec!r} is not allowed (use e.g. .1f, .0%, ,.0f)")
-        if not field_name.strip():
-            raise ExprError("empty {} field in template")
-        parts.append((literal, compile_expr(field_name, scope=scope, params=params), spec or ""))
-    return Template(source, tuple(parts))
-
-
-def format_value(value: Any, spec: str = "") -> str:
-    """Format a number for a message: ``n/a`` when unknown, ``spec`` when given, else ~3 significant digits"""
-    if value is None:
-        return "n/a"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if spec:
-        try:
-            return format(value, spec)
-        except (ValueError, TypeError):
-            try:
-                return format(float(value), spec.rstrip("d") or "g")
-            except (ValueError, TypeError):
-                return str(value)
-    if isinstance(value, int):
-        return f"{value:,}"
-    if isinstance(value, float):
-        if value.is_integer() and abs(value) < 1e15:
-            return f"{int(value):,}"
-        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
-    return str(value)

@@ -39,8 +39,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from ddpdoctor.diagnosis.expr import Expr, ExprError, Scope, Template, compile_expr, compile_template
+from ddpdoctor.diagnosis.expr import Expr, ExprError, Scope, compile_expr
 from ddpdoctor.diagnosis.findings import SEVERITIES
+from ddpdoctor.diagnosis.template import Template, compile_template
 from ddpdoctor.errors import DDPDoctorError
 from ddpdoctor.metrics import catalog
 

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ddpdoctor.diagnosis.expr import clean_value
 from ddpdoctor.diagnosis.findings import Diagnosis
 from ddpdoctor.report import fmt
+from ddpdoctor.values import clean_value
 
 SCHEMA_VERSION = 1
 RANK_KEYS = ("comm_ms", "exposed_comm_ms", "overlap_ratio", "dataloader_ms", "gil_contention")

@@ -6,7 +6,7 @@ import html
 import re
 from typing import Any
 
-from ddpdoctor.diagnosis.expr import clean_value
+from ddpdoctor.values import clean_value
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f\x80-\x9f]")
 _MD_SPECIAL = re.compile(r"([\\`*_\[\]|~])")

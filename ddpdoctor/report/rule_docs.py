@@ -3,8 +3,8 @@ bad, example, how to fix it, options, references; plus the exact condition and t
 
 from __future__ import annotations
 
-from ddpdoctor.metrics.catalog import rule_metric as describe
 from ddpdoctor.diagnosis.rules import Rule
+from ddpdoctor.metrics.catalog import rule_metric as describe
 
 _APPLIES = {"any": "any run", "dp": "DataParallel runs", "ddp": "DistributedDataParallel runs"}
 

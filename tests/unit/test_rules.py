@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 
 from ddpdoctor.diagnosis import RuleError, apply_config, find_rule, load_config, load_rules, select_rules
-from ddpdoctor.diagnosis.expr import Expr, ExprError, Values, compile_expr, compile_template, evaluate
+from ddpdoctor.diagnosis.expr import Expr, ExprError, Values, compile_expr, evaluate
+from ddpdoctor.diagnosis.rules import DOC_SECTIONS, builtin_rules_dir, load_rule_file
+from ddpdoctor.diagnosis.template import compile_template
+from ddpdoctor.errors import DDPDoctorError
 from ddpdoctor.metrics.catalog import RULE_RANK as ALL_RANK
 from ddpdoctor.metrics.catalog import RULE_RUN as RUN
-from ddpdoctor.diagnosis.rules import DOC_SECTIONS, builtin_rules_dir, load_rule_file
-from ddpdoctor.errors import DDPDoctorError
 from ddpdoctor.report.rule_docs import rule_markdown
 
 REPO = Path(__file__).resolve().parents[2]
@@ -285,7 +286,7 @@ def test_hostile_expressions_in_a_rule_file_are_clear_errors(tmp_path, source):
     ],
 )
 def test_the_evaluator_refuses_unchecked_hostile_trees_too(source):
-    # Defence in depth: even a tree that skipped compile_expr's checks is refused by the simpleeval evaluator.
+    # Defence in depth: even a tree that skipped compile_expr's checks is refused by the evaluator.
     expr = Expr(source, ast.parse(source, mode="eval").body, frozenset(), ())
     with pytest.raises(ExprError):
         evaluate(expr, Values({}, [], {"min_ms": 1.0}))
