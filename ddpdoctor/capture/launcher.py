@@ -5,6 +5,8 @@ Ranks print nothing of their own; hints are printed once, here.
 
 from __future__ import annotations
 
+import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -20,9 +22,7 @@ from ddpdoctor.capture.config import CaptureConfig
 def run_torchrun(torchrun_args: list[str], target_argv: list[str]) -> int:
     """Run ``torch.distributed.run`` (torch's own launcher) with every rank entering through ddpdoctor.
 
-    Returns torchrun's exit code, or ``-signal`` if it was ended by a signal. A SIGTERM sent to the launcher is
-    passed to torchrun, which stops the ranks (they flush what they captured); Ctrl-C reaches the whole process
-    group from the terminal, so here we only keep waiting for torchrun to finish its own shutdown.
+    Returns torchrun's exit code, or ``-signal`` if it was ended by a signal (see :func:`run_command`).
     """
     cmd = [
         sys.executable,
@@ -33,6 +33,17 @@ def run_torchrun(torchrun_args: list[str], target_argv: list[str]) -> int:
         "ddpdoctor.capture.rank_main",
         *target_argv,
     ]
+    return run_command(cmd)
+
+
+def run_command(cmd: list[str]) -> int:
+    """Run a launcher command (its ranks are traced through the start-up hook); return its exit code, or
+    ``-signal`` if it was ended by a signal.
+
+    A SIGTERM sent to ddpdoctor is passed on, so the launcher stops its ranks (they flush what they captured);
+    Ctrl-C reaches the whole process group from the terminal, so here we only keep waiting for the launcher to
+    finish its own shutdown.
+    """
     child = subprocess.Popen(cmd)
 
     def forward(signum: int, frame: object) -> None:
@@ -48,6 +59,23 @@ def run_torchrun(torchrun_args: list[str], target_argv: list[str]) -> int:
                 forward(signal.SIGINT, None)
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def startup_hook_env(environ: dict[str, str]) -> dict[str, str]:
+    """``environ`` with ddpdoctor's start-up hook first on ``PYTHONPATH``: every Python process the job starts
+    then runs it (see ``ddpdoctor/capture/_startup/sitecustomize.py``)."""
+    hook = str(Path(__file__).resolve().parent / "_startup")
+    paths = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != hook]
+    return {**environ, "PYTHONPATH": os.pathsep.join([hook, *paths])}
+
+
+def launch_form(out: Path, requested: str) -> str:
+    """How the job was launched, as the manifest says: "direct" becomes "spawn" when the ranks were processes
+    the script started (``mp.spawn``, Lightning), not the process ddpdoctor ran it in."""
+    if requested != "direct":
+        return requested
+    pids = {data.get("pid") for data in manifest_mod.read_rank_files(out).values()}
+    return "spawn" if pids - {os.getpid()} else "direct"
 
 
 def _node_rank(tr: list[str]) -> int:
@@ -84,7 +112,9 @@ def finish_run(
     tr: list[str],
     exit_code: int,
     started: float,
+    launch: str | None = None,
 ) -> dict[str, Any]:
+    """Write this launcher's node record, then (re)build the manifest from every node and rank file present."""
     node_rank = _node_rank(tr)
     record = manifest_mod.node_record(
         node_rank=node_rank,
@@ -94,9 +124,34 @@ def finish_run(
         expected_ranks=_expected_ranks(tr, node_rank),
     )
     rundir.atomic_write_json(rundir.node_file(out, node_rank), record)
-    man = manifest_mod.build(out, mode=mode, command=command, config=config.schedule_dict())
+    man = manifest_mod.build(
+        out, mode=mode, command=command, config=config.schedule_dict(), launch=launch_form(out, launch or mode)
+    )
     manifest_mod.write(out, man)
     return man
+
+
+def finish_rank(out: Path, *, command: list[str], config: CaptureConfig) -> dict[str, Any]:
+    """In-rank mode (a scheduler started this process as one rank): rebuild the manifest from the rank files.
+
+    Every rank does this when it ends, so the last one leaves the complete manifest. A rank whose write overtook a
+    later rank's is caught by reading the rank files again after writing: if they changed, it builds again.
+    """
+    man: dict[str, Any] = {}
+    for _ in range(5):
+        before = _rank_files_state(out)
+        man = manifest_mod.build(
+            out, mode="scheduler", command=command, config=config.schedule_dict(), launch="scheduler"
+        )
+        manifest_mod.write(out, man)
+        time.sleep(0.2)
+        if _rank_files_state(out) == before:
+            break
+    return man
+
+
+def _rank_files_state(out: Path) -> dict[int, tuple[Any, Any]]:
+    return {r: (d.get("status"), d.get("updated_at")) for r, d in manifest_mod.read_rank_files(out).items()}
 
 
 class Reporter:
@@ -110,18 +165,43 @@ class Reporter:
         if not self.quiet:
             print(text, file=sys.stderr, flush=True)
 
-    def start(self, out: Path, target: Any, tr: list[str], window: tuple[int, int]) -> None:
-        how = "with torchrun " + " ".join(tr) if tr else "in this process"
-        self._print(
-            f"ddpdoctor: tracing {target.name} {how}; profiling steps {window[0]}-{window[1]}; run directory {out}"
-        )
+    def start(
+        self,
+        out: Path,
+        target: Any,
+        tr: list[str],
+        window: tuple[int, int],
+        *,
+        command: list[str] | None = None,
+        who: Any = None,
+    ) -> None:
+        if command is not None:
+            what = f"every rank started by `{shlex.join(command)}`"
+        elif tr:
+            what = f"{target.name} with torchrun " + " ".join(tr)
+        elif who is not None and who.world_size > 1:
+            what = f"{target.name} as one of {who.world_size} ranks started by the scheduler ({who.source} variables)"
+        else:
+            what = f"{target.name} in this process (and any ranks it starts)"
+        self._print(f"ddpdoctor: tracing {what}; profiling steps {window[0]}-{window[1]}; run directory {out}")
 
-    def summary(self, out: Path) -> None:
+    def summary(self, out: Path, *, rank: int | None = None) -> None:
+        """What the run left. ``rank``: in-rank mode, this process's rank (it speaks only when the run is complete,
+        or for itself)."""
         try:
             man = rundir.read_json(out / rundir.MANIFEST)
         except (OSError, ValueError):
             return
         ranks = man.get("ranks", [])
+        if rank is not None:
+            waiting = [r["rank"] for r in ranks if r.get("status") == "running" or not r.get("hostname")]
+            if waiting:
+                if rank == 0:
+                    self._print(
+                        f"ddpdoctor: rank {rank} wrote its files to {out}; {len(waiting)} rank(s) still to finish "
+                        "(the last one to finish completes manifest.json)"
+                    )
+                return
         failed = [r for r in ranks if r.get("status") != "ok"]
         profiled = sorted({sum(b - a + 1 for a, b in (r.get("profiled_steps") or [])) for r in ranks})
         steps_text = "/".join(str(p) for p in profiled) or "0"

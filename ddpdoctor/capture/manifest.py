@@ -32,7 +32,9 @@ def read_rank_files(out: Path) -> dict[int, dict[str, Any]]:
     return ranks
 
 
-def _rank_entry(rank: int, data: dict[str, Any] | None, node: dict[str, Any] | None) -> dict[str, Any]:
+def _rank_entry(
+    rank: int, data: dict[str, Any] | None, node: dict[str, Any] | None, *, in_rank: bool = False
+) -> dict[str, Any]:
     if data is None:
         return {
             "rank": rank,
@@ -45,7 +47,9 @@ def _rank_entry(rank: int, data: dict[str, Any] | None, node: dict[str, Any] | N
     reason = data.get("error")
     if status == "hung":
         reason = (reason or "").split("\n", 1)[0] + f" (stack in ranks/rank{rank}.json)"
-    if status == "running":
+    if status == "running" and in_rank:
+        reason = "still running when this manifest was written (the last rank to finish rewrites it)"
+    elif status == "running":
         # The process ended without finishing its capture: killed (SIGKILL, OOM killer) or torn down by torchrun.
         status, reason = "failed", "the rank process died without finishing (killed, or stopped by torchrun)"
         if node is not None and node.get("exit_code") == 0:
@@ -80,7 +84,12 @@ def node_record(
     }
 
 
-def build(out: Path, *, mode: str, command: list[str], config: dict[str, Any]) -> dict[str, Any]:
+def build(
+    out: Path, *, mode: str, command: list[str], config: dict[str, Any], launch: str | None = None
+) -> dict[str, Any]:
+    """The manifest from every node and rank file in ``out``. ``launch``: how the job was started ("direct",
+    "torchrun", "spawn", "scheduler", "command"). In-rank runs (a scheduler started each rank) have no node files:
+    the exit code and times then come from the rank files."""
     nodes = []
     for path in sorted((out / rundir.NODES_DIR).glob("node*.json")):
         try:
@@ -96,7 +105,8 @@ def build(out: Path, *, mode: str, command: list[str], config: dict[str, Any]) -
     expected.update(range(world_size))
     by_node = {n["node_rank"]: n for n in nodes}
     entries = [
-        _rank_entry(r, ranks.get(r), by_node.get((ranks.get(r) or {}).get("node_rank", 0))) for r in sorted(expected)
+        _rank_entry(r, ranks.get(r), by_node.get((ranks.get(r) or {}).get("node_rank", 0)), in_rank=not nodes)
+        for r in sorted(expected)
     ]
     # A rank killed between renaming a trace into place and updating its rank file still left that trace.
     on_disk: dict[int, list[str]] = {}
@@ -108,7 +118,11 @@ def build(out: Path, *, mode: str, command: list[str], config: dict[str, Any]) -
         listed = entry["trace_files"]
         entry["trace_files"] = listed + [f for f in on_disk.get(entry["rank"], []) if f not in listed]
     exit_codes = [n["exit_code"] for n in nodes]
-    exit_code = next((c for c in exit_codes if c != 0), exit_codes[0] if exit_codes else None)
+    if not nodes:  # in-rank: each rank's own exit status; None while a rank has not finished
+        exit_codes = [e["exit_code"] for e in entries]
+    exit_code = next((c for c in exit_codes if c not in (0, None)), None)
+    if exit_code is None and exit_codes and all(c == 0 for c in exit_codes):
+        exit_code = 0
     steps_seen = any((d.get("steps") or {}).get("source") not in (None, "none") for d in ranks.values())
     notes = []
     if ranks and not steps_seen:
@@ -121,17 +135,39 @@ def build(out: Path, *, mode: str, command: list[str], config: dict[str, Any]) -
         "ddpdoctor_version": __version__,
         "command": command,
         "mode": mode,
+        "launch": launch or mode,
         "world_size": world_size,
-        "nnodes": len(nodes) or 1,
+        "nnodes": len(nodes) or len({d.get("node_rank") for d in ranks.values()}) or 1,
         "exit_code": exit_code,
-        "started_at": min((n["started_at"] for n in nodes), default=None),
-        "finished_at": max((n["finished_at"] for n in nodes), default=None),
+        "started_at": min((n["started_at"] for n in nodes or ranks.values() if n.get("started_at")), default=None),
+        "finished_at": max(
+            (n.get("finished_at", n.get("updated_at")) for n in nodes or ranks.values() if n.get("started_at")),
+            default=None,
+        ),
         "capture": config,
         "steps_detected": steps_seen,
         "notes": notes,
         "nodes": nodes,
         "ranks": entries,
     }
+
+
+def rebuild(out: Path) -> dict[str, Any]:
+    """The manifest of a run directory from its rank and node files alone, keeping what the last written manifest
+    said about the command and settings (for readers of an in-rank run whose last rank never wrote it)."""
+    try:
+        previous = rundir.read_json(out / rundir.MANIFEST)
+    except (OSError, ValueError):
+        previous = {}
+    if not isinstance(previous, dict):
+        previous = {}
+    return build(
+        out,
+        mode=str(previous.get("mode") or "scheduler"),
+        command=list(previous.get("command") or []),
+        config=dict(previous.get("capture") or {}),
+        launch=previous.get("launch"),
+    )
 
 
 def write(out: Path, manifest: dict[str, Any]) -> None:

@@ -51,10 +51,12 @@ def manual_step() -> None:
 
 
 class Session:
-    def __init__(self, config: CaptureConfig, *, claimed: bool = True) -> None:
+    def __init__(
+        self, config: CaptureConfig, *, claimed: bool = True, identity: rank_file.Identity | None = None
+    ) -> None:
         self.config = config
         self.out = Path(config.out)
-        self.identity = rank_file.identity()
+        self.identity = identity or rank_file.identity()
         self.claimed = claimed  # whether this process is known to be a rank (writes its files)
         self.clock = StepClock()
         self.trace_files: list[str] = []
@@ -193,8 +195,7 @@ class Session:
             self.identity = self.identity.with_process_group(info["rank"], info["world_size"])
             self.claimed = True
             if was_claimed and previous != self.rank and not self.trace_files:
-                with contextlib.suppress(OSError):  # written under the rank the environment gave: move it
-                    rundir.rank_file(self.out, previous).unlink()
+                _remove_own_rank_file(self.out, previous, self.pid)  # written under the rank the environment gave
             self.write_rank_file()
 
     # ---- steps -----------------------------------------------------------------------------------------------
@@ -356,6 +357,14 @@ class Session:
     def write_rank_file(self) -> None:
         if self.claimed:
             rank_file.write(self)
+
+
+def _remove_own_rank_file(out: Path, rank: int, pid: int) -> None:
+    path = rundir.rank_file(out, rank)
+    with contextlib.suppress(OSError, ValueError):
+        data = rundir.read_json(path)
+        if data.get("pid") == pid and data.get("hostname") == _hostname():
+            path.unlink()
 
 
 def _hostname() -> str:

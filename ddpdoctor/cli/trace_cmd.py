@@ -1,7 +1,15 @@
-"""``ddpdoctor trace [OPTIONS] [TORCHRUN OPTIONS] (SCRIPT | -m MODULE) [ARGS...]``.
+"""``ddpdoctor trace [OPTIONS] [TORCHRUN OPTIONS] (SCRIPT | -m MODULE) [ARGS...]`` and
+``ddpdoctor trace [OPTIONS] -- COMMAND [ARGS...]``.
 
-Everything after the script (or ``-m MODULE``) belongs to the script. Any torchrun option (``--nproc-per-node``,
-``--nnodes``, ``--rdzv-*``, ...) switches to a torchrun launch, handled by torch's own ``torch.distributed.run``.
+Everything after the script (or ``-m MODULE``) belongs to the script. The launch forms:
+
+- direct: the script runs in this process; if it starts its ranks itself (``mp.spawn``, Lightning), they are traced
+  through the start-up hook and this process, which trains nothing, leaves no files;
+- torchrun: any torchrun option (``--nproc-per-node``, ``--nnodes``, ``--rdzv-*``, ...) hands the launch to torch's
+  own ``torch.distributed.run``;
+- scheduler (in-rank): the process already has a rank from its scheduler (``RANK``/``WORLD_SIZE``, SLURM or MPI
+  variables, world size over 1): it traces itself as that rank and writes only that rank's files;
+- command: ``-- COMMAND`` runs any launcher; every process it starts that becomes a rank is traced.
 """
 
 from __future__ import annotations
@@ -24,23 +32,21 @@ _TORCHRUN_SKIP = {"-h", "--help", "-m", "--module", "--no-python", "--no_python"
 def _own_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ddpdoctor trace",
-        usage="ddpdoctor trace [OPTIONS] [TORCHRUN OPTIONS] (SCRIPT | -m MODULE) [ARGS...]",
+        usage="ddpdoctor trace [OPTIONS] [TORCHRUN OPTIONS] (SCRIPT | -m MODULE) [ARGS...]\n"
+        "       ddpdoctor trace [OPTIONS] -- COMMAND [ARGS...]",
         description="Run an unmodified training script under torch.profiler and write a run directory. "
         "With any torchrun option (e.g. --nproc-per-node 4) the script is launched by torchrun, one traced "
-        "process per rank.",
+        "process per rank. Ranks the script starts itself (mp.spawn, Lightning) are traced too. Started by a "
+        "scheduler as one rank (RANK/WORLD_SIZE or SLURM variables set), it traces that rank into the shared --out. "
+        "After --, any launcher command (accelerate launch, deepspeed, bash run.sh, ...) runs with every rank it "
+        "starts traced.",
         add_help=False,
     )
     g = p.add_argument_group("ddpdoctor options")
     g.add_argument("-h", "--help", action="store_true", help="show this help and exit")
-    g.add_argument(
-        "--out", "-o", metavar="DIR", help="run directory (default: ddpdoctor-runs/<script>-<time>)"
-    )
-    g.add_argument(
-        "--force", action="store_true", help="replace ddpdoctor's files in an existing run directory"
-    )
-    g.add_argument(
-        "--wait", type=int, default=5, metavar="N", help="steps to skip before profiling (default 5)"
-    )
+    g.add_argument("--out", "-o", metavar="DIR", help="run directory (default: ddpdoctor-runs/<script>-<time>)")
+    g.add_argument("--force", action="store_true", help="replace ddpdoctor's files in an existing run directory")
+    g.add_argument("--wait", type=int, default=5, metavar="N", help="steps to skip before profiling (default 5)")
     g.add_argument("--warmup", type=int, default=2, metavar="N", help="profiler warm-up steps (default 2)")
     g.add_argument("--active", type=int, default=5, metavar="N", help="steps recorded per window (default 5)")
     g.add_argument("--repeat", type=int, default=1, metavar="N", help="number of windows, 0 = until the end")
@@ -85,8 +91,10 @@ def _torchrun_options() -> dict[str, bool]:
     return options
 
 
-def split_argv(argv: list[str]) -> tuple[list[str], list[str], list[str]]:
-    """Split into (ddpdoctor options, torchrun options, target) where target is [SCRIPT, args] or [-m, MOD, args]."""
+def split_argv(argv: list[str]) -> tuple[list[str], list[str], list[str], list[str] | None]:
+    """Split into (ddpdoctor options, torchrun options, target, command): target is [SCRIPT, args] or
+    [-m, MOD, args]; command is what follows ``--`` (None without one). ``-- train.py`` (a Python file) and
+    ``-- -m MOD`` still name the target."""
     own_takes_value = {}
     for action in _own_parser()._actions:
         for opt in action.option_strings:
@@ -98,13 +106,18 @@ def split_argv(argv: list[str]) -> tuple[list[str], list[str], list[str]]:
     while i < len(argv):
         tok = argv[i]
         if tok == "--":
-            return own, tr, argv[i + 1 :]
+            rest = argv[i + 1 :]
+            if not rest:
+                raise UsageError("no command after --: ddpdoctor trace [OPTIONS] -- COMMAND [ARGS...]")
+            if rest[0] in ("-m", "--module") or (rest[0].endswith(".py") and os.path.isfile(rest[0])):
+                return own, tr, ["-m", *rest[1:]] if rest[0] == "--module" else rest, None
+            return own, tr, [], rest
         if tok in ("-m", "--module"):
             if i + 1 >= len(argv):
                 raise UsageError("-m needs a module name")
-            return own, tr, ["-m", *argv[i + 1 :]]
+            return own, tr, ["-m", *argv[i + 1 :]], None
         if not tok.startswith("-") or tok == "-":
-            return own, tr, argv[i:]
+            return own, tr, argv[i:], None
         name = tok.split("=", 1)[0]
         if name in own_takes_value:
             bucket, takes_value = own, own_takes_value[name]
@@ -122,7 +135,7 @@ def split_argv(argv: list[str]) -> tuple[list[str], list[str], list[str]]:
             bucket.append(argv[i + 1])
             i += 1
         i += 1
-    return own, tr, []
+    return own, tr, [], None
 
 
 def _parse_own(own: list[str]) -> argparse.Namespace:
@@ -185,9 +198,50 @@ def _check_target(target: list[str]) -> Any:
     return Target("script", script, tuple(target[1:]))
 
 
-def _default_out(target: Any) -> Path:
-    stem = Path(target.name).stem if target.kind == "script" else target.name.rsplit(".", 1)[-1]
+def _default_out(target: Any, command: list[str] | None = None) -> Path:
+    if command is not None:  # the training script the command names, else the command itself
+        script = next((a for a in command[1:] if a.endswith(".py")), None)
+        stem = Path(script).stem if script else Path(command[0]).name
+    elif target.kind == "script":
+        stem = Path(target.name).stem
+    else:
+        stem = target.name.rsplit(".", 1)[-1]
     return Path("ddpdoctor-runs") / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def _check_command(command: list[str]) -> None:
+    exe = command[0]
+    if os.sep in exe:
+        if not (os.path.isfile(exe) and os.access(exe, os.X_OK)):
+            raise UsageError(f"cannot run command {exe!r}: no such executable file")
+    elif shutil.which(exe) is None:
+        raise UsageError(f"cannot run command {exe!r}: not found on PATH")
+
+
+def _prepare_rank_out(out: Path, rank: int, *, force: bool) -> None:
+    """In-rank mode: every rank of the job shares ``out``; this one only checks and replaces its own files."""
+    from ddpdoctor.capture import rank_file
+
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} exists and is not a directory")
+    if out.is_dir():
+        owned = rundir.ddpdoctor_owned(out)
+        if len(owned) != len(list(out.iterdir())):
+            raise UsageError(f"--out {out} holds files that are not ddpdoctor's; choose another directory")
+        mine = rank_file.own_files(out, rank)
+        if mine and not force:
+            raise UsageError(
+                f"--out {out} already holds rank {rank} of a run; choose another directory or pass --force"
+            )
+        for path in mine:
+            path.unlink()
+    try:
+        (out / rundir.RANKS_DIR).mkdir(parents=True, exist_ok=True)
+        probe = out / f".ddpdoctor-write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise UsageError(f"cannot write to --out {out}: {exc.strerror or exc}") from None
 
 
 def _prepare_out(out: Path, *, force: bool, multi_node: bool) -> None:
@@ -202,9 +256,7 @@ def _prepare_out(out: Path, *, force: bool, multi_node: bool) -> None:
             what = "a ddpdoctor run" if owned else "files that are not ddpdoctor's"
             raise UsageError(f"--out {out} already holds {what}; choose another directory or pass --force")
         elif len(owned) != len(list(out.iterdir())):
-            raise UsageError(
-                f"--out {out} holds files that are not ddpdoctor's; --force only replaces a ddpdoctor run"
-            )
+            raise UsageError(f"--out {out} holds files that are not ddpdoctor's; --force only replaces a ddpdoctor run")
         else:
             for entry in owned:
                 shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
@@ -230,17 +282,35 @@ def main(argv: list[str]) -> int:
     # Kineto prints start/stop lines of its own on every profiler cycle of every rank; keep the user's console
     # for the user's script (set KINETO_LOG_LEVEL yourself to see them).
     os.environ.setdefault("KINETO_LOG_LEVEL", "6")
-    own, tr, target_argv = split_argv(argv)
+    own, tr, target_argv, command = split_argv(argv)
     args = _parse_own(own)
     if args.help:
         _print_help()
         return 0
-    target = _check_target(target_argv)
+    from ddpdoctor.capture import rank_file
+
+    who = rank_file.identity()
+    if command is not None:
+        if tr:
+            raise UsageError("torchrun options cannot be combined with -- COMMAND (put them in the command)")
+        _check_command(command)
+        target, launch = None, "command"
+    else:
+        target = _check_target(target_argv)
+        launch = "torchrun" if tr else "scheduler" if who.world_size > 1 else "direct"
     from ddpdoctor.capture.config import ENV_VAR, CaptureConfig
 
-    out = Path(args.out) if args.out else _default_out(target)
-    nnodes = _torchrun_value(tr, "--nnodes") or "1"
-    _prepare_out(out, force=args.force, multi_node=nnodes != "1")
+    out = Path(args.out) if args.out else _default_out(target, command)
+    if launch == "scheduler":
+        if not args.out:
+            raise UsageError(
+                f"this process is rank {who.rank} of {who.world_size} ({who.source} variables): "
+                "give every rank the same --out DIR"
+            )
+        _prepare_rank_out(out, who.rank, force=args.force)
+    else:
+        nnodes = _torchrun_value(tr, "--nnodes") or "1"
+        _prepare_out(out, force=args.force, multi_node=nnodes != "1")
     config = CaptureConfig(
         out=str(out.resolve()),
         wait=args.wait,
@@ -256,31 +326,44 @@ def main(argv: list[str]) -> int:
         quiet=args.quiet,
         hang_timeout_s=args.hang_timeout,
         all_threads=args.all_threads,
-        all_devices=not tr,
+        all_devices=launch == "direct",
+        launch=launch,
     )
     from ddpdoctor.capture import launcher
 
-    command = ["ddpdoctor", "trace", *argv]
+    full_command = ["ddpdoctor", "trace", *argv]
     say = launcher.Reporter(quiet=args.quiet)
     first = args.wait + args.warmup + 1
-    say.start(out, target, tr, (first, first + args.active - 1))
+    if launch != "scheduler" or who.rank == 0:
+        say.start(out, target, tr, (first, first + args.active - 1), command=command, who=who)
+    # Every Python process the job starts runs the start-up hook, so the ranks it starts itself are traced.
+    os.environ.update(launcher.startup_hook_env(dict(os.environ)))
     os.environ[ENV_VAR] = config.to_env()
     started = time.time()
-    if tr:
-        code = launcher.run_torchrun(tr, target_argv)
-        mode = "torchrun"
-    else:
-        from ddpdoctor.capture import runner
+    from ddpdoctor.capture import runner
 
-        code = runner.run(target, config)
-        mode = "single"
+    if launch == "command":
+        code = launcher.run_command(command or [])
+    elif launch == "torchrun":
+        code = launcher.run_torchrun(tr, target_argv)
+    else:  # direct (this process may only launch the ranks) or scheduler (this process is one rank)
+        code = runner.run(target, config, claimed=launch == "scheduler")
     try:
-        launcher.finish_run(
-            out, mode=mode, command=command, config=config, tr=tr, exit_code=code, started=started
-        )
-    except (
-        OSError
-    ) as exc:  # a full or read-only disk: say so, and still end with the script's own exit status
+        if launch == "scheduler":
+            launcher.finish_rank(out, command=full_command, config=config)
+        else:
+            mode = {"direct": "single"}.get(launch, launch)
+            launcher.finish_run(
+                out,
+                mode=mode,
+                command=full_command,
+                config=config,
+                tr=tr,
+                exit_code=code,
+                started=started,
+                launch=launch,
+            )
+    except OSError as exc:  # a full or read-only disk: say so, and still end with the script's own exit status
         print(
             f"ddpdoctor: error: cannot write the run directory {out}: {exc.strerror or exc} "
             f"(the script exited with code {code})",
@@ -288,11 +371,9 @@ def main(argv: list[str]) -> int:
             flush=True,
         )
     else:
-        say.summary(out)
+        say.summary(out, rank=who.rank if launch == "scheduler" else None)
     if code < 0:
-        from ddpdoctor.capture.runner import die_by_signal
-
-        die_by_signal(-code)
+        runner.die_by_signal(-code)
     return code
 
 

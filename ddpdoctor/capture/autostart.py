@@ -1,0 +1,140 @@
+"""Trace every process of a job that becomes a rank, however it was started (run by the start-up hook).
+
+``ddpdoctor trace`` hands its settings to the whole job in ``DDPDOCTOR_CAPTURE`` and puts
+``ddpdoctor/capture/_startup`` (a ``sitecustomize``) on ``PYTHONPATH``, so every Python process the job starts calls
+:func:`activate`. That costs one import of this small module: it imports neither torch nor the rest of ddpdoctor.
+It only adds an import hook that, when torch's ``distributed_c10d`` module is loaded, wraps
+``init_process_group``. A process that creates its default process group is a rank: it then starts a capture session
+(unless it has one already), with the group's rank, and finishes it when the process exits, recording how it ended.
+
+A launcher (torchrun's agent, ``accelerate launch``, ``mp.spawn``'s parent), a DataLoader worker or a helper script
+never creates a process group, so it is never traced. Anything that fails here prints one line and leaves the
+process running untraced.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+_TARGET = "torch.distributed.distributed_c10d"
+_active = False
+_started_pids: set[int] = set()
+
+
+def activate() -> None:
+    """Watch for ``init_process_group`` in this process (idempotent)."""
+    global _active
+    if _active:
+        return
+    _active = True
+    module = sys.modules.get(_TARGET)
+    if module is not None:
+        _patch(module)
+    else:
+        sys.meta_path.insert(0, _Finder())
+
+
+class _Finder:
+    """A meta-path finder that only answers for ``torch.distributed.distributed_c10d``, with a patching loader."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname != _TARGET:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            spec.loader = _PatchingLoader(spec.loader)
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)  # loaded once per process
+        return spec
+
+
+class _PatchingLoader:
+    def __init__(self, loader: Any) -> None:
+        self._loader = loader
+
+    def __getattr__(self, name: str) -> Any:  # get_source, get_filename, ... as the real loader answers
+        return getattr(self._loader, name)
+
+    def create_module(self, spec: Any) -> Any:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self._loader.exec_module(module)
+        _patch(module)  # before torch.distributed's `from .distributed_c10d import *` copies the name
+
+
+def _patch(module: Any) -> None:
+    try:
+        import functools
+
+        original = module.init_process_group
+        if getattr(original, "_ddpdoctor_wrapped", False):
+            return
+
+        @functools.wraps(original)
+        def init_process_group(*args: Any, **kwargs: Any) -> Any:
+            result = original(*args, **kwargs)
+            _joined_process_group()
+            return result
+
+        init_process_group._ddpdoctor_wrapped = True  # type: ignore[attr-defined]
+        module.init_process_group = init_process_group
+    except Exception as exc:
+        _warn("cannot watch init_process_group", exc)
+
+
+def _joined_process_group() -> None:
+    try:
+        from ddpdoctor.capture import session as session_mod
+
+        current = session_mod.current()
+        if current is not None:  # traced already (the script ddpdoctor runs, a torchrun rank): it is a rank
+            current.joined_process_group()
+        elif os.getpid() not in _started_pids:
+            _started_pids.add(os.getpid())
+            _start_rank_session()
+    except Exception as exc:
+        _warn("capture not started", exc)
+
+
+def _start_rank_session() -> None:
+    import dataclasses
+
+    from ddpdoctor.capture import exits, rank_file
+    from ddpdoctor.capture.config import CaptureConfig
+    from ddpdoctor.capture.session import Session
+
+    config = CaptureConfig.from_env()
+    if config is None or not os.path.isdir(config.out):
+        return
+    # One rank among several: not the one-process DataParallel set-up that "direct" settings are for.
+    launch = "spawn" if config.launch == "direct" else config.launch  # started by the traced script itself
+    config = dataclasses.replace(config, launch=launch, all_devices=False)
+    info = rank_file.dist_info()
+    if info is None:
+        return
+    who = rank_file.identity().with_process_group(info["rank"], info["world_size"])
+    session = Session(config, identity=who)
+    session.dist = info
+    session.start()
+    exits.finish_at_exit(session)
+
+
+def _warn(what: str, exc: BaseException) -> None:
+    try:
+        print(
+            f"ddpdoctor: warning: process {os.getpid()}: {what}: {type(exc).__name__}: {exc}",
+            file=sys.stderr,
+            flush=True,
+        )
+    except Exception:
+        pass
