@@ -5,6 +5,7 @@ fields of a baseline file, messages that quote them).
   tab), Unicode line separators, bidirectional overrides and lone surrogates are shown as ``\\xNN`` /
   ``\\uNNNN``: a value can neither colour nor retitle the terminal, nor start a new log line (where a CI
   runner would read ``::error::`` or ``::add-mask::`` as a workflow command).
+- ``terminal_text``: the same for text of several lines (rule documentation): LF and tab are kept.
 - ``workflow_data`` / ``workflow_property``: the message and a property value of a GitHub Actions workflow
   command (``%``, CR, LF, and in properties ``:`` and ``,``, encoded as the runner decodes them).
 - ``markdown`` / ``markdown_code``: inert Markdown text (markup and HTML escaped), and a code span whose fence
@@ -19,7 +20,9 @@ import html
 import re
 from typing import Any
 
-_UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+_INVISIBLE = r"\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff"  # C1, separators, bidi
+_UNSAFE = re.compile(rf"[\x00-\x1f{_INVISIBLE}]")
+_UNSAFE_TEXT = re.compile(rf"[\x00-\x08\x0b-\x1f{_INVISIBLE}]")  # LF and tab kept
 _MD_SPECIAL = re.compile(r"([\\`*_\[\]|~])")
 
 
@@ -31,6 +34,11 @@ def _show(match: re.Match[str]) -> str:
 def terminal(value: Any) -> str:
     """``value`` as one line of inert text (see the module docstring)."""
     return _UNSAFE.sub(_show, str(value))
+
+
+def terminal_text(value: Any) -> str:
+    """``value`` as inert text of one or more lines (see the module docstring)."""
+    return _UNSAFE_TEXT.sub(_show, str(value))
 
 
 def workflow_data(value: Any) -> str:

@@ -7,6 +7,7 @@ import json
 import sys
 from typing import Any
 
+from ddpdoctor import escape
 from ddpdoctor.cli.diagnose_cmd import add_rule_options
 from ddpdoctor.diagnosis import apply_config, find_rule, load_config, load_rules
 
@@ -58,7 +59,7 @@ def run_list(args: argparse.Namespace) -> int:
     for col in ("id", "name", "severity", "applies to", "summary"):
         table.add_column(col, overflow="fold")
     for r in rules:
-        table.add_row(*(Text(v) for v in (r.id, r.name, r.severity, r.applies_to, r.summary)))
+        table.add_row(*(Text(escape.terminal(v)) for v in (r.id, r.name, r.severity, r.applies_to, r.summary)))
     console = Console(markup=False, emoji=False, highlight=False, width=None if sys.stdout.isatty() else 140)
     console.print(table)
     console.print(Text("`ddpdoctor explain NAME` shows a rule's documentation and options."))
@@ -68,7 +69,8 @@ def run_list(args: argparse.Namespace) -> int:
 def run_explain(args: argparse.Namespace) -> int:
     from ddpdoctor.report.rule_docs import rule_markdown
 
-    sys.stdout.write(rule_markdown(find_rule(_rules(args), args.rule)))
+    # a user's rule file may hold escape sequences: shown escaped, whether stdout is a terminal or a file
+    sys.stdout.write(escape.terminal_text(rule_markdown(find_rule(_rules(args), args.rule))))
     return 0
 
 
