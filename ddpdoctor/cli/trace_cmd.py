@@ -192,7 +192,8 @@ def _check_target(target: list[str]) -> Any:
         compile(source, script, "exec", dont_inherit=True)
     except SyntaxError as exc:
         where = f"{script}:{exc.lineno}" + (f":{exc.offset}" if exc.offset else "")
-        raise UsageError(f"{where}: SyntaxError: {exc.msg}") from None
+        # exit 1, as `python script.py` does: a script's own error, not a misuse of ddpdoctor
+        raise UsageError(f"{where}: SyntaxError: {exc.msg}", exit_code=1) from None
     except (OSError, ValueError) as exc:
         raise UsageError(f"cannot read script {script!r}: {exc}") from None
     return Target("script", script, tuple(target[1:]))

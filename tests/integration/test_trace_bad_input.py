@@ -23,9 +23,14 @@ def test_missing_script(tmp_path):
 
 
 def test_syntax_error(tmp_path):
+    # exit 1 as `python bad.py` would (issue 13, item 11), one line, nothing written
     script = write_script(tmp_path / "bad.py", "x = 1\ndef f(:\n    pass\n")
-    line = _one_error_line(run_cli("trace", "--out", str(tmp_path / "r"), str(script)))
-    assert "bad.py:2" in line and "SyntaxError" in line
+    result = run_cli("trace", "--out", str(tmp_path / "r"), str(script))
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("ddpdoctor: error: ") and "Traceback" not in result.stderr
+    assert "bad.py:2" in lines[0] and "SyntaxError" in lines[0]
+    assert not (tmp_path / "r").exists()
 
 
 def test_unknown_flag(tmp_path):
