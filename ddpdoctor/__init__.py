@@ -9,7 +9,7 @@ Library entry points:
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from ddpdoctor._version import __version__
 
 __all__ = ["__version__", "step", "load"]
 

@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ddpdoctor import __version__, rundir
+from ddpdoctor import rundir
+from ddpdoctor._version import __version__
 
 
 def read_rank_files(out: Path) -> dict[int, dict[str, Any]]:

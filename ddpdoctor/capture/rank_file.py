@@ -14,7 +14,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ddpdoctor import __version__, rundir
+from ddpdoctor import rundir
+from ddpdoctor._version import __version__
 from ddpdoctor.capture import ddp as ddp_capture
 
 if TYPE_CHECKING:

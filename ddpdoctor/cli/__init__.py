@@ -12,7 +12,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from ddpdoctor import __version__
+from ddpdoctor._version import __version__
 from ddpdoctor.errors import DDPDoctorError
 
 # command name -> (module, one-line help)

@@ -31,10 +31,10 @@ from typing import Any
 
 import numpy as np
 
-from ddpdoctor import __version__
+from ddpdoctor._version import __version__
 from ddpdoctor.compare import samples as smp
 from ddpdoctor.compare.catalog import METRICS
-from ddpdoctor.metrics.catalog import RANK, RUN
+from ddpdoctor.metrics.catalog import RANK, RUN, group
 
 SCHEMA_VERSION = 1
 _NUMBER_LIST = re.compile(r"\[\s*((?:-?[\d.eE+-]+\s*,\s*)*-?[\d.eE+-]+)\s*\]")
@@ -417,7 +417,7 @@ def _capture_devices(captures: Sequence[Mapping[str, Any]]) -> list[dict[str, An
                     "name": d.get("name"),
                     **{
                         k: _num(d.get(k))
-                        for k in ("peak_allocated_bytes", "peak_reserved_bytes", "capacity_bytes")
+                        for k in group("device_memory")
                     },
                 }
             )
@@ -441,7 +441,7 @@ def _metrics_devices(metrics: Any) -> list[dict[str, Any]]:
                 "name": None,
                 **{
                     k: _num(row.get(k))
-                    for k in ("peak_allocated_bytes", "peak_reserved_bytes", "capacity_bytes")
+                    for k in group("device_memory")
                 },
             }
         )

@@ -15,7 +15,8 @@ from typing import Any
 
 import pandas as pd
 
-from ddpdoctor import __version__, rundir
+from ddpdoctor import rundir
+from ddpdoctor._version import __version__
 from ddpdoctor.errors import TraceError
 from ddpdoctor.load.consistency import (
     check_one_run,

@@ -628,6 +628,10 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "ddp_timers": ("ddp_forward_ms", "ddp_backward_ms", "ddp_backward_comm_ms", "ddp_overlap_ms"),
     "host": ("gil_contention", "threads", "cpu_count", "intra_op_threads", "local_world_size"),
     "straggler": ("straggler_rank", "straggler_wait_ms", "straggler_late_share"),
+    # cuda:0's memory as the run-level GPU-0 rule reads it
+    "gpu0_memory": ("gpu0_peak_reserved_bytes", "gpu0_capacity_bytes", "gpu0_headroom_ratio", "gpu0_vs_others_ratio"),
+    # per-rank metrics that need every peer in the data: a rank's own collective time mixes transfer and waiting
+    "need_all_peers": ("busbw_gbps", "algbw_gbps", "exposed_transfer_ms"),
     "slow_ranks": ("last_arrival_share", "last_arrival_p_value", "slow_rank", "wait_caused_ms"),
     "parallelism": (
         "collectives_per_step",
@@ -801,6 +805,18 @@ COMPARED: tuple[Compared, ...] = (
 )
 
 
+def markdown_tables() -> str:
+    """The README's metric tables (per rank, then run level), as Markdown. ``python -m ddpdoctor.metrics.catalog``
+    prints them; a test keeps the README equal to them."""
+
+    def rows(table: dict[str, Metric]) -> list[str]:
+        return [f"| `{m.name}` | {m.unit} | {m.description} |" for m in table.values() if m.source != "snapshot"]
+
+    lines = ["| metric | unit | definition |", "|---|---|---|", *rows(RANK), ""]
+    lines += ["| run-level metric | unit | definition |", "|---|---|---|", *rows(RUN)]
+    return "\n".join(lines) + "\n"
+
+
 def _check() -> None:
     known = set(RANK) | set(RUN) | set(PER_STEP_ONLY)
     for key, members in GROUPS.items():
@@ -815,3 +831,7 @@ def _check() -> None:
 
 
 _check()
+
+
+if __name__ == "__main__":
+    print(markdown_tables(), end="")

@@ -17,7 +17,7 @@ from ddpdoctor.metrics import catalog
 from ddpdoctor.metrics.parallelism import detect_parallelism
 
 # Per-rank metrics that need every peer: a rank's own collective time mixes transfer and waiting otherwise.
-NEED_ALL_PEERS = ("busbw_gbps", "algbw_gbps", "exposed_transfer_ms")
+NEED_ALL_PEERS = catalog.group("need_all_peers")
 
 
 def run_evidence(
@@ -81,7 +81,7 @@ def _memory_reasons(
     else:
         text = ""
     if text:
-        for name in ("gpu0_peak_reserved_bytes", "gpu0_capacity_bytes", "gpu0_headroom_ratio", "gpu0_vs_others_ratio"):
+        for name in catalog.group("gpu0_memory"):
             if run_metrics.get(name) is None:
                 out[name] = text
     if run_metrics.get("gpu0_vs_others_ratio") is None and "gpu0_vs_others_ratio" not in out:

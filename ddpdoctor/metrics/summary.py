@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ddpdoctor import __version__
+from ddpdoctor._version import __version__
 from ddpdoctor.load.model import RankTrace
 from ddpdoctor.metrics import catalog
 from ddpdoctor.metrics.breakdown import BREAKDOWN, per_step

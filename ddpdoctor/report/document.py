@@ -22,25 +22,14 @@ from __future__ import annotations
 from typing import Any
 
 from ddpdoctor.diagnosis.findings import Diagnosis
+from ddpdoctor.metrics import catalog
 from ddpdoctor.report import fmt
-from ddpdoctor.values import clean_value
+from ddpdoctor.values import clean_value, jsonable
 
 SCHEMA_VERSION = 1
-RANK_KEYS = ("comm_ms", "exposed_comm_ms", "overlap_ratio", "dataloader_ms", "gil_contention")
-BREAKDOWN_KEYS = ("forward_ms", "backward_ms", "optimizer_ms", "other_ms")
-DEVICE_KEYS = ("peak_allocated_bytes", "peak_reserved_bytes", "capacity_bytes")
-
-
-def jsonable(value: Any) -> Any:
-    """Numpy scalars, NaN and tuples made JSON-ready (NaN -> None), recursively."""
-    if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [jsonable(v) for v in value]
-    value = clean_value(value)
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    return str(value)
+RANK_KEYS = catalog.group("report_rank")
+BREAKDOWN_KEYS = tuple(k for k in catalog.group("breakdown") if k not in RANK_KEYS)  # forward .. other
+DEVICE_KEYS = catalog.group("device_memory")
 
 
 def frame(metrics: Any, name: str) -> Any:
@@ -132,7 +121,8 @@ RANK_TABLE_COLUMNS = (
     ("other", "other"),
     ("GIL", "GIL"),
 )
-_BREAKDOWN_MS = ("dataloader_ms", "forward_ms", "backward_ms", "optimizer_ms", "comm_ms", "exposed_comm_ms")
+# the table's ms columns: the breakdown up to the optimizer, then all communication and its exposed part
+_BREAKDOWN_MS = catalog.group("breakdown")[:4] + ("comm_ms", "exposed_comm_ms")
 
 
 def rank_table_rows(doc: dict[str, Any]) -> list[list[str]]:

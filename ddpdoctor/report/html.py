@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from typing import Any, TextIO
 
-from ddpdoctor.diagnosis.expr import clean_value
 from ddpdoctor.diagnosis.findings import Diagnosis, format_ranks
 from ddpdoctor.report import fmt, svg
 from ddpdoctor.report.document import RANK_TABLE_COLUMNS, build, frame, grouped_not_evaluated, rank_table_rows
+from ddpdoctor.values import clean_value
 
 _CSS = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;max-width:1100px;
