@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import io
+import os
 import sys
 from collections.abc import Sequence
 
@@ -47,7 +49,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+EXIT_BROKEN_PIPE = 128 + 13  # what a shell reports for a program ended by SIGPIPE (`ddpdoctor ... | head`)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; its exit status. A reader that goes away (``| head -1``) ends it quietly with 141."""
+    try:
+        code = _main(argv)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _quiet_stdout()
+        return EXIT_BROKEN_PIPE
+    return code
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's last flush at exit does not fail (and print)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, io.UnsupportedOperation):  # not a real file (tests capture stdout)
+        pass
+
+
+def _main(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # `trace` parses its own argv: everything after the script belongs to the script.
     if argv and argv[0] == "trace":
@@ -70,5 +96,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
-    except BrokenPipeError:
-        return 0

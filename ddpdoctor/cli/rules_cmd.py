@@ -51,16 +51,17 @@ def run_list(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
         return 0
     from rich import box
-    from rich.console import Console
     from rich.table import Table
     from rich.text import Text
+
+    from ddpdoctor.report.console import console as make_console
 
     table = Table(box=box.SIMPLE_HEAD)
     for col in ("id", "name", "severity", "applies to", "summary"):
         table.add_column(col, overflow="fold")
     for r in rules:
         table.add_row(*(Text(escape.terminal(v)) for v in (r.id, r.name, r.severity, r.applies_to, r.summary)))
-    console = Console(markup=False, emoji=False, highlight=False, width=None if sys.stdout.isatty() else 140)
+    console = make_console(sys.stdout, 140)
     console.print(table)
     console.print(Text("`ddpdoctor explain NAME` shows a rule's documentation and options."))
     return 0

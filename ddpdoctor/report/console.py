@@ -11,9 +11,17 @@ from rich.text import Text
 from ddpdoctor.report import fmt
 
 
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        # rich would exit 1 here, the code for "findings found"; the CLI ends a broken pipe with 141 instead
+        self.quiet = True
+        raise BrokenPipeError
+
+
+
 def console(stream: TextIO, width_not_a_terminal: int = 100) -> Console:
     tty = bool(getattr(stream, "isatty", lambda: False)())
-    return Console(
+    return _Console(
         file=stream,
         force_terminal=tty,
         color_system="auto" if tty else None,
