@@ -19,7 +19,7 @@ or above ``fail_on``. A different environment (``snapshot.ENV_KEYS``) is a warni
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ddpdoctor.compare import catalog, stats, units
 from ddpdoctor.compare.snapshot import ENV_KEYS, Snapshot
@@ -37,9 +37,13 @@ class MetricCheck:
     current: float | None
     change: float | None  # relative (fraction) or absolute (metric unit), as the threshold is
     interval: stats.Interval | None
-    verdict: str  # "regression" | "within noise" | "no samples" | "ok" | "improved" | "not measured"
+    # "regression" | "within noise" | "within run-to-run noise" | "no samples" | "ok" | "improved"
+    # | "not measured"
+    verdict: str
     outcome: str  # FAIL | WARN | OK
     message: str
+    # a baseline of several runs: how far a run may land from it by run-to-run noise (threshold's unit)
+    run_spread: float | None = None
 
 
 @dataclass(frozen=True)
@@ -143,12 +147,47 @@ def check_metric(t: Threshold, baseline: Snapshot, current: Snapshot) -> MetricC
         )
     worse = t.exceeded_by(change)
     better = (change < -t.amount) if t.worse == "up" else (change > t.amount)
+    runs = [r.get(t.metric) for r in baseline.runs]
+    spread = stats.run_spread(runs, base, relative=t.relative) if spec.noisy else None
     shown = (
         f"{t.metric}: {units.value(t.metric, base)} -> {units.value(t.metric, cur)} "
         f"({format_change(t, change)}"
         + (f", interval {format_interval(t, interval)}" if interval is not None else "")
+        + (
+            f", run-to-run ±{format_change(t, spread.margin).lstrip('+')} over {spread.runs} baseline runs"
+            if spread is not None
+            else ""
+        )
         + f"; threshold {t.text()})"
     )
+    if worse and spread is not None and abs(change) <= spread.margin:
+        return MetricCheck(
+            t.metric,
+            t,
+            base,
+            cur,
+            change,
+            interval,
+            "within run-to-run noise",
+            WARN,
+            f"{shown}: past the threshold, but within the spread between the baseline runs",
+            spread.margin,
+        )
+    check = _verdict(t, spec, base, cur, change, interval, worse, better, shown)
+    return replace(check, run_spread=spread.margin) if spread is not None else check
+
+
+def _verdict(
+    t: Threshold,
+    spec: catalog.MetricSpec,
+    base: float,
+    cur: float,
+    change: float,
+    interval: stats.Interval | None,
+    worse: bool,
+    better: bool,
+    shown: str,
+) -> MetricCheck:
     if worse:
         if interval is not None:
             if interval.excludes_zero():
@@ -260,6 +299,13 @@ def gate(current: Snapshot, baseline: Snapshot, config: GateConfig) -> GateResul
         if name in config.thresholds
     ]
     rules, notes = check_rules(baseline, current, config.fail_on)
+    timed = any(c.current is not None and c.baseline is not None and catalog.spec(c.metric).noisy for c in checks)
+    if len(baseline.runs) < stats.MIN_RUNS and timed:
+        notes.append(
+            "the baseline is one run: its run-to-run noise (machine load, clocks, placement) is not measured, so "
+            "a rerun of the same job can fail on timings; record it from 3 or more runs "
+            "(ddpdoctor baseline RUN1 RUN2 RUN3 --output FILE)"
+        )
     notes += [f"current: {n}" for n in current.notes] + [f"baseline: {n}" for n in baseline.notes]
     return GateResult(
         baseline,

@@ -316,6 +316,58 @@ def _int_or_none(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def combine(snapshots: Sequence[Snapshot]) -> Snapshot:
+    """One baseline from several runs of the same job (``ddpdoctor baseline RUN1 RUN2 RUN3``): per-step samples
+    pooled, each metric the statistic of the pooled samples (or the median over the runs), and each run's own
+    metrics kept in ``runs``, so that the gate can measure the spread between runs. ValueError when the runs'
+    environments differ (they would not be runs of the same job)."""
+    if len(snapshots) == 1:
+        return snapshots[0]
+    first = snapshots[0]
+    for s in snapshots[1:]:
+        for key in ENV_KEYS:
+            if s.environment.get(key) != first.environment.get(key):
+                raise ValueError(
+                    f"the baseline runs are not runs of the same job: {key} is {first.environment.get(key)} in "
+                    f"{first.label} but {s.environment.get(key)} in {s.label}"
+                )
+    samples: dict[str, list[float]] = {}
+    for s in snapshots:
+        for key, values in s.samples.items():
+            samples.setdefault(key, []).extend(values)
+    values: dict[str, float | None] = {}
+    for name in {k for s in snapshots for k in s.metrics}:
+        spec = next((m for m in METRICS if m.name == name), None)
+        if spec is not None and spec.samples and samples.get(spec.samples):
+            values[name] = smp.statistic(samples[spec.samples], spec.statistic)
+        else:
+            found = [v for v in (s.metrics.get(name) for s in snapshots) if v is not None]
+            values[name] = float(np.median(found)) if found else None
+    findings = None
+    if all(s.findings is not None for s in snapshots):
+        by_name: dict[str, dict[str, Any]] = {}
+        for s in snapshots:  # a finding of any baseline run is "already in the baseline"
+            for f in s.findings or []:
+                by_name.setdefault(f["name"], f)
+        findings = list(by_name.values())
+    evaluated = None
+    if all(s.rules_evaluated is not None for s in snapshots):
+        evaluated = sorted({r for s in snapshots for r in s.rules_evaluated or []})
+    return replace(
+        first,
+        source=", ".join(s.label for s in snapshots),
+        origin=", ".join(s.origin or s.source for s in snapshots),
+        metrics=values,
+        samples=samples,
+        sample_notes={k: f"{v} (pooled over {len(snapshots)} runs)" for k, v in first.sample_notes.items()},
+        findings=findings,
+        rules_evaluated=evaluated,
+        notes=[f"{s.label}: {n}" for s in snapshots for n in s.notes],
+        incomplete=[f"{s.label}: {r}" for s in snapshots for r in s.incomplete],
+        runs=[dict(s.metrics) for s in snapshots],
+    )
+
+
 def with_source(snapshot: Snapshot, source: str) -> Snapshot:
     return replace(snapshot, source=source)
 

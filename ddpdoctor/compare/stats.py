@@ -58,6 +58,35 @@ def _rng_kwargs(seed: int) -> dict:
     return {key: np.random.default_rng(seed)}
 
 
+MIN_RUNS = 2  # baseline runs needed to estimate the spread between runs
+
+
+@dataclass(frozen=True)
+class RunSpread:
+    """How far a new run of the same job may land from the baseline by run-to-run noise alone: the half-width
+    of the ``confidence`` prediction interval of one more run, ``t(k-1) * sd * sqrt(1 + 1/k)`` over the ``k``
+    baseline runs' values (relative to ``reference`` when ``relative``)."""
+
+    margin: float
+    runs: int
+    confidence: float
+
+
+def run_spread(
+    values: Sequence[float], reference: float, *, relative: bool, confidence: float = CONFIDENCE
+) -> RunSpread | None:
+    """The prediction margin of a new run from the baseline runs' ``values`` of one metric; None with fewer
+    than ``MIN_RUNS`` runs or a relative change from a ``reference`` of 0."""
+    x = np.asarray([v for v in values if v is not None], dtype=float)
+    x = x[np.isfinite(x)]
+    if len(x) < MIN_RUNS or (relative and reference == 0):
+        return None
+    deviations = x / reference - 1.0 if relative else x - reference
+    sd = float(np.std(deviations, ddof=1))
+    t = float(_scipy_stats().t.ppf(0.5 + confidence / 2, len(x) - 1))
+    return RunSpread(t * sd * float(np.sqrt(1 + 1 / len(x))), len(x), confidence)
+
+
 def change_interval(
     baseline: Sequence[float],
     current: Sequence[float],

@@ -1,0 +1,74 @@
+"""Run-to-run noise (issue 13, item 9): per-step samples of one run cannot see the spread between runs (machine
+load, clocks, placement), so a rerun of the same job can move the step median by more than the threshold with a
+bootstrap interval that excludes 0. A baseline made of several runs measures that spread, and the gate fails a
+timing only when the current run is also outside the baseline runs' prediction interval."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from ddpdoctor.compare import gate, load_config
+from ddpdoctor.compare.snapshot import Snapshot, combine, dumps, from_json
+
+ENV = {"mode": "ddp", "world_size": 2, "backend": "gloo", "devices": ["cpu"], "torch_version": "2.13.0"}
+
+
+def _run(median: float, seed: int, name: str | None = None, env: dict | None = None) -> Snapshot:
+    """A run whose 40 steps sit tightly (±1 %) around ``median`` ms: within one run, very little noise."""
+    steps = (median * (1 + np.random.default_rng(seed).normal(0, 0.01, 40))).tolist()
+    return Snapshot(
+        source=name or f"runs/r{seed}",
+        environment=dict(env or ENV),
+        metrics={"step_ms.median": float(np.median(steps)), "step_ms.p90": float(np.percentile(steps, 90))},
+        samples={"step_ms": steps},
+        findings=[],
+        rules_evaluated=[],
+    )
+
+
+# three baseline runs of the same job on a busy machine: medians 100, 113, 92 ms (run-to-run spread ~10 %)
+BASE_RUNS = [_run(100, 1), _run(113, 2), _run(92, 3)]
+
+
+def _step(result):
+    return next(c for c in result.metrics if c.metric == "step_ms.median")
+
+
+def test_a_single_run_baseline_calls_a_rerun_in_its_own_noise_a_regression():
+    # what the issue saw: +12 % with a per-step interval far from 0 fails against one run
+    result = gate(_run(112, 4), BASE_RUNS[0], load_config(cwd="/"))
+    assert _step(result).verdict == "regression"
+    assert any("run-to-run" in n for n in result.notes)  # and it says that one run cannot measure it
+
+
+def test_a_rerun_within_the_baseline_runs_spread_is_not_a_regression():
+    base = combine(BASE_RUNS)
+    result = gate(_run(112, 4), base, load_config(cwd="/"))
+    check = _step(result)
+    assert check.verdict == "within run-to-run noise" and check.outcome == "warn" and not result.failed
+    assert check.run_spread is not None and check.run_spread > 0.1
+    assert "3 baseline runs" in check.message
+
+
+def test_a_real_slowdown_still_fails_against_several_runs():
+    check = _step(gate(_run(190, 5), combine(BASE_RUNS), load_config(cwd="/")))
+    assert check.verdict == "regression" and check.outcome == "fail"
+    assert "3 baseline runs" in check.message
+
+
+def test_combined_baseline_pools_samples_and_keeps_each_runs_metrics_through_the_file():
+    base = combine(BASE_RUNS)
+    assert len(base.runs) == 3 and len(base.samples["step_ms"]) == 120
+    assert base.origin == "runs/r1, runs/r2, runs/r3"
+    again = from_json(json.loads(dumps(base)), "perf/baseline.json")
+    assert [r["step_ms.median"] for r in again.runs] == pytest.approx([r["step_ms.median"] for r in base.runs], 1e-5)
+    check = _step(gate(_run(112, 4), again, load_config(cwd="/")))
+    assert check.verdict == "within run-to-run noise"
+
+
+def test_baseline_runs_of_different_jobs_are_refused():
+    with pytest.raises(ValueError, match="world_size"):
+        combine([BASE_RUNS[0], _run(100, 9, env={**ENV, "world_size": 4})])
