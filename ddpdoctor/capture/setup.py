@@ -1,8 +1,10 @@
 """Observations of the DDP set-up (no code change in the script): data loaders and samplers, ``set_epoch``,
 gradient all-reduce rounds per optimizer step, ``torch.cuda.set_device``, BatchNorm in DDP models.
 
-Everything here is bookkeeping on calls the script makes anyway; nothing draws random numbers or iterates a sampler
-itself (that would change the script's data order).
+Everything here is bookkeeping on calls the script makes anyway; nothing iterates a sampler itself (that would change
+the script's data order). The one extra call: once per DataLoader, the integer content (labels, token ids) of a
+map-style dataset at fixed indices, with every random generator's state restored afterwards, so that ranks reading
+the same data can be told from ranks reading their own shards of equal length.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from ddpdoctor.capture import ddp as ddp_capture
 
 _FIRST_BATCHES = 4  # index batches per epoch hashed to compare what ranks read
 _MAX_DIGEST_BYTES = 1 << 20
+_CONTENT_SAMPLES = 16  # fixed indices whose integer content fingerprints a dataset (10 classes: 1e-16 to collide)
 
 
 class SetupObserver:
@@ -30,6 +33,7 @@ class SetupObserver:
         self._forwards_since_step = 0
         self._patches: list[tuple[Any, str, Any]] = []
         self._iters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._content: dict[int, str | None] = {}  # id(loader) -> content digest, computed once per loader
 
     # ---- patching --------------------------------------------------------------------------------------------
     def _patch(self, owner: Any, name: str, wrapper: Any) -> None:
@@ -156,7 +160,12 @@ class SetupObserver:
             "first_indices_digest": None,
             "first_batch_digest": None,
             "first_labels_digest": None,
+            "content_digest": None,
         }
+        if not iterable and dataset_len:
+            if id(loader) not in self._content:
+                self._content[id(loader)] = _content_digest(dataset, dataset_len)
+            entry["content_digest"] = self._content[id(loader)]
         self.loaders.append(entry)
         self._iters[it] = {"entry": entry, "hash": hashlib.sha1(), "indices_seen": 0}
 
@@ -237,7 +246,35 @@ def _histogram(values: list[int]) -> dict[str, int]:
     return counts
 
 
-def _digest(batch: Any, integers_only: bool = False) -> str | None:
+def _content_digest(dataset: Any, length: int) -> str | None:
+    """Digest of the integers (integer tensors and Python ints: labels, token ids) of ``dataset`` at
+    ``_CONTENT_SAMPLES`` fixed indices spread over it; None when they hold none or cannot be read. Random states
+    (torch CPU, ``random``, numpy) are restored, so the script's data order and augmentations do not change."""
+    import random
+
+    import torch
+
+    indices = sorted({k * (length - 1) // (_CONTENT_SAMPLES - 1) for k in range(_CONTENT_SAMPLES)})
+    py_state = random.getstate()
+    try:
+        import numpy as np
+
+        np_state = np.random.get_state()
+    except Exception:  # noqa: BLE001 - numpy is optional for a script
+        np, np_state = None, None
+    try:
+        with torch.random.fork_rng(devices=[]):
+            items = [dataset[i] for i in indices]
+        return _digest(items, integers_only=True, python_ints=True)
+    except Exception:  # noqa: BLE001 - a dataset that cannot be indexed here is undecided, not an error
+        return None
+    finally:
+        random.setstate(py_state)
+        if np is not None and np_state is not None:
+            np.random.set_state(np_state)
+
+
+def _digest(batch: Any, integers_only: bool = False, python_ints: bool = False) -> str | None:
     """sha1 (16 hex digits) of the batch's CPU tensors (at most 1 MiB) and other values; ``integers_only``:
     only its integer tensors, None when it has none."""
     import torch
@@ -263,6 +300,9 @@ def _digest(batch: Any, integers_only: bool = False) -> str | None:
         elif isinstance(obj, dict):
             for k in sorted(obj, key=str):
                 feed(obj[k])
+        elif python_ints and isinstance(obj, int) and not isinstance(obj, bool):
+            fed[0] += 1
+            h.update(repr(obj).encode() + b",")
         elif not integers_only:
             h.update(repr(obj).encode()[:1024])
 

@@ -56,7 +56,9 @@ def analyze(run: Run, steps: tuple[int, int | None] | None = None) -> RunMetrics
     undecidable = straggler.pop("slow_rank_undecidable", None)
     run_metrics.update(straggler)
     run_metrics.update(run_evidence(run_metrics, ranks, devices, summaries, undecidable))
+    why_setup = setup_run.pop("not_measured", {})
     run_metrics.update(setup_run)
+    run_metrics["not_measured"] = {**run_metrics.get("not_measured", {}), **why_setup}
     return RunMetrics(
         run=run_metrics,
         ranks=ranks,

@@ -37,7 +37,11 @@ def setup_metrics(
     for rank, metrics in per_rank.items():
         metrics["gpu_shared_ranks"] = shared.get(rank)
     epochs = {int(rank): _training_epochs(_setup(c)) for rank, c in captures.items()}
-    return per_rank, {"data_duplication_factor": _duplication(epochs, per_rank)}
+    factor, why = _duplication(epochs, per_rank)
+    run: dict[str, Any] = {"data_duplication_factor": factor}
+    if why:
+        run["not_measured"] = {"data_duplication_factor": why}
+    return per_rank, run
 
 
 def rank_setup_metrics(capture: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -141,31 +145,61 @@ def _epoch_batches(epochs: list[dict[str, Any]]) -> int | None:
 
 
 def _sample_key(entry: Mapping[str, Any]) -> tuple[Any, Any] | None:
-    """What identifies the samples a pass starts with: its first index batches (map-style) or its first batch
-    (iterable), with the first batch's integer tensors; None when neither was recorded."""
-    order = entry.get("first_batch_digest") if entry.get("iterable") else entry.get("first_indices_digest")
-    return None if order is None else (order, entry.get("first_labels_digest"))
+    """What identifies the samples a pass starts with, on evidence of content: an iterable dataset's first batch;
+    a map-style one's first index batches with the integers of its first batch (labels, token ids) or, without
+    them, the dataset's content at fixed indices. None when there is no content to compare (equal indices over
+    per-rank datasets of the same length are not the same samples)."""
+    if entry.get("iterable"):
+        digest = entry.get("first_batch_digest")
+        return None if digest is None else (digest, None)
+    order = entry.get("first_indices_digest")
+    content = entry.get("first_labels_digest") or entry.get("content_digest")
+    return None if order is None or content is None else (order, content)
 
 
-def _duplication(epochs: dict[int, list[dict[str, Any]]], per_rank: dict[int, dict[str, Any]]) -> float | None:
-    """How many times each sample is read per epoch across the job (1 = every rank reads its own shard).
+_UNDECIDED_ORDER = (
+    "ranks start their epochs with the same indices, but neither their batches nor their datasets hold integers "
+    "(labels, token ids) to compare: the same data cannot be told from per-rank data of the same length"
+)
+_UNDECIDED_COVERAGE = (
+    "every rank iterates a whole dataset of the same length without a DistributedSampler, in its own order, but "
+    "the datasets' content could not be compared (no integers at fixed indices of a map-style dataset): the same "
+    "data cannot be told from per-rank shards of the same length"
+)
 
-    The largest group of ranks whose epoch starts with the same samples; or, when no rank uses a
-    DistributedSampler and every rank iterates (nearly) its whole copy of the same dataset in its own order,
-    the number of dataset passes the ranks make together per epoch.
+
+def _duplication(
+    epochs: dict[int, list[dict[str, Any]]], per_rank: dict[int, dict[str, Any]]
+) -> tuple[float | None, str | None]:
+    """How many times each sample is read per epoch across the job (1 = every rank reads its own shard), and why
+    it is None when the data cannot decide.
+
+    Only positive evidence counts: the largest group of ranks whose epoch starts with the same samples (same
+    indices and same content); or, when no rank uses a DistributedSampler and every rank iterates (nearly) its
+    whole dataset, the number of dataset passes the ranks make together per epoch -- if their datasets hold the
+    same content at fixed indices.
     """
     with_data = {r: e for r, e in epochs.items() if e}
     if not with_data:
-        return None
+        return None, None
     identical = 1
+    undecided_order = False
     for k in range(min(len(e) for e in with_data.values())):
         keys = Counter(key for e in with_data.values() if (key := _sample_key(e[k])) is not None)
         identical = max([identical, *keys.values()])
+        orders = Counter(e[k].get("first_indices_digest") for e in with_data.values() if _sample_key(e[k]) is None)
+        undecided_order |= any(n > 1 for o, n in orders.items() if o is not None)
     coverage = _coverage(with_data, per_rank)
-    return float(max(identical, coverage if coverage is not None and coverage >= _MIN_COVERAGE else 1))
+    if coverage == "undecided":
+        return (float(identical), None) if identical > 1 else (None, _UNDECIDED_COVERAGE)
+    if identical == 1 and undecided_order:
+        return None, _UNDECIDED_ORDER
+    return float(max(identical, coverage if coverage is not None and coverage >= _MIN_COVERAGE else 1)), None
 
 
-def _coverage(epochs: dict[int, list[dict[str, Any]]], per_rank: dict[int, dict[str, Any]]) -> float | None:
+def _coverage(epochs: dict[int, list[dict[str, Any]]], per_rank: dict[int, dict[str, Any]]) -> float | str | None:
+    """The ranks' dataset passes per epoch summed, when they hold the same data; None when they do not (or use a
+    DistributedSampler); "undecided" when they might."""
     shares = [per_rank.get(r, {}).get("epoch_dataset_share") for r in epochs]
     firsts = [e[0] for e in epochs.values()]
     if len(firsts) < 2 or any(s is None for s in shares) or any(f.get("distributed_sampler") for f in firsts):
@@ -179,7 +213,13 @@ def _coverage(epochs: dict[int, list[dict[str, Any]]], per_rank: dict[int, dict[
             by_order.setdefault(f["first_indices_digest"], set()).add(f["first_labels_digest"])
     if any(len(labels) > 1 for labels in by_order.values()):
         return None
-    return round(sum(shares), 2)
+    total = round(sum(shares), 2)
+    if total < _MIN_COVERAGE:
+        return total
+    content = {f.get("content_digest") for f in firsts}
+    if None in content:
+        return "undecided"
+    return total if len(content) == 1 else None  # different content at the same indices: each rank its own data
 
 
 # ------------------------------------------------------------------------------------------------------- GPUs

@@ -76,9 +76,7 @@ def test_uneven_hand_made_shards_differ_by_a_batch_and_are_not_duplicates():
     assert first[0]["first_indices_digest"] == first[1]["first_indices_digest"]
     assert first[0]["first_labels_digest"] != first[1]["first_labels_digest"]
     assert run["data_duplication_factor"] == 1.0
-    assert sum(column(ranks, "epoch_dataset_share")) == pytest.approx(
-        1.0
-    )  # shares of the dataset below the Subset
+    assert sum(column(ranks, "epoch_dataset_share")) == pytest.approx(1.0)  # shares of the dataset below the Subset
 
 
 def test_gradient_accumulation_without_no_sync_syncs_every_micro_batch():
@@ -123,9 +121,7 @@ def epoch(loader: int = 1, **overrides) -> dict:
     return entry
 
 
-def capture(
-    loaders=(), *, device: str = "cpu", ddp_device: str | None = "cpu", hostname="host0", **setup
-) -> dict:
+def capture(loaders=(), *, device: str = "cpu", ddp_device: str | None = "cpu", hostname="host0", **setup) -> dict:
     """A rank's capture file (hand-made): its data-loader passes, DDP model and devices."""
     return {
         "hostname": hostname,
@@ -181,11 +177,44 @@ def test_identical_first_batches_of_an_iterable_dataset_are_duplicates():
 
 
 def test_unseeded_random_samplers_read_the_whole_dataset_on_every_rank():
-    # no DistributedSampler, different orders on each rank, each rank iterates all 100 samples
+    # no DistributedSampler, different orders on each rank, each rank iterates all 100 samples of the same data
+    # (equal content at fixed indices)
     ranks, run = setup_metrics(
-        {r: capture([epoch(first_indices_digest=f"order{r}", first_labels_digest=f"l{r}")]) for r in range(4)}
+        {
+            r: capture([epoch(first_indices_digest=f"order{r}", first_labels_digest=f"l{r}", content_digest="same")])
+            for r in range(4)
+        }
     )
     assert run["data_duplication_factor"] == 4.0
+
+
+def test_hand_sharded_data_of_equal_length_in_different_orders_is_not_a_duplicate():
+    # each rank loads its own shard file of 100 samples: different content at the same fixed indices
+    ranks, run = setup_metrics(
+        {
+            r: capture([epoch(first_indices_digest=f"order{r}", first_labels_digest=f"l{r}", content_digest=f"c{r}")])
+            for r in range(4)
+        }
+    )
+    assert run["data_duplication_factor"] == 1.0
+
+
+def test_equal_length_and_different_orders_without_content_is_undecided():
+    # no integers to compare (e.g. float-only data): same data or own shards cannot be told apart
+    ranks, run = setup_metrics(
+        {r: capture([epoch(first_indices_digest=f"order{r}", first_labels_digest=None)]) for r in range(2)}
+    )
+    assert run["data_duplication_factor"] is None
+    assert "cannot be told from per-rank shards" in run["not_measured"]["data_duplication_factor"]
+
+
+def test_identical_indices_without_content_are_undecided_not_duplicates():
+    # the same seed gives the same permutation on every rank, over per-rank datasets of the same length
+    ranks, run = setup_metrics(
+        {r: capture([epoch(distributed_sampler=True, first_labels_digest=None)]) for r in range(2)}
+    )
+    assert run["data_duplication_factor"] is None
+    assert "same indices" in run["not_measured"]["data_duplication_factor"]
 
 
 def test_a_dataset_that_shards_by_rank_itself_is_not_called_a_duplicate():
@@ -246,9 +275,7 @@ def test_ranks_on_different_hosts_do_not_share_a_gpu():
 
 
 def test_set_device_calls_are_counted_on_cuda_ranks():
-    caps = {
-        r: capture(device=f"cuda:{r}", ddp_device=f"cuda:{r}", set_device_calls=[str(r)]) for r in range(2)
-    }
+    caps = {r: capture(device=f"cuda:{r}", ddp_device=f"cuda:{r}", set_device_calls=[str(r)]) for r in range(2)}
     ranks, _ = setup_metrics(caps)
     assert column(ranks, "set_device_calls") == [1, 1]
     assert column(ranks, "gpu_shared_ranks") == [1, 1]
