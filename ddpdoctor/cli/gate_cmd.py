@@ -44,7 +44,13 @@ def register(subparsers: Any, name: str, help_text: str) -> None:
             description=help_text + " (metrics, per-step samples and "
             "environment as small, reviewable JSON meant to be committed).",
         )
-        p.add_argument("run", metavar="RUN", help="a ddpdoctor run directory (or traces)")
+        p.add_argument(
+            "run",
+            metavar="RUN",
+            nargs="+",
+            help="a ddpdoctor run directory (or traces); several runs of the same job (3 or more recommended) "
+            "let the gate measure the noise between runs",
+        )
         p.add_argument("--output", "-o", metavar="FILE", help="write the baseline to FILE (default: stdout)")
         add_rule_selection(p)
         add_rule_options(p)
@@ -109,14 +115,22 @@ def run_baseline(args: argparse.Namespace) -> int:
     from ddpdoctor.compare import read_input
     from ddpdoctor.compare.snapshot import dumps
 
-    snapshot = read_input(args.run, rules=resolve_rules(rule_options(args)))
+    from ddpdoctor.compare.snapshot import combine
+    from ddpdoctor.errors import UsageError
+
+    rules = resolve_rules(rule_options(args))
+    try:
+        snapshot = combine([read_input(run, rules=rules) for run in args.run])
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     text = dumps(snapshot)
     emit(lambda _, stream: stream.write(text), None, args.output)
     if args.output is not None:
         metrics = sum(v is not None for v in snapshot.metrics.values())
         print(
             f"ddpdoctor: wrote baseline {args.output}: {metrics} metrics, "
-            f"{len(snapshot.samples.get('step_ms', []))} step samples",
+            f"{len(snapshot.samples.get('step_ms', []))} step samples"
+            + (f" from {len(args.run)} runs" if len(args.run) > 1 else ""),
             file=sys.stderr,
         )
     return 0

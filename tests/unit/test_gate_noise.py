@@ -72,3 +72,29 @@ def test_combined_baseline_pools_samples_and_keeps_each_runs_metrics_through_the
 def test_baseline_runs_of_different_jobs_are_refused():
     with pytest.raises(ValueError, match="world_size"):
         combine([BASE_RUNS[0], _run(100, 9, env={**ENV, "world_size": 4})])
+
+
+def test_baseline_command_takes_several_runs(tmp_path, capsys):
+    import shutil
+    from pathlib import Path
+
+    from ddpdoctor.cli import main
+
+    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "ddp_gloo_2rank"
+    runs = []
+    for name in ("a", "b", "c"):
+        shutil.copytree(fixture, tmp_path / name)
+        runs.append(str(tmp_path / name))
+    out = tmp_path / "baseline.json"
+    assert main(["baseline", *runs, "--output", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert len(doc["runs"]) == 3 and doc["run"] == ", ".join(runs)
+    assert "3 runs" in capsys.readouterr().err
+    # one run of another job among them: one line, exit 2
+    other = tmp_path / "d"
+    other.mkdir()
+    shutil.copy(next(fixture.glob("rank0.*")), other)
+    capsys.readouterr()
+    assert main(["baseline", *runs[:2], str(other)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "not runs of the same job" in err
