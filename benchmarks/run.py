@@ -8,7 +8,8 @@ ratio and target, and the results as JSON in benchmarks/results/<timestamp>.json
 
 Measures: floor (diagnose vs orjson.loads), hta (vs Holistic Trace Analysis 0.5.0, in benchmarks/.venv-hta),
 memory (peak RSS vs the largest rank trace), large (>= 300 MB traces made here), capture (trace overhead vs
-bare and vs a hand-written profiler), scale (1,024 ranks from summary files). Real GPU traces come from
+bare and vs a hand-written profiler), scale (1,024 ranks from summary files); gate-noise (the gate's false
+alarms on reruns of one job under load; only with --only, it takes minutes). Real GPU traces come from
 ../shared/traces (or $DDPDOCTOR_TRACES); measures that need them are skipped without them. Generated traces
 and runs are cached in benchmarks/.cache/. A MISS does not change the exit code (1 only when a benchmark
 errors)."""
@@ -26,6 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_floor  # noqa: E402
+import bench_gate_noise  # noqa: E402
 import bench_hta  # noqa: E402
 import bench_large  # noqa: E402
 import bench_memory  # noqa: E402
@@ -33,7 +35,11 @@ import bench_scale  # noqa: E402
 import capture_overhead  # noqa: E402
 from bench_common import RESULTS, TRACES, Report, environment  # noqa: E402
 
-BENCHMARKS = {m.NAME: m for m in (bench_floor, bench_hta, bench_memory, bench_large, capture_overhead, bench_scale)}
+BENCHMARKS = {
+    m.NAME: m
+    for m in (bench_floor, bench_hta, bench_memory, bench_large, capture_overhead, bench_scale, bench_gate_noise)
+}
+OPT_IN = {bench_gate_noise.NAME}  # minutes of training runs under load: only with --only
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,9 +51,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.list:
         for name, module in BENCHMARKS.items():
-            print(f"{name:<8} {(module.__doc__ or '').strip().splitlines()[0]}")
+            opt_in = " (only with --only)" if name in OPT_IN else ""
+            print(f"{name:<8} {(module.__doc__ or '').strip().splitlines()[0]}{opt_in}")
         return 0
-    names = list(BENCHMARKS)
+    names = [n for n in BENCHMARKS if n not in OPT_IN]
     if args.only:
         names = [n.strip() for n in args.only.split(",") if n.strip()]
         unknown = [n for n in names if n not in BENCHMARKS]
