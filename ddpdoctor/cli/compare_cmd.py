@@ -58,9 +58,9 @@ def register(subparsers: Any, name: str, help_text: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ddpdoctor.compare import compare, read_input
-    from ddpdoctor.compare.render import COMPARE_RENDERERS
+    from ddpdoctor.report import Document, renderer
 
     rules = resolve_rules(rule_options(args))
     a, b = read_input(args.a, rules=rules), read_input(args.b, rules=rules)
-    emit(COMPARE_RENDERERS[OutputFormat(args.format)], compare(a, b), args.output)
+    emit(renderer(Document.COMPARISON, args.format), compare(a, b), args.output)
     return 0

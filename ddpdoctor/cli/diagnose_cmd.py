@@ -70,16 +70,13 @@ def add_rule_options(p: argparse.ArgumentParser, *, config: bool = True) -> None
         p.add_argument(
             "--config",
             metavar="FILE",
-            help="read rule parameters from FILE ([tool.ddpdoctor.rules.<name>]) instead of the nearest "
-            "pyproject.toml",
+            help="read rule parameters from FILE ([tool.ddpdoctor.rules.<name>]) instead of the nearest pyproject.toml",
         )
 
 
 def register(subparsers: Any, name: str, help_text: str) -> None:
     p = subparsers.add_parser(name, help=help_text, description=help_text)
-    p.add_argument(
-        "run", metavar="RUN", help="a ddpdoctor run directory, a folder of traces or one trace file"
-    )
+    p.add_argument("run", metavar="RUN", help="a ddpdoctor run directory, a folder of traces or one trace file")
     p.add_argument(
         "--format",
         choices=[f.value for f in OutputFormat],

@@ -19,6 +19,7 @@ from ddpdoctor.cli.compare_cmd import emit
 from ddpdoctor.cli.diagnose_cmd import add_rule_options, add_rule_selection, rule_options
 from ddpdoctor.errors import DDPDoctorError
 from ddpdoctor.pipeline import resolve_rules
+from ddpdoctor.report import OutputFormat
 
 _GATE_EPILOG = """\
 thresholds (METRIC=THRESHOLD, repeatable; also [tool.ddpdoctor.gate.thresholds] in pyproject.toml):
@@ -56,7 +57,6 @@ def register(subparsers: Any, name: str, help_text: str) -> None:
         add_rule_options(p)
         p.set_defaults(func=run_baseline)
         return
-    from ddpdoctor.compare.render import GateFormat
 
     p = subparsers.add_parser(
         name,
@@ -95,8 +95,8 @@ def register(subparsers: Any, name: str, help_text: str) -> None:
     )
     p.add_argument(
         "--format",
-        choices=[f.value for f in GateFormat],
-        default=GateFormat.TEXT.value,
+        choices=[f.value for f in OutputFormat],
+        default=OutputFormat.TEXT.value,
         help="output format (default: text)",
     )
     p.add_argument("--output", "-o", metavar="FILE", help="write the result to FILE instead of stdout")
@@ -139,7 +139,7 @@ def run_baseline(args: argparse.Namespace) -> int:
 def _github(result: Any, report_on_stdout: bool) -> None:
     if os.environ.get("GITHUB_ACTIONS", "").lower() in ("", "0", "false"):
         return
-    from ddpdoctor.compare.render import github
+    from ddpdoctor.report import github
 
     # workflow commands are read from stdout and stderr; keep a JSON/Markdown report on stdout clean
     github.write_annotations(result, sys.stderr if report_on_stdout else sys.stdout)
@@ -153,7 +153,7 @@ def _github(result: Any, report_on_stdout: bool) -> None:
 
 def run_gate(args: argparse.Namespace) -> int:
     from ddpdoctor.compare import gate, load_config, read_input
-    from ddpdoctor.compare.render import GATE_RENDERERS, GateFormat, junit
+    from ddpdoctor.report import Document, junit, renderer
     from ddpdoctor.rundir import atomic_write_bytes
 
     config = load_config(args.config, args.threshold, fail_on=args.fail_on, strict_env=args.strict_env)
@@ -166,6 +166,6 @@ def run_gate(args: argparse.Namespace) -> int:
             atomic_write_bytes(Path(args.junit), junit.to_bytes(result))
         except OSError as exc:
             raise DDPDoctorError(f"{args.junit}: cannot write: {exc.strerror or exc}") from None
-    emit(GATE_RENDERERS[GateFormat(args.format)], result, args.output)
-    _github(result, report_on_stdout=args.output is None and args.format != GateFormat.TEXT.value)
+    emit(renderer(Document.GATE, args.format), result, args.output)
+    _github(result, report_on_stdout=args.output is None and args.format != OutputFormat.TEXT.value)
     return result.exit_code

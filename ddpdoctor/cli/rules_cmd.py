@@ -15,14 +15,10 @@ from ddpdoctor.diagnosis import apply_config, find_rule, load_config, load_rules
 def register(subparsers: Any, name: str, help_text: str) -> None:
     p = subparsers.add_parser(name, help=help_text, description=help_text)
     if name == "explain":
-        p.add_argument(
-            "rule", metavar="NAME", help="rule name or id, e.g. poor-comm-compute-overlap or DDP002"
-        )
+        p.add_argument("rule", metavar="NAME", help="rule name or id, e.g. poor-comm-compute-overlap or DDP002")
         p.set_defaults(func=run_explain)
     else:
-        p.add_argument(
-            "--format", choices=("text", "json"), default="text", help="output format (default: text)"
-        )
+        p.add_argument("--format", choices=("text", "json"), default="text", help="output format (default: text)")
         p.set_defaults(func=run_list)
     add_rule_options(p)
 

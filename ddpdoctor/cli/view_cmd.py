@@ -67,10 +67,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"ddpdoctor: wrote TensorBoard event files to {out}", flush=True)
     url = server.start(path.resolve(), args.host, args.port)
     warning = (
-        (
-            "ddpdoctor: warning: serving on every network interface; anyone who can reach this machine can "
-            "read the run\n"
-        )
+        ("ddpdoctor: warning: serving on every network interface; anyone who can reach this machine can read the run\n")
         if args.host in _ALL_INTERFACES
         else ""
     )

@@ -32,7 +32,7 @@ from ddpdoctor.compare import stats
 from ddpdoctor.compare.catalog import spec
 from ddpdoctor.compare.diff import Comparison
 from ddpdoctor.compare.gate import GateResult
-from ddpdoctor.report.document import jsonable
+from ddpdoctor.values import jsonable
 
 SCHEMA_VERSION = 1
 
@@ -91,9 +91,7 @@ def gate(result: GateResult) -> dict[str, Any]:
             "environment": {
                 "matches": not result.env_diffs,
                 "strict": result.config.strict_env,
-                "differences": [
-                    {"key": d.key, "baseline": d.baseline, "current": d.current} for d in result.env_diffs
-                ],
+                "differences": [{"key": d.key, "baseline": d.baseline, "current": d.current} for d in result.env_diffs],
             },
             "statistics": stats.METHOD,
             "metrics": [

@@ -11,19 +11,8 @@ from ddpdoctor.compare import units
 from ddpdoctor.compare.catalog import SECTIONS
 from ddpdoctor.compare.diff import Comparison
 from ddpdoctor.report import fmt, svg
+from ddpdoctor.report.page import write_page
 
-_CSS = """
-body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;max-width:1100px;
-color:#222;padding:0 1em}h1{font-size:1.5em;margin-bottom:.2em}
-h2{font-size:1.2em;margin-top:2em;border-bottom:1px solid #ddd}h3{font-size:1em;margin-top:1.2em}
-.facts{color:#666}.headline{font-size:1.15em;font-weight:bold;margin:.3em 0}.caveat{color:#8a5a00}
-.finding{border-left:5px solid #999;padding:.4em .9em;margin:.8em 0;background:#fafafa}
-.finding.error{border-color:#d62728}.finding.warning{border-color:#f0a30a}.finding.info{border-color:#1f77b4}
-.sev{font-weight:bold;text-transform:uppercase;font-size:.85em}table{border-collapse:collapse;margin:.5em 0}
-td,th{border-bottom:1px solid #e4e4e4;padding:3px 9px;text-align:right}th{background:#f3f3f3}
-td.l,th.l{text-align:left}svg text{font:11px sans-serif;fill:#333}svg .grid{stroke:#ddd}
-.note{color:#777;font-size:.9em}
-"""
 _BREAKDOWN = (
     ("data", "dataloader_ms"),
     ("forward", "forward_ms"),
@@ -36,15 +25,10 @@ _BREAKDOWN = (
 
 def _step_charts(c: Comparison) -> list[str]:
     out = []
-    median = [
-        (f"{label} median", [("step time", s.value("step_ms.median"))])
-        for label, s in (("A", c.a), ("B", c.b))
-    ]
+    median = [(f"{label} median", [("step time", s.value("step_ms.median"))]) for label, s in (("A", c.a), ("B", c.b))]
     if any(v for _, parts in median for _, v in parts):
         out.append(svg.stacked_bars(median))
-    bars = [
-        (label, [(name, s.value(key)) for name, key in _BREAKDOWN]) for label, s in (("A", c.a), ("B", c.b))
-    ]
+    bars = [(label, [(name, s.value(key)) for name, key in _BREAKDOWN]) for label, s in (("A", c.a), ("B", c.b))]
     if any(v for _, parts in bars for _, v in parts):
         out.append("<h3>Where a step goes (profiled steps)</h3>")
         out.append(svg.stacked_bars(bars))
@@ -80,16 +64,13 @@ def _memory_chart(c: Comparison) -> str:
         for d in s.devices
     ]
     if not devices:
-        return (
-            '<p class="note">No device memory peaks in either run (CPU runs, or traces without memory).</p>'
-        )
+        return '<p class="note">No device memory peaks in either run (CPU runs, or traces without memory).</p>'
     return svg.capacity_bars(devices)
 
 
 def _metrics_table(c: Comparison) -> str:
     head = "".join(
-        f'<th class="{"l" if h in ("metric",) else ""}">{h}</th>'
-        for h in ("metric", "A", "B", "B/A", "better")
+        f'<th class="{"l" if h in ("metric",) else ""}">{h}</th>' for h in ("metric", "A", "B", "B/A", "better")
     )
     body = []
     for section in SECTIONS:
@@ -150,10 +131,4 @@ def render(c: Comparison, stream: TextIO) -> None:
     parts.append("<h2>Side by side</h2>")
     parts.append(_metrics_table(c))
     parts += _findings(c)
-    stream.write(
-        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-        f"<title>{fmt.esc('ddpdoctor compare: ' + c.a.source + ' vs ' + c.b.label)}</title>"
-        f"<style>{_CSS}</style></head><body>\n"
-    )
-    stream.write("\n".join(parts))
-    stream.write("\n</body></html>\n")
+    write_page(stream, f"ddpdoctor compare: {c.a.source} vs {c.b.label}", parts)

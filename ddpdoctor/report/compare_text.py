@@ -12,14 +12,13 @@ from rich.text import Text
 from ddpdoctor.compare import units
 from ddpdoctor.compare.catalog import SECTIONS
 from ddpdoctor.compare.diff import Comparison
-from ddpdoctor.compare.render.console import console, t
 from ddpdoctor.report import fmt
+from ddpdoctor.report.console import WIDE, console
+from ddpdoctor.report.console import text as t
 
 
 def _metrics_table(c: Comparison) -> Table:
-    table = Table(
-        box=box.SIMPLE_HEAD, title="Side by side (per step; B/A < 1 means B is lower)", title_justify="left"
-    )
+    table = Table(box=box.SIMPLE_HEAD, title="Side by side (per step; B/A < 1 means B is lower)", title_justify="left")
     for col, justify in (
         ("metric", "left"),
         ("A", "right"),
@@ -65,7 +64,7 @@ def _devices_table(c: Comparison) -> Table | None:
 
 def render(c: Comparison, stream: TextIO) -> None:
     """Write the comparison of A and B to ``stream``."""
-    out = console(stream)
+    out = console(stream, WIDE)
     head = Text("ddpdoctor compare", style="bold")
     out.print(head)
     out.print(Text("A: ", style="bold") + t(c.a.label))

@@ -18,6 +18,8 @@ class _Console(Console):
         raise BrokenPipeError
 
 
+WIDE = 130  # compare and gate tables: more columns than the diagnosis report
+
 
 def console(stream: TextIO, width_not_a_terminal: int = 100) -> Console:
     tty = bool(getattr(stream, "isatty", lambda: False)())

@@ -12,13 +12,14 @@ from rich.text import Text
 from ddpdoctor import escape
 from ddpdoctor.compare import stats, units
 from ddpdoctor.compare.gate import FAIL, WARN, GateResult, format_change, format_interval
-from ddpdoctor.compare.render.compare_markdown import table as md_table
-from ddpdoctor.compare.render.console import console
+from ddpdoctor.report.compare_markdown import table as md_table
+from ddpdoctor.report.console import WIDE, console
 
 
 def t(value: object, style: str = "") -> Text:
     """One line of terminal text from anything that may come from a trace or a baseline file."""
     return Text(escape.terminal(value), style=style)
+
 
 _STYLE = {FAIL: "bold red", WARN: "yellow"}
 _ICON = {FAIL: "❌", WARN: "⚠️", "ok": "✅"}
@@ -39,11 +40,7 @@ def verdict_line(result: GateResult) -> str:
 def env_lines(result: GateResult) -> list[str]:
     return [
         f"environment differs from the baseline: {d.key} was {d.baseline}, now {d.current}"
-        + (
-            ""
-            if result.config.strict_env
-            else " (numbers may not be comparable; --strict-env makes this fail)"
-        )
+        + ("" if result.config.strict_env else " (numbers may not be comparable; --strict-env makes this fail)")
         for d in result.env_diffs
     ]
 
@@ -54,7 +51,7 @@ def incomplete_lines(result: GateResult) -> list[str]:
 
 def render(result: GateResult, stream: TextIO) -> None:
     """Write the gate result for a terminal or a CI log."""
-    out = console(stream)
+    out = console(stream, WIDE)
     out.print(t(verdict_line(result), "bold red" if result.failed else "bold green"))
     out.print(t(f"current:  {result.current.label}", "dim"))
     out.print(t(f"baseline: {result.baseline.label} ({result.baseline.created_at or 'undated'})", "dim"))
@@ -65,9 +62,7 @@ def render(result: GateResult, stream: TextIO) -> None:
     table = Table(box=box.SIMPLE_HEAD)
     interval_col = f"{stats.CONFIDENCE * 100:.0f}% interval"
     for col in ("metric", "baseline", "current", "change", interval_col, "threshold", "verdict"):
-        table.add_column(
-            col, justify="left" if col in ("metric", "verdict") else "right", no_wrap=col != "verdict"
-        )
+        table.add_column(col, justify="left" if col in ("metric", "verdict") else "right", no_wrap=col != "verdict")
     for m in result.metrics:
         table.add_row(
             t(m.metric),
@@ -87,15 +82,12 @@ def render(result: GateResult, stream: TextIO) -> None:
             )
     if result.rules:
         quiet = [r.rule for r in result.rules if r.outcome not in (FAIL, WARN)]
-        out.print(
-            t(f"rules without a new finding ({len(quiet)}): {', '.join(quiet)}", "dim"), soft_wrap=True
-        )
+        out.print(t(f"rules without a new finding ({len(quiet)}): {', '.join(quiet)}", "dim"), soft_wrap=True)
     for note in result.notes:
         out.print(t("note: " + note, "dim"), soft_wrap=True)
     out.print(
         t(
-            f"regression = past the threshold and outside noise: {stats.METHOD} interval of the change "
-            "must exclude 0.",
+            f"regression = past the threshold and outside noise: {stats.METHOD} interval of the change must exclude 0.",
             "dim",
         ),
         soft_wrap=True,

@@ -7,7 +7,7 @@ from typing import TextIO
 
 from ddpdoctor import escape
 from ddpdoctor.compare.gate import FAIL, WARN, GateResult
-from ddpdoctor.compare.render.gate_text import env_lines, incomplete_lines, markdown_lines
+from ddpdoctor.report.gate_text import env_lines, incomplete_lines, markdown_lines
 
 _data, _prop = escape.workflow_data, escape.workflow_property
 
@@ -15,8 +15,7 @@ _data, _prop = escape.workflow_data, escape.workflow_property
 def annotations(result: GateResult) -> list[str]:
     """One ``::error`` per failure, one ``::warning`` per warning and per environment difference."""
     out = [
-        f"::error title={_prop('ddpdoctor gate: run incomplete')}::{_data(line)}"
-        for line in incomplete_lines(result)
+        f"::error title={_prop('ddpdoctor gate: run incomplete')}::{_data(line)}" for line in incomplete_lines(result)
     ]
     for check in (*result.metrics, *result.rules):
         if check.outcome in (FAIL, WARN):
@@ -24,9 +23,7 @@ def annotations(result: GateResult) -> list[str]:
             level = "error" if check.outcome == FAIL else "warning"
             out.append(f"::{level} title={_prop('ddpdoctor gate: ' + name)}::{_data(check.message)}")
     level = "error" if result.env_failed else "warning"
-    out += [
-        f"::{level} title={_prop('ddpdoctor gate: environment')}::{_data(line)}" for line in env_lines(result)
-    ]
+    out += [f"::{level} title={_prop('ddpdoctor gate: environment')}::{_data(line)}" for line in env_lines(result)]
     return out
 
 

@@ -10,20 +10,8 @@ from typing import Any, TextIO
 from ddpdoctor.diagnosis.findings import Diagnosis, format_ranks
 from ddpdoctor.report import fmt, svg
 from ddpdoctor.report.document import RANK_TABLE_COLUMNS, build, frame, grouped_not_evaluated, rank_table_rows
+from ddpdoctor.report.page import write_page
 from ddpdoctor.values import clean_value
-
-_CSS = """
-body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;max-width:1100px;
-color:#222;padding:0 1em}
-h1{font-size:1.5em;margin-bottom:.2em}h2{font-size:1.2em;margin-top:2em;border-bottom:1px solid #ddd}
-.facts{color:#666}.finding{border-left:5px solid #999;padding:.4em .9em;margin:.8em 0;background:#fafafa}
-.finding.error{border-color:#d62728}.finding.warning{border-color:#f0a30a}.finding.info{border-color:#1f77b4}
-.sev{font-weight:bold;text-transform:uppercase;font-size:.85em}.gain{float:right;font-weight:bold}
-.rec{color:#225522}table{border-collapse:collapse;margin:.5em 0}
-td,th{border-bottom:1px solid #e4e4e4;padding:3px 9px;text-align:right}th{background:#f3f3f3}
-td.l,th.l{text-align:left}.ev td{font-size:.85em;color:#555}svg text{font:11px sans-serif;fill:#333}
-svg .lg{font-size:11px}svg .grid{stroke:#ddd}.note{color:#777;font-size:.9em}
-"""
 
 _BREAKDOWN = (
     ("dataloader", "dataloader_ms"),
@@ -40,9 +28,7 @@ def _finding_html(i: int, f: Any) -> str:
         f'<tr><td class="l">{fmt.esc(k)}</td><td>{fmt.esc(fmt.evidence_value(v))}</td></tr>'
         for k, v in f.evidence.items()
     )
-    gain = (
-        f'<span class="gain">{fmt.esc(fmt.gain(f.estimated_gain_ms))}</span>' if f.estimated_gain_ms else ""
-    )
+    gain = f'<span class="gain">{fmt.esc(fmt.gain(f.estimated_gain_ms))}</span>' if f.estimated_gain_ms else ""
     return (
         f'<div class="finding {fmt.esc(f.severity)}">{gain}'
         f'<div><span class="sev">{fmt.esc(f.severity)}</span> {i}. <b>{fmt.esc(f.id)} {fmt.esc(f.name)}</b> '
@@ -73,9 +59,7 @@ def _collectives_table(metrics: Any) -> str:
     df = frame(metrics, "collectives")
     if df is None:
         return '<p class="note">No collectives in this run.</p>'
-    cols = [
-        c for c in ("rank", "kind", "count", "bytes", "ms", "algbw_gbps", "busbw_gbps") if c in df.columns
-    ]
+    cols = [c for c in ("rank", "kind", "count", "bytes", "ms", "algbw_gbps", "busbw_gbps") if c in df.columns]
     head = "".join(f'<th class="{"l" if c == "kind" else ""}">{fmt.esc(c)}</th>' for c in cols)
     body = []
     for row in df[cols].to_dict("records"):
@@ -95,9 +79,7 @@ def _collectives_table(metrics: Any) -> str:
 
 def _rank_table(doc: dict[str, Any]) -> str:
     head = "".join(f"<th>{long}</th>" for long, _ in RANK_TABLE_COLUMNS)
-    rows = [
-        "<tr>" + "".join(f"<td>{fmt.esc(c)}</td>" for c in cells) + "</tr>" for cells in rank_table_rows(doc)
-    ]
+    rows = ["<tr>" + "".join(f"<td>{fmt.esc(c)}</td>" for c in cells) + "</tr>" for cells in rank_table_rows(doc)]
     return f"<table><tr>{head}</tr>{''.join(rows)}</table>"
 
 
@@ -136,9 +118,7 @@ def _body(result: Diagnosis) -> list[str]:
     out.append(_rank_table(doc))
     series = _overlap_series(result.metrics)
     out.append("<h2>Communication / computation overlap per step</h2>")
-    out.append(
-        svg.line_chart(series) if series else '<p class="note">No per-step communication measured.</p>'
-    )
+    out.append(svg.line_chart(series) if series else '<p class="note">No per-step communication measured.</p>')
     devices = [
         (
             f"r{r['rank']} {d['device'] if d['device'] is not None else '?'}",
@@ -168,10 +148,5 @@ def _body(result: Diagnosis) -> list[str]:
 
 def render(result: Diagnosis, stream: TextIO) -> None:
     """Write the HTML report of ``result`` to ``stream`` as one self-contained document."""
-    title = fmt.esc(f"ddpdoctor: {(getattr(result.metrics, 'run', {}) or {}).get('path') or 'diagnosis'}")
-    stream.write(
-        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-        f"<title>{title}</title><style>{_CSS}</style></head><body>\n"
-    )
-    stream.write("\n".join(_body(result)))
-    stream.write("\n</body></html>\n")
+    title = f"ddpdoctor: {(getattr(result.metrics, 'run', {}) or {}).get('path') or 'diagnosis'}"
+    write_page(stream, title, _body(result))

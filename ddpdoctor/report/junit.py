@@ -15,7 +15,7 @@ import xml.etree.ElementTree as ET
 
 from ddpdoctor import escape
 from ddpdoctor.compare.gate import FAIL, GateResult
-from ddpdoctor.compare.render.gate_text import incomplete_lines, verdict_line
+from ddpdoctor.report.gate_text import incomplete_lines, verdict_line
 
 
 def _case(
@@ -60,9 +60,7 @@ def build(result: GateResult) -> ET.Element:
             skipped="not measured in either run" if both_missing else None,
         )
     for r in result.rules:
-        _case(
-            suite, "ddpdoctor.gate.rules", r.rule, r.message, failure=r.verdict if r.outcome == FAIL else None
-        )
+        _case(suite, "ddpdoctor.gate.rules", r.rule, r.message, failure=r.verdict if r.outcome == FAIL else None)
     env_text = (
         "; ".join(f"{d.key}: baseline {d.baseline}, current {d.current}" for d in result.env_diffs)
         or "same environment as the baseline"

@@ -25,10 +25,7 @@ LABEL_W = 90
 def _label(text: str, y: int) -> str:
     """A row label at the left, shortened to fit (the full text is in the tooltip)."""
     short = text if len(text) <= 14 else text[:13] + "…"
-    return (
-        f'<text x="{LABEL_W - 6}" y="{y + 13}" text-anchor="end"><title>{esc(text)}</title>'
-        f"{esc(short)}</text>"
-    )
+    return f'<text x="{LABEL_W - 6}" y="{y + 13}" text-anchor="end"><title>{esc(text)}</title>{esc(short)}</text>'
 
 
 def _legend(items: Sequence[tuple[str, str]], y: int) -> list[str]:
@@ -72,9 +69,7 @@ def stacked_bars(rows: Sequence[tuple[str, Sequence[tuple[str, float | None]]]],
     return "".join(out)
 
 
-def line_chart(
-    series: dict[str, Sequence[tuple[float, float]]], y_max: float = 1.0, percent: bool = True
-) -> str:
+def line_chart(series: dict[str, Sequence[tuple[float, float]]], y_max: float = 1.0, percent: bool = True) -> str:
     """Lines over steps (x) with y in [0, y_max]; one line per series (e.g. per rank)."""
     points = [p for s in series.values() for p in s]
     if not points:
@@ -125,10 +120,7 @@ def capacity_bars(devices: Sequence[tuple[str, float | None, float | None, float
         y = top + i * (bar_h + gap)
         out.append(_label(label, y))
         if reserved:
-            out.append(
-                f'<rect x="{LABEL_W}" y="{y}" width="{reserved * scale:.1f}" height="{bar_h}" '
-                'fill="#a0cbe8"/>'
-            )
+            out.append(f'<rect x="{LABEL_W}" y="{y}" width="{reserved * scale:.1f}" height="{bar_h}" fill="#a0cbe8"/>')
         if allocated:
             out.append(
                 f'<rect x="{LABEL_W}" y="{y + 4}" width="{allocated * scale:.1f}" height="{bar_h - 8}" '

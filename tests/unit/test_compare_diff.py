@@ -7,9 +7,8 @@ import io
 import json
 
 from ddpdoctor.compare import compare
-from ddpdoctor.compare.render import COMPARE_RENDERERS
 from ddpdoctor.compare.snapshot import Snapshot
-from ddpdoctor.report import OutputFormat
+from ddpdoctor.report import RENDERERS, Document, OutputFormat, renderer
 
 DP_ENV = {
     "mode": "dp",
@@ -112,9 +111,7 @@ def test_ratios_and_better():
 def test_headline_makes_speed_and_memory_balance_obvious():
     c = compare(_dp(), _ddp())
     assert any("B is 2.50x faster per step" in line for line in c.headline)
-    assert any(
-        line.startswith("Memory balance A: GPU 0 holds 2.50x") and "unbalanced" in line for line in c.headline
-    )
+    assert any(line.startswith("Memory balance A: GPU 0 holds 2.50x") and "unbalanced" in line for line in c.headline)
     assert any(line.startswith("Memory balance B") and "(balanced)" in line for line in c.headline)
 
 
@@ -133,23 +130,17 @@ def test_findings_in_one_only():
 
 
 def test_every_format_renders_and_escapes():
-    assert set(COMPARE_RENDERERS) == set(OutputFormat)
+    assert set(RENDERERS[Document.COMPARISON]) == set(OutputFormat)
     c = compare(_dp(), _ddp())
     outputs = {}
-    for fmt, render in COMPARE_RENDERERS.items():
+    for fmt in OutputFormat:
         out = io.StringIO()
-        render(c, out)
+        renderer(Document.COMPARISON, fmt)(c, out)
         outputs[fmt] = out.getvalue()
-    assert (
-        "<b>dp</b>" not in outputs[OutputFormat.HTML]
-        and "&lt;b&gt;dp&lt;/b&gt;" in outputs[OutputFormat.HTML]
-    )
+    assert "<b>dp</b>" not in outputs[OutputFormat.HTML] and "&lt;b&gt;dp&lt;/b&gt;" in outputs[OutputFormat.HTML]
     assert outputs[OutputFormat.HTML].count("<svg") >= 3  # step bars, step-by-step lines, memory per device
     assert "B is 2.50x faster per step" in outputs[OutputFormat.TEXT]
-    assert (
-        "| step time | step time, median | 200.00 ms | 80.00 ms | 0.40x | B |"
-        in outputs[OutputFormat.MARKDOWN]
-    )
+    assert "| step time | step time, median | 200.00 ms | 80.00 ms | 0.40x | B |" in outputs[OutputFormat.MARKDOWN]
     doc = json.loads(outputs[OutputFormat.JSON])
     step = next(m for m in doc["metrics"] if m["name"] == "step_ms.median")
     assert step == {

@@ -16,8 +16,8 @@ from markdown_it import MarkdownIt
 
 from ddpdoctor import escape
 from ddpdoctor.compare import gate, load_config
-from ddpdoctor.compare.render import GATE_RENDERERS, GateFormat, github, junit
 from ddpdoctor.compare.snapshot import Snapshot
+from ddpdoctor.report import Document, OutputFormat, github, junit, renderer
 
 INJECT = "x\n::error title=pwned::injected\r::add-mask::secret"
 SPACED = "a" * 70 + " ::error::wrapped " + "b" * 70  # a terminal wrapping at a space would start a line with ::
@@ -57,15 +57,15 @@ def _result(hostile: str):
     return gate(cur, base, load_config(cwd="/"))
 
 
-def _render(result, fmt: GateFormat) -> str:
+def _render(result, fmt: OutputFormat) -> str:
     out = io.StringIO()
-    GATE_RENDERERS[fmt](result, out)
+    renderer(Document.GATE, fmt)(result, out)
     return out.getvalue()
 
 
 @pytest.mark.parametrize("hostile", HOSTILE)
 def test_terminal_text(hostile):
-    text = _render(_result(hostile), GateFormat.TEXT)
+    text = _render(_result(hostile), OutputFormat.TEXT)
     assert not _BAD_CHARS.search(text)
     assert "\r" not in text
     assert not [line for line in text.splitlines() if line.lstrip().startswith("::")], text
@@ -92,7 +92,7 @@ def test_markdown_summary(hostile, tmp_path):
     result = _result(hostile)
     summary = tmp_path / "summary.md"
     github.append_step_summary(result, str(summary))
-    for text in (summary.read_text(encoding="utf-8"), _render(result, GateFormat.MARKDOWN)):
+    for text in (summary.read_text(encoding="utf-8"), _render(result, OutputFormat.MARKDOWN)):
         assert not _BAD_CHARS.search(text)
         html = MarkdownIt("commonmark").enable("table").render(text)
         assert "<b>" not in html and "<a " not in html and "<script" not in html
@@ -113,7 +113,7 @@ def test_junit_xml(hostile):
 
 @pytest.mark.parametrize("hostile", HOSTILE)
 def test_json(hostile):
-    text = _render(_result(hostile), GateFormat.JSON)
+    text = _render(_result(hostile), OutputFormat.JSON)
     text.encode("utf-8")
     doc = json.loads(text)
     assert doc["result"] == "fail"

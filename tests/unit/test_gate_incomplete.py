@@ -11,8 +11,8 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from ddpdoctor.compare import gate, load_config
-from ddpdoctor.compare.render import GATE_RENDERERS, GateFormat, github, junit
 from ddpdoctor.compare.snapshot import build, dumps, from_json
+from ddpdoctor.report import Document, OutputFormat, github, junit, renderer
 
 
 def _capture(rank: int, *, status: str = "ok", steps: int = 30, world: int = 2, ms: float = 30.0, **extra) -> dict:
@@ -67,12 +67,12 @@ def test_an_incomplete_run_fails_the_gate_with_the_reason(captures, reason):
     result = gate(current, BASE, load_config(cwd="/"))
     assert result.failed and result.exit_code == 1
     assert any(reason in r for r in result.incomplete), result.incomplete
-    for fmt in GateFormat:
+    for fmt in OutputFormat:
         out = io.StringIO()
-        GATE_RENDERERS[fmt](result, out)
+        renderer(Document.GATE, fmt)(result, out)
         text = out.getvalue()
         assert reason in text, fmt
-        if fmt is GateFormat.JSON:
+        if fmt is OutputFormat.JSON:
             doc = json.loads(text)
             assert doc["result"] == "fail" and any(reason in r for r in doc["incomplete"])
     root = ET.fromstring(junit.to_bytes(result))

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from ddpdoctor.compare import gate, load_config
-from ddpdoctor.compare.render import GATE_RENDERERS, GateFormat, github, junit
 from ddpdoctor.compare.snapshot import Snapshot, dumps, from_json
+from ddpdoctor.report import RENDERERS, Document, OutputFormat, github, junit, renderer
 
 ENV = {
     "ddpdoctor_version": "0.1.0",
@@ -107,9 +107,7 @@ def test_improvement_is_not_a_failure():
 
 def test_new_findings_fail_from_fail_on():
     base = _snap(30, seed=1, findings=[_finding("rank-straggler", "warning")])
-    cur = _snap(
-        30, seed=2, findings=[_finding("rank-straggler", "warning"), _finding("gpu0-oom-risk", "error")]
-    )
+    cur = _snap(30, seed=2, findings=[_finding("rank-straggler", "warning"), _finding("gpu0-oom-risk", "error")])
     result = gate(cur, base, load_config(cwd="/"))
     by_rule = {r.rule: r for r in result.rules}
     assert by_rule["gpu0-oom-risk"].verdict == "new finding" and result.failed
@@ -129,7 +127,7 @@ def test_environment_difference_warns_and_fails_only_strict():
     result = gate(_snap(30, seed=2, env=other), _snap(30, seed=1), load_config(cwd="/"))
     assert {d.key for d in result.env_diffs} == {"world_size", "torch_version"} and not result.failed
     text = io.StringIO()
-    GATE_RENDERERS[GateFormat.TEXT](result, text)
+    renderer(Document.GATE, OutputFormat.TEXT)(result, text)
     assert "environment differs from the baseline: world_size was 2, now 4" in text.getvalue()
     assert gate(_snap(30, seed=2, env=other), _snap(30, seed=1), load_config(strict_env=True, cwd="/")).failed
 
@@ -149,24 +147,22 @@ def test_baseline_round_trip():
 
 
 def test_every_gate_format_has_a_renderer():
-    assert set(GATE_RENDERERS) == set(GateFormat)
+    assert set(RENDERERS[Document.GATE]) == set(OutputFormat)
     result = gate(_snap(70, seed=2), _snap(30, seed=1), load_config(cwd="/"))
-    for fmt, render in GATE_RENDERERS.items():
+    for fmt in OutputFormat:
         out = io.StringIO()
-        render(result, out)
-        name = "step\\_ms.median" if fmt is GateFormat.MARKDOWN else "step_ms.median"  # Markdown escapes _
+        renderer(Document.GATE, fmt)(result, out)
+        name = "step\\_ms.median" if fmt is OutputFormat.MARKDOWN else "step_ms.median"  # Markdown escapes _
         assert name in out.getvalue(), fmt
-    doc = json.loads(_render(result, GateFormat.JSON))
+    doc = json.loads(_render(result, OutputFormat.JSON))
     assert doc["result"] == "fail" and doc["exit_code"] == 1
     step = next(m for m in doc["metrics"] if m["metric"] == "step_ms.median")
-    assert (
-        step["verdict"] == "regression" and step["interval"]["low"] > 0 and step["change_kind"] == "relative"
-    )
+    assert step["verdict"] == "regression" and step["interval"]["low"] > 0 and step["change_kind"] == "relative"
 
 
 def _render(result, fmt) -> str:
     out = io.StringIO()
-    GATE_RENDERERS[fmt](result, out)
+    renderer(Document.GATE, fmt)(result, out)
     return out.getvalue()
 
 

@@ -21,7 +21,7 @@ import pytest
 
 from ddpdoctor.cli import build_parser
 from ddpdoctor.diagnosis import evaluate, load_rules
-from ddpdoctor.report import RENDERERS, OutputFormat, render
+from ddpdoctor.report import RENDERERS, Document, OutputFormat, render, renderer
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 UPDATE = os.environ.get("DDPDOCTOR_UPDATE_GOLDEN") == "1"
@@ -50,14 +50,13 @@ def check_golden(path: Path, actual: str) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(actual)
     assert path.exists(), f"{path} missing: run with DDPDOCTOR_UPDATE_GOLDEN=1"
-    assert actual == path.read_text(), (
-        f"{path} differs: inspect, then regenerate with DDPDOCTOR_UPDATE_GOLDEN=1"
-    )
+    assert actual == path.read_text(), f"{path} differs: inspect, then regenerate with DDPDOCTOR_UPDATE_GOLDEN=1"
 
 
 def test_every_output_format_has_a_renderer_and_a_cli_choice():
-    assert set(RENDERERS) == set(OutputFormat)
-    assert all(callable(r) for r in RENDERERS.values())
+    assert set(RENDERERS) == set(Document)
+    assert all(set(formats) == set(OutputFormat) for formats in RENDERERS.values())
+    assert all(callable(renderer(d, f)) for d in Document for f in OutputFormat)
     sub = next(a for a in build_parser()._actions if a.dest == "command")
     fmt = next(a for a in sub.choices["diagnose"]._actions if a.dest == "format")
     assert sorted(fmt.choices) == sorted(f.value for f in OutputFormat)
