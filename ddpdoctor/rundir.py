@@ -291,6 +291,11 @@ class Manifest(msgspec.Struct, forbid_unknown_fields=False):
     ranks: list[ManifestRank] = []
 
 
+def to_plain(data: Any) -> Any:
+    """``data`` as it reads back from JSON (numpy scalars as numbers, tuples as lists)."""
+    return json.loads(json.dumps(data, default=_json_default))
+
+
 def check(data: Any, kind: type[msgspec.Struct]) -> str | None:
     """None when ``data`` (decoded JSON) fits ``kind``, else why not, in one line."""
     try:
@@ -371,10 +376,25 @@ def read_run_files(run_dir: Path) -> tuple[dict[int, dict[str, Any]], dict[str, 
     return captures, manifest, notes + more
 
 
-def write_rank_capture(path: Path, data: dict[str, Any]) -> None:
-    """Write a rank capture file after checking it against ``RankCapture`` (a capture bug surfaces here, in
-    ddpdoctor's tests, not in a reader)."""
-    why = check(json.loads(json.dumps(data, default=_json_default)), RankCapture)
-    if why:
-        raise ValueError(f"rank capture does not fit its schema: {why}")
-    atomic_write_json(path, data)
+def _write_checked(path: Path, data: dict[str, Any], kind: type[msgspec.Struct]) -> str | None:
+    """Write ``data`` atomically and return why it does not fit ``kind`` (None when it does). The data is written
+    either way: what a rank measured is never thrown away for a bug of ddpdoctor's, which the tests catch here."""
+    plain = to_plain(data)
+    why = check(plain, kind)
+    atomic_write_json(path, plain)
+    return why
+
+
+def write_rank_capture(path: Path, data: dict[str, Any]) -> str | None:
+    """Write ``ranks/rank<R>.json``; returns why it does not fit ``RankCapture`` (None when it does)."""
+    return _write_checked(path, data, RankCapture)
+
+
+def write_summary(path: Path, data: dict[str, Any]) -> str | None:
+    """Write ``ranks/rank<R>.summary.json``; returns why it does not fit ``RankSummary`` (None when it does)."""
+    return _write_checked(path, data, RankSummary)
+
+
+def write_manifest(path: Path, data: dict[str, Any]) -> str | None:
+    """Write ``manifest.json``; returns why it does not fit ``Manifest`` (None when it does)."""
+    return _write_checked(path, data, Manifest)

@@ -151,7 +151,11 @@ def record(session: Session) -> dict[str, Any]:
 def write(session: Session) -> None:
     """Write (replace) ``ranks/rank<R>.json``; a failure is noted in the session, never raised."""
     try:
-        rundir.atomic_write_json(rundir.rank_file(session.out, session.rank), record(session))
+        data = rundir.to_plain(record(session))
+        why = rundir.check(data, rundir.RankCapture)
+        if why:  # a bug of ddpdoctor's: say so in the file, keep what was measured
+            data["capture_errors"] = [*data["capture_errors"], f"rank file does not fit its schema: {why}"]
+        rundir.write_rank_capture(rundir.rank_file(session.out, session.rank), data)
     except Exception as exc:
         session.capture_errors.append(f"writing rank file failed: {type(exc).__name__}: {exc}")
 
@@ -166,7 +170,10 @@ def write_summary(session: Session) -> None:
 
         rank_trace = load_rank_files([session.out / f for f in session.trace_files], session.rank)
         summary = summarize_rank(rank_trace, record(session))
-        rundir.atomic_write_json(rundir.summary_file(session.out, session.rank), summary)
+        why = rundir.write_summary(rundir.summary_file(session.out, session.rank), summary)
+        if why:  # readers will leave it out and read the trace; say why in the rank file
+            session.capture_errors.append(f"per-rank summary does not fit its schema: {why}")
+            write(session)
     except Exception as exc:  # the run's data is on disk either way; analysis falls back to the traces
         session.capture_errors.append(f"per-rank summary failed: {type(exc).__name__}: {exc}")
         write(session)
