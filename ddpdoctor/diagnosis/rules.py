@@ -30,6 +30,7 @@ Keys (required unless marked optional)::
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib.resources
 import math
 import re
@@ -37,7 +38,9 @@ import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
+
+import msgspec
 
 from ddpdoctor.diagnosis.expr import Expr, ExprError, Scope, compile_expr
 from ddpdoctor.diagnosis.findings import SEVERITIES
@@ -60,19 +63,6 @@ _DEFAULT_PARALLELISM = {
 }
 SCOPES = ("run", "rank")
 DOC_SECTIONS = ("what_it_does", "why_is_this_bad", "example", "fix", "references")
-_REQUIRED = (
-    "id",
-    "name",
-    "severity",
-    "applies_to",
-    "scope",
-    "summary",
-    "when",
-    "message",
-    "recommendation",
-    "docs",
-)
-_OPTIONAL = ("backends", "ranks_where", "estimated_gain_ms", "clauses", "params", "parallelism", "requires")
 _ID_RE = re.compile(r"^[A-Z]{2,}[0-9]{3,}$")
 _NAME_RE = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
 
@@ -198,128 +188,159 @@ class _Bad(ValueError):
     pass
 
 
-def _text(data: Mapping[str, Any], key: str, section: str = "") -> str:
-    value = data.get(key)
-    label = f"[{section}] {key}" if section else key
-    if value is None:
-        raise _Bad(f"missing {label}")
-    if not isinstance(value, str) or not value.strip():
+class _DocsFile(msgspec.Struct, forbid_unknown_fields=True):
+    what_it_does: str
+    why_is_this_bad: str
+    example: str
+    fix: str
+    references: list[str]
+    options: dict[str, str] = {}
+
+
+class _ClauseFile(msgspec.Struct, forbid_unknown_fields=True):
+    when: str
+    message: str
+
+
+class _RuleFile(msgspec.Struct, forbid_unknown_fields=True):
+    """The schema of a rule file (module docstring); what it cannot say is checked in ``_build``."""
+
+    id: str
+    name: str
+    severity: Literal[SEVERITIES]  # type: ignore[valid-type]
+    applies_to: Literal[APPLIES_TO]  # type: ignore[valid-type]
+    scope: Literal[SCOPES]  # type: ignore[valid-type]
+    summary: str
+    when: str
+    message: str
+    recommendation: str
+    docs: _DocsFile
+    backends: list[str] = []
+    ranks_where: str | None = None
+    estimated_gain_ms: str | None = None
+    clauses: list[_ClauseFile] = []
+    params: dict[str, bool | int | float] = {}
+    parallelism: list[Literal[PARALLELISMS]] | None = None  # type: ignore[valid-type]
+    requires: list[str] | None = None
+
+
+_SECTION = {"$": "", "$.docs": "[docs]", "$.docs.options": "[docs.options]", "$.params": "[params]"}
+_FIELDS = {"": _RuleFile, "[docs]": _DocsFile}
+_CHOICES = {"severity": SEVERITIES, "applies_to": APPLIES_TO, "scope": SCOPES, "parallelism": PARALLELISMS}
+
+
+def _schema_message(exc: msgspec.ValidationError) -> str:
+    """msgspec's message in the words of a rule file: ``missing [docs] fix``, ``unknown key(s) whne; did you
+    mean when?``, ``severity must be one of info, warning, error, not 'fatal'``."""
+    text = str(exc)
+    where = text.rsplit(" - at `", 1)[1].rstrip("`") if " - at `" in text else "$"
+    what = text.split(" - at `", 1)[0]
+    section = _SECTION.get(re.sub(r"\[\d+\]$", "", where), "")
+    key = where.rsplit(".", 1)[-1] if where != "$" else ""
+    label = re.sub(r"\$\.?", "", where).replace(".", " ") or "the rule file"
+    if match := re.match(r"Object missing required field `(.+)`", what):
+        return f"missing {(section + ' ') if section else ''}{match.group(1)}"
+    if match := re.match(r"Object contains unknown field `(.+)`", what):
+        field = match.group(1)
+        allowed = list(msgspec.structs.fields(_FIELDS.get(section, _ClauseFile)))
+        names = [f.name for f in allowed]
+        close = difflib.get_close_matches(field, names, n=1)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        kind = "key(s)" if not section else f"{section} section(s)" if section == "[docs]" else "key(s)"
+        place = "" if kind.startswith("[") or not section else f" in {section}"
+        return f"unknown {kind} {field}{place}{hint} (allowed: {', '.join(names)})"
+    if match := re.match(r"Invalid enum value (.+)", what):
+        choices = _CHOICES.get(re.sub(r"\[\d+\]$", "", key), ())
+        return f"{label} must be one of {', '.join(choices)}, not {match.group(1)}"
+    if where == "$" and what.startswith("Expected `object`"):
+        return "a rule file is a TOML table of keys"
+    return f"{label}: {what[0].lower()}{what[1:]}".replace("`", "")
+
+
+def _text(value: str, label: str) -> str:
+    if not value.strip():
         raise _Bad(f"{label} must be a non-empty string")
     return value.strip()
 
 
 def _build(data: Mapping[str, Any], filename: str, where: str) -> Rule:
-    for key in _REQUIRED:
-        if key not in data:
-            raise _Bad(f"missing {key}")
-    unknown = sorted(set(data) - set(_REQUIRED) - set(_OPTIONAL))
-    if unknown:
-        raise _Bad(f"unknown key(s) {', '.join(unknown)} (allowed: {', '.join(_REQUIRED + _OPTIONAL)})")
-    rule_id, name = _text(data, "id"), _text(data, "name")
+    try:
+        raw = msgspec.convert(data, _RuleFile)
+    except msgspec.ValidationError as exc:
+        raise _Bad(_schema_message(exc)) from None
+    rule_id, name = _text(raw.id, "id"), _text(raw.name, "name")
     if not _ID_RE.match(rule_id):
         raise _Bad(f"id {rule_id!r} must be capital letters then digits, e.g. DDP012")
     if not _NAME_RE.match(name):
         raise _Bad(f"name {name!r} must be a lowercase slug, e.g. poor-comm-compute-overlap")
     if filename != f"{name}.toml":
         raise _Bad(f"the file of rule {name} must be named {name}.toml")
-    severity, applies_to, scope = _text(data, "severity"), _text(data, "applies_to"), _text(data, "scope")
-    for key, value, allowed in (
-        ("severity", severity, SEVERITIES),
-        ("applies_to", applies_to, APPLIES_TO),
-        ("scope", scope, SCOPES),
-    ):
-        if value not in allowed:
-            raise _Bad(f"{key} must be one of {', '.join(allowed)}, not {value!r}")
-    params = data.get("params", {})
-    if not isinstance(params, dict) or not all(_same_kind(v, v) and not isinstance(v, dict) for v in params.values()):
+    params = raw.params
+    if not all(_same_kind(v, v) for v in params.values()):
         raise _Bad("[params] must map names to finite numbers or true/false")
-    backends = data.get("backends", [])
-    if not isinstance(backends, list) or not all(isinstance(b, str) for b in backends):
-        raise _Bad('backends must be a list of strings, e.g. ["nccl"]')
-    parallelism = data.get("parallelism", list(_DEFAULT_PARALLELISM[applies_to]))
-    if not isinstance(parallelism, list) or not parallelism or not all(p in PARALLELISMS for p in parallelism):
+    parallelism = raw.parallelism if raw.parallelism is not None else list(_DEFAULT_PARALLELISM[raw.applies_to])
+    if not parallelism:
         raise _Bad(f"parallelism must be a non-empty list of {', '.join(PARALLELISMS)}")
-    s: Scope = scope  # type: ignore[assignment]
+    s: Scope = raw.scope
 
     def expr(key: str, text: str, expr_scope: Scope = s) -> Expr:
         try:
-            return compile_expr(text, scope=expr_scope, params=params)
+            return compile_expr(_text(text, key), scope=expr_scope, params=params)
         except ExprError as exc:
             raise _Bad(f"{key}: {exc}") from None
 
     def template(key: str, text: str) -> Template:
         try:
-            return compile_template(text, scope=s, params=params)
+            return compile_template(_text(text, key), scope=s, params=params)
         except ExprError as exc:
             raise _Bad(f"{key}: {exc}") from None
 
-    ranks_where = data.get("ranks_where")
-    if ranks_where is not None and scope != "run":
+    if raw.ranks_where is not None and s != "run":
         raise _Bad('ranks_where is only for scope = "run" (a per-rank rule names the ranks where `when` holds)')
-    gain = data.get("estimated_gain_ms")
-    clauses = []
-    for i, raw in enumerate(data.get("clauses", [])):
-        if not isinstance(raw, dict) or set(raw) != {"when", "message"}:
-            raise _Bad(f"[[clauses]] #{i + 1} must have exactly `when` and `message`")
-        clauses.append(
-            Clause(
-                expr(f"clauses #{i + 1} when", _text(raw, "when")),
-                template("clauses message", raw["message"]),
-            )
-        )
-    when = expr("when", _text(data, "when"))
-    requires = data.get("requires")
-    if requires is None:
-        requires = sorted(when.metrics)
-    elif not isinstance(requires, list) or not all(isinstance(m, str) for m in requires):
-        raise _Bad('requires must be a list of metric names, e.g. ["busbw_gbps"]')
-    else:
-        unknown_metrics = [m for m in requires if catalog.rule_metric(m) is None]
-        if unknown_metrics:
-            raise _Bad(f"requires names unknown metric(s) {', '.join(unknown_metrics)}")
+    clauses = [
+        Clause(expr(f"clauses #{i + 1} when", c.when), template("clauses message", c.message))
+        for i, c in enumerate(raw.clauses)
+    ]
+    when = expr("when", raw.when)
+    requires = raw.requires if raw.requires is not None else sorted(when.metrics)
+    unknown_metrics = [m for m in requires if catalog.rule_metric(m) is None]
+    if unknown_metrics:
+        raise _Bad(f"requires names unknown metric(s) {', '.join(unknown_metrics)}")
     return Rule(
         id=rule_id,
         name=name,
-        severity=severity,
-        applies_to=applies_to,
+        severity=raw.severity,
+        applies_to=raw.applies_to,
         scope=s,
-        summary=_text(data, "summary"),
+        summary=_text(raw.summary, "summary"),
         when=when,
-        message=template("message", _text(data, "message")),
-        recommendation=template("recommendation", _text(data, "recommendation")),
-        docs=_docs(data.get("docs"), params),
+        message=template("message", raw.message),
+        recommendation=template("recommendation", raw.recommendation),
+        docs=_docs(raw.docs, params),
         path=where,
         params=dict(params),
         params_source={k: "default" for k in params},
-        estimated_gain=None if gain is None else expr("estimated_gain_ms", _text(data, "estimated_gain_ms")),
-        ranks_where=None if ranks_where is None else expr("ranks_where", _text(data, "ranks_where"), "rank"),
+        estimated_gain=None if raw.estimated_gain_ms is None else expr("estimated_gain_ms", raw.estimated_gain_ms),
+        ranks_where=None if raw.ranks_where is None else expr("ranks_where", raw.ranks_where, "rank"),
         clauses=tuple(clauses),
-        backends=tuple(backends),
+        backends=tuple(raw.backends),
         parallelism=tuple(parallelism),
         requires=tuple(requires),
     )
 
 
-def _docs(docs: Any, params: Mapping[str, Any]) -> RuleDocs:
-    if not isinstance(docs, dict):
-        raise _Bad("[docs] must be a table")
-    unknown = sorted(set(docs) - set(DOC_SECTIONS) - {"options"})
-    if unknown:
-        raise _Bad(f"unknown [docs] section(s) {', '.join(unknown)} (allowed: {', '.join(DOC_SECTIONS)}, options)")
-    texts = {key: _text(docs, key, "docs") for key in DOC_SECTIONS if key != "references"}
-    refs = docs.get("references")
-    if not isinstance(refs, list) or not refs or not all(isinstance(r, str) and r.strip() for r in refs):
+def _docs(docs: _DocsFile, params: Mapping[str, Any]) -> RuleDocs:
+    texts = {key: _text(getattr(docs, key), f"[docs] {key}") for key in DOC_SECTIONS if key != "references"}
+    if not docs.references or not all(r.strip() for r in docs.references):
         raise _Bad("missing [docs] references (a non-empty list of strings)")
     if "```" not in texts["fix"]:
         raise _Bad("[docs] fix must show the fix in a ``` code block")
-    options = docs.get("options", {})
-    if not isinstance(options, dict) or set(options) != set(params):
-        missing = sorted(set(params) - set(options)) if isinstance(options, dict) else sorted(params)
-        extra = sorted(set(options) - set(params)) if isinstance(options, dict) else []
+    if set(docs.options) != set(params):
+        missing, extra = sorted(set(params) - set(docs.options)), sorted(set(docs.options) - set(params))
         raise _Bad(
             f"[docs.options] must describe every param (missing: {missing or 'none'}, unknown: {extra or 'none'})"
         )
-    return RuleDocs(**texts, references=tuple(refs), options={k: str(v) for k, v in options.items()})
+    return RuleDocs(**texts, references=tuple(docs.references), options=dict(docs.options))
 
 
 def load_rules(extra_dirs: Iterable[str | Path] = (), *, builtin: bool = True) -> tuple[Rule, ...]:
