@@ -251,7 +251,10 @@ def _summaries(root: Path, capture: dict[int, dict[str, Any]]) -> tuple[list[Ran
         return None, notes
     ranks = [
         RankTrace(
-            rank=r, files=list(s.get("files", [])), distributed_info=s.get("distributed_info"), summary=s
+            rank=r,
+            files=[str(root / Path(f).name) for f in s.get("files", [])],
+            distributed_info=s.get("distributed_info"),
+            summary=s,
         )
         for r, s in sorted(found.items())
     ]

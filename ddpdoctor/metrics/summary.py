@@ -16,6 +16,7 @@ Layout (``schema_version`` 1)::
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -85,7 +86,7 @@ def summarize_rank(
             "schema_version": SCHEMA_VERSION,
             "ddpdoctor_version": __version__,
             "rank": rt.rank,
-            "files": [str(f) for f in rt.files],
+            "files": [Path(f).name for f in rt.files],  # beside the run directory's other files: movable
             "distributed_info": rt.distributed_info,
             "hostname": (capture or {}).get("hostname"),
             "world_size": world,
