@@ -4,7 +4,7 @@ nothing from a trace can inject markup (rich, Markdown, HTML) or terminal escape
 Inputs are the hand-written engine-logic dicts in tests/golden/inputs/ (see tests/golden/README.md).
 Regenerate the golden files after an intended change with:
 
-    DDPDOCTOR_UPDATE_GOLDEN=1 /work/venv/bin/python -m pytest tests/unit/test_report.py -q
+    DDPDOCTOR_UPDATE_GOLDEN=1 python -m pytest tests/unit/test_report.py -q
 """
 
 from __future__ import annotations
