@@ -7,6 +7,11 @@ from noise is reported as "within noise" (a warning, not a failure). A noisy met
 per-step samples in both runs can warn but never fail; memory peaks, which do not vary from run to run, fail
 on the threshold alone.
 
+With a baseline of several runs (``Snapshot.runs``), a timing past its threshold is also compared with the
+spread between the baseline runs: within the prediction interval of one more run (``stats.run_spread``;
+Bonferroni-corrected over the timings gated, so that a rerun of the same job fails at most 5 % of the time),
+it is "within run-to-run noise", a warning.
+
 A run that did not complete (``Snapshot.incomplete``: a rank failed, died, hung or was interrupted, a rank
 is missing, too few steps), current or baseline, fails the gate whatever its numbers say: a crashed run's
 few fast steps would otherwise pass as an improvement.
@@ -116,7 +121,10 @@ def _change(t: Threshold, base: float, cur: float) -> float:
     return cur / base - 1.0
 
 
-def check_metric(t: Threshold, baseline: Snapshot, current: Snapshot) -> MetricCheck:
+def check_metric(
+    t: Threshold, baseline: Snapshot, current: Snapshot, spread_confidence: float = stats.CONFIDENCE
+) -> MetricCheck:
+    """One gated metric. ``spread_confidence``: of the baseline runs' prediction interval (see ``gate``)."""
     spec = catalog.spec(t.metric)
     base, cur = baseline.value(t.metric), current.value(t.metric)
     if base is None or cur is None:
@@ -148,13 +156,16 @@ def check_metric(t: Threshold, baseline: Snapshot, current: Snapshot) -> MetricC
     worse = t.exceeded_by(change)
     better = (change < -t.amount) if t.worse == "up" else (change > t.amount)
     runs = [r.get(t.metric) for r in baseline.runs]
-    spread = stats.run_spread(runs, base, relative=t.relative) if spec.noisy else None
+    spread = (
+        stats.run_spread(runs, base, relative=t.relative, confidence=spread_confidence) if spec.noisy else None
+    )
     shown = (
         f"{t.metric}: {units.value(t.metric, base)} -> {units.value(t.metric, cur)} "
         f"({format_change(t, change)}"
         + (f", interval {format_interval(t, interval)}" if interval is not None else "")
         + (
-            f", run-to-run ±{format_change(t, spread.margin).lstrip('+')} over {spread.runs} baseline runs"
+            f", run-to-run ±{format_change(t, spread.margin).lstrip('+')} over {spread.runs} baseline runs "
+            f"({spread.confidence * 100:.1f}%)"
             if spread is not None
             else ""
         )
@@ -293,11 +304,14 @@ def env_diffs(baseline: Snapshot, current: Snapshot) -> list[EnvDiff]:
 def gate(current: Snapshot, baseline: Snapshot, config: GateConfig) -> GateResult:
     """Compare ``current`` with ``baseline`` under ``config``'s thresholds (see the module docstring)."""
     order = [m.name for m in catalog.METRICS]
-    checks = [
-        check_metric(config.thresholds[name], baseline, current)
-        for name in order
-        if name in config.thresholds
+    gated = [name for name in order if name in config.thresholds]
+    # The run-to-run test is made once per timing: Bonferroni keeps the chance that any of them fails a rerun of
+    # the same job at 1 - CONFIDENCE (5 %), not 5 % per timing.
+    timings = [
+        n for n in gated if catalog.spec(n).noisy and baseline.value(n) is not None and current.value(n) is not None
     ]
+    confidence = 1 - (1 - stats.CONFIDENCE) / max(len(timings), 1)
+    checks = [check_metric(config.thresholds[name], baseline, current, confidence) for name in gated]
     rules, notes = check_rules(baseline, current, config.fail_on)
     timed = any(c.current is not None and c.baseline is not None and catalog.spec(c.metric).noisy for c in checks)
     if len(baseline.runs) < stats.MIN_RUNS and timed:
