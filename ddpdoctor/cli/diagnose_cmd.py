@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ddpdoctor.diagnosis import SEVERITIES
+from ddpdoctor.diagnosis.findings import SEVERITIES
 from ddpdoctor.errors import DDPDoctorError, UsageError
 from ddpdoctor.pipeline import RuleOptions, analyze_run, resolve_rules
 from ddpdoctor.report import OutputFormat, render

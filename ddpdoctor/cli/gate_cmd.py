@@ -31,7 +31,7 @@ per-step samples excludes 0 (not noise)."""
 
 
 def _epilog() -> str:
-    from ddpdoctor.compare.catalog import METRICS
+    from ddpdoctor.metrics.catalog import COMPARED as METRICS
 
     defaults = ", ".join(f"{m.name}={m.threshold}" for m in METRICS if m.threshold)
     return _GATE_EPILOG % {"defaults": defaults, "metrics": ", ".join(m.name for m in METRICS)}

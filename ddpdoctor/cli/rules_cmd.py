@@ -8,8 +8,8 @@ import sys
 from typing import Any
 
 from ddpdoctor import escape
-from ddpdoctor.cli.diagnose_cmd import add_rule_options
-from ddpdoctor.diagnosis import apply_config, find_rule, load_config, load_rules
+from ddpdoctor.cli.diagnose_cmd import add_rule_options, rule_options
+from ddpdoctor.pipeline import resolve_rules
 
 
 def register(subparsers: Any, name: str, help_text: str) -> None:
@@ -24,7 +24,7 @@ def register(subparsers: Any, name: str, help_text: str) -> None:
 
 
 def _rules(args: argparse.Namespace) -> Any:
-    return apply_config(load_rules(args.rules_dir), load_config(args.config))
+    return resolve_rules(rule_options(args))
 
 
 def run_list(args: argparse.Namespace) -> int:
@@ -64,6 +64,7 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def run_explain(args: argparse.Namespace) -> int:
+    from ddpdoctor.diagnosis.rules import find_rule
     from ddpdoctor.report.rule_docs import rule_markdown
 
     # a user's rule file may hold escape sequences: shown escaped, whether stdout is a terminal or a file

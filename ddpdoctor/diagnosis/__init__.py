@@ -11,23 +11,30 @@
 
 from __future__ import annotations
 
-from ddpdoctor.diagnosis.config import RuleConfig, apply_config, load_config
-from ddpdoctor.diagnosis.engine import evaluate
-from ddpdoctor.diagnosis.findings import SEVERITIES, Diagnosis, Finding, NotEvaluated
-from ddpdoctor.diagnosis.rules import Rule, RuleError, find_rule, load_rules, select_rules
+from typing import Any
 
-__all__ = [
-    "SEVERITIES",
-    "Diagnosis",
-    "Finding",
-    "NotEvaluated",
-    "Rule",
-    "RuleConfig",
-    "RuleError",
-    "apply_config",
-    "evaluate",
-    "find_rule",
-    "load_config",
-    "load_rules",
-    "select_rules",
-]
+# Imported on first use: the command line reads SEVERITIES at start-up without loading the rule machinery.
+_EXPORTS = {
+    "RuleConfig": "config",
+    "apply_config": "config",
+    "load_config": "config",
+    "evaluate": "engine",
+    "SEVERITIES": "findings",
+    "Diagnosis": "findings",
+    "Finding": "findings",
+    "NotEvaluated": "findings",
+    "Rule": "rules",
+    "RuleError": "rules",
+    "find_rule": "rules",
+    "load_rules": "rules",
+    "select_rules": "rules",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        import importlib
+
+        return getattr(importlib.import_module(f"ddpdoctor.diagnosis.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module 'ddpdoctor.diagnosis' has no attribute {name!r}")
