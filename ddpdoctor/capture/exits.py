@@ -75,7 +75,7 @@ def finish_at_exit(session: Session) -> ExitRecord:
 
     def excepthook(etype: Any, value: Any, tb: Any) -> None:
         record.saw_exception(value)
-        original_hook(etype, value, tb)
+        original_hook(etype, value, invisible.strip_exception(value, tb))
 
     sys.excepthook = excepthook
 
@@ -105,9 +105,12 @@ def _flush_on_sigterm(session: Session, record: ExitRecord, finish: Any) -> None
         return
 
     def on_sigterm(signum: int, frame: Any) -> None:
-        record.interrupted, record.code = True, 128 + signum
-        record.error = record.error or f"terminated by signal {signum}"
-        finish()
+        if session.status == "hung":  # ended by our own --hang-timeout watchdog: keep its diagnosis
+            session.finish("hung", 128 + signum, session.error)
+        else:
+            record.interrupted, record.code = True, 128 + signum
+            record.error = record.error or f"terminated by signal {signum}"
+            finish()
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
 

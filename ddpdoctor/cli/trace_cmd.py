@@ -38,8 +38,8 @@ def _own_parser() -> argparse.ArgumentParser:
         "With any torchrun option (e.g. --nproc-per-node 4) the script is launched by torchrun, one traced "
         "process per rank. Ranks the script starts itself (mp.spawn, Lightning) are traced too. Started by a "
         "scheduler as one rank (RANK/WORLD_SIZE or SLURM variables set), it traces that rank into the shared --out. "
-        "After --, any launcher command (accelerate launch, deepspeed, bash run.sh, ...) runs with every rank it "
-        "starts traced.",
+        "After --, any launcher command (accelerate launch, python -m torch.distributed.launch, bash run.sh, ...) runs "
+        "with every rank it starts traced.",
         add_help=False,
     )
     g = p.add_argument_group("ddpdoctor options")
