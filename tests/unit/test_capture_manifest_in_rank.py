@@ -1,0 +1,68 @@
+"""The manifest of an in-rank run (each rank started by a scheduler, no launcher and so no node files) assembles
+itself from the rank files: exit status per rank, the job's exit code once every rank has ended."""
+
+from __future__ import annotations
+
+from ddpdoctor import rundir
+from ddpdoctor.capture import manifest
+
+
+def _rank(out, rank, status, exit_code, *, world_size=2):
+    rundir.atomic_write_json(
+        rundir.rank_file(out, rank),
+        {
+            "rank": rank,
+            "world_size": world_size,
+            "node_rank": 0,
+            "local_rank": rank,
+            "hostname": "node-a",
+            "pid": 100 + rank,
+            "status": status,
+            "exit_code": exit_code,
+            "error": None if exit_code in (0, None) else f"exit code {exit_code}",
+            "steps": {"source": "optimizer", "count": 8, "profiled": [[3, 5]]},
+            "trace_files": [],
+            "started_at": 1000.0 + rank,
+            "updated_at": 1010.0 + rank,
+        },
+    )
+
+
+def _build(out):
+    return manifest.build(out, mode="scheduler", command=["ddpdoctor", "trace"], config={}, launch="scheduler")
+
+
+def test_partial_then_complete(tmp_path):
+    _rank(tmp_path, 0, "ok", 0)
+    partial = _build(tmp_path)
+    assert partial["launch"] == "scheduler" and partial["world_size"] == 2 and partial["nodes"] == []
+    assert partial["exit_code"] is None  # rank 1 has not written yet
+    assert [r["status"] for r in partial["ranks"]] == ["ok", "failed"]
+    assert partial["ranks"][1]["reason"].startswith("no data")
+
+    _rank(tmp_path, 1, "running", None)
+    running = _build(tmp_path)
+    assert running["exit_code"] is None
+    assert running["ranks"][1]["status"] == "running" and "still running" in running["ranks"][1]["reason"]
+
+    _rank(tmp_path, 1, "ok", 0)
+    done = _build(tmp_path)
+    assert done["exit_code"] == 0 and [r["status"] for r in done["ranks"]] == ["ok", "ok"]
+    assert done["started_at"] == 1000.0 and done["finished_at"] == 1011.0 and done["nnodes"] == 1
+
+
+def test_failed_rank_sets_the_exit_code(tmp_path):
+    _rank(tmp_path, 0, "ok", 0)
+    _rank(tmp_path, 1, "failed", 3)
+    built = _build(tmp_path)
+    assert built["exit_code"] == 3
+    assert built["ranks"][1]["status"] == "failed" and built["ranks"][1]["exit_code"] == 3
+
+
+def test_rebuild_keeps_what_the_last_manifest_said(tmp_path):
+    _rank(tmp_path, 0, "ok", 0)
+    manifest.write(tmp_path, _build(tmp_path))
+    _rank(tmp_path, 1, "ok", 0)
+    rebuilt = manifest.rebuild(tmp_path)
+    assert rebuilt["command"] == ["ddpdoctor", "trace"] and rebuilt["launch"] == "scheduler"
+    assert rebuilt["exit_code"] == 0 and len(rebuilt["ranks"]) == 2
