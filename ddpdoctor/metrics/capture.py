@@ -95,10 +95,15 @@ def thread_metrics(capture: dict[str, Any] | None, ranks_on_host: int | None) ->
     gil = (capture.get("gil") or {}).get("per_step") or {}
     contention = [c for c in gil.get("contention") or [] if isinstance(c, (int, float))]
     threads = [t for t in gil.get("threads") or [] if isinstance(t, (int, float))]
+    active = [t for t in gil.get("active_threads") or [] if isinstance(t, (int, float))]
+    cores = [c for c in gil.get("cpu_cores") or [] if isinstance(c, (int, float))]
     info = capture.get("threads") or {}
     return {
         "gil_contention": sum(contention) / len(contention) if contention else None,
+        "gil_contention_spread": _quantile(contention, 0.9) - _quantile(contention, 0.1) if contention else None,
         "threads": max(threads) if threads else None,
+        "active_python_threads": _quantile(active, 0.5) if active else None,
+        "python_cpu_cores": _quantile(cores, 0.5) if cores else None,
         # CPUs the process may run on (taskset, cgroup cpusets), else all the host has
         "cpu_count": next((info[k] for k in ("affinity_cpus", "cpu_count") if isinstance(info.get(k), int)), None),
         "intra_op_threads": info.get("torch_intra_op_threads")
@@ -106,6 +111,14 @@ def thread_metrics(capture: dict[str, Any] | None, ranks_on_host: int | None) ->
         else None,
         "local_world_size": ranks_on_host,
     }
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    pos = q * (len(ordered) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return float(ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo))
 
 
 def _profiled_steps(capture: dict[str, Any]) -> set[int]:
