@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
 
 _TARGET = "torch.distributed.distributed_c10d"
 _active = False
@@ -39,7 +38,7 @@ def activate() -> None:
 class _Finder:
     """A meta-path finder that only answers for ``torch.distributed.distributed_c10d``, with a patching loader."""
 
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+    def find_spec(self, fullname: str, path: object = None, target: object = None) -> object:
         if fullname != _TARGET:
             return None
         for finder in sys.meta_path:
@@ -58,21 +57,21 @@ class _Finder:
 
 
 class _PatchingLoader:
-    def __init__(self, loader: Any) -> None:
+    def __init__(self, loader: object) -> None:
         self._loader = loader
 
-    def __getattr__(self, name: str) -> Any:  # get_source, get_filename, ... as the real loader answers
+    def __getattr__(self, name: str) -> object:  # get_source, get_filename, ... as the real loader answers
         return getattr(self._loader, name)
 
-    def create_module(self, spec: Any) -> Any:
+    def create_module(self, spec: object) -> object:
         return self._loader.create_module(spec)
 
-    def exec_module(self, module: Any) -> None:
+    def exec_module(self, module: object) -> None:
         self._loader.exec_module(module)
         _patch(module)  # before torch.distributed's `from .distributed_c10d import *` copies the name
 
 
-def _patch(module: Any) -> None:
+def _patch(module: object) -> None:
     try:
         import functools
 
@@ -81,13 +80,15 @@ def _patch(module: Any) -> None:
             return
 
         @functools.wraps(original)
-        def init_process_group(*args: Any, **kwargs: Any) -> Any:
+        def init_process_group(*args: object, **kwargs: object) -> object:
             result = original(*args, **kwargs)
             _joined_process_group()
             return result
 
         init_process_group._ddpdoctor_wrapped = True  # type: ignore[attr-defined]
-        module.init_process_group = init_process_group
+        from ddpdoctor.capture.invisible import invisible
+
+        module.init_process_group = invisible(init_process_group)
     except Exception as exc:
         _warn("cannot watch init_process_group", exc)
 

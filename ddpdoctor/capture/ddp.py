@@ -12,6 +12,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from ddpdoctor.capture.invisible import invisible
+
 _instances: weakref.WeakSet = weakref.WeakSet()
 _original_init: Any = None
 _original_destroy: Any = None
@@ -43,7 +45,7 @@ def install() -> None:
             pass
 
     __init__.__wrapped__ = _original_init  # type: ignore[attr-defined]
-    DDP.__init__ = __init__
+    DDP.__init__ = invisible(__init__)
 
 
 def add_listener(listener: Callable[[Any], None]) -> None:
@@ -81,7 +83,7 @@ def _install_destroy_grace() -> None:
             time.sleep(_TEARDOWN_GRACE_S)
 
     destroy_process_group.__wrapped__ = _original_destroy  # type: ignore[attr-defined]
-    dist.destroy_process_group = destroy_process_group
+    dist.destroy_process_group = invisible(destroy_process_group)
 
 
 def uninstall() -> None:

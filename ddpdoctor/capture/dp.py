@@ -40,6 +40,8 @@ from typing import Any
 import torch
 from torch.autograd import profiler as _autograd_profiler
 
+from ddpdoctor.capture.invisible import invisible
+
 SCATTER_RANGE = "DataParallel.scatter"
 REPLICATE_RANGE = "DataParallel.replicate"
 PARALLEL_APPLY_RANGE = "DataParallel.parallel_apply"
@@ -122,7 +124,7 @@ def _wrap_stage(original: Callable[..., Any], range_name: str, ms_key: str) -> C
         _stats[ms_key] += (perf_counter() - start) * 1e3
         return result
 
-    return stage
+    return invisible(stage)
 
 
 def _wrap_scatter(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -138,7 +140,7 @@ def _wrap_scatter(original: Callable[..., Any]) -> Callable[..., Any]:
         _stats["forwards"] += 1
         return timed(self, *args, **kwargs)
 
-    return scatter
+    return invisible(scatter)
 
 
 class _ReplicaCall:
@@ -172,7 +174,7 @@ def _wrap_parallel_apply(original: Callable[..., Any]) -> Callable[..., Any]:
         stats["replicas"] = max(stats["replicas"], count)
         return result
 
-    return parallel_apply
+    return invisible(parallel_apply)
 
 
 def _wrap_gather(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -184,7 +186,7 @@ def _wrap_gather(original: Callable[..., Any]) -> Callable[..., Any]:
         _stats["gathered_bytes"] += _tensor_bytes(result)
         return result
 
-    return gather
+    return invisible(gather)
 
 
 def _tensor_bytes(obj: Any) -> int:
@@ -207,7 +209,7 @@ def _wrap_backward(original: Callable[..., Any], range_name: str) -> Callable[..
                 return original(ctx, *grad_outputs)
         return original(ctx, *grad_outputs)
 
-    return backward
+    return invisible(backward)
 
 
 def _wrap_init(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -216,7 +218,7 @@ def _wrap_init(original: Callable[..., Any]) -> Callable[..., Any]:
         original(self, *args, **kwargs)
         _remember(self, forwarded=False)
 
-    return __init__
+    return invisible(__init__)
 
 
 # --- install / uninstall ------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ import sys
 import threading
 from typing import Any
 
+from ddpdoctor.capture import invisible
 from ddpdoctor.capture.session import Session
 
 

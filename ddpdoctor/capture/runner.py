@@ -17,6 +17,7 @@ import traceback
 from dataclasses import dataclass
 from types import TracebackType
 
+from ddpdoctor.capture import invisible
 from ddpdoctor.capture.config import CaptureConfig
 from ddpdoctor.capture.session import Session
 
@@ -46,20 +47,14 @@ def _prepare_sys(target: Target) -> None:
         sys.path[0] = os.getcwd()
 
 
-def _strip_own_frames(tb: TracebackType | None, target: Target) -> TracebackType | None:
-    """Drop the frames of ddpdoctor and runpy above the script's first frame, as a bare traceback would show."""
-    first = tb
-    while tb is not None:
-        filename = tb.tb_frame.f_code.co_filename
-        own = (
-            f"{os.sep}ddpdoctor{os.sep}" in filename
-            or filename.endswith(f"{os.sep}runpy.py")
-            or (filename.startswith("<frozen runpy"))
-        )
-        if not own:
-            return tb
-        tb = tb.tb_next
-    return first
+def _strip_own_frames(value: BaseException, tb: TracebackType | None) -> TracebackType | None:
+    """Drop the frames of ddpdoctor (its wrappers included, wherever they are) and of runpy, as a bare traceback
+    would show."""
+
+    def runpy_frame(filename: str) -> bool:
+        return filename.endswith(f"{os.sep}runpy.py") or filename.startswith("<frozen runpy")
+
+    return invisible.strip_exception(value, tb, also=runpy_frame)
 
 
 def _watch_signals(session: Session) -> tuple[int, int] | None:
@@ -182,7 +177,7 @@ def run(target: Target, config: CaptureConfig, *, claimed: bool = True) -> int:
     if exc_info is not None:
         etype, value, tb = exc_info
         sys.stderr.flush()
-        traceback.print_exception(etype, value, _strip_own_frames(tb, target))
+        traceback.print_exception(etype, value, _strip_own_frames(value, tb))
         sys.stderr.flush()
     if signum:
         return -int(signum)

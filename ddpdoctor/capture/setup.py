@@ -15,6 +15,7 @@ import weakref
 from typing import Any
 
 from ddpdoctor.capture import ddp as ddp_capture
+from ddpdoctor.capture.invisible import invisible
 
 _FIRST_BATCHES = 4  # index batches per epoch hashed to compare what ranks read
 _MAX_DIGEST_BYTES = 1 << 20
@@ -54,7 +55,7 @@ class SetupObserver:
                 original(it, loader)
                 obs._new_epoch(it, loader)
 
-            return __init__
+            return invisible(__init__)
 
         def wrap_next_index(original: Any) -> Any:
             def _next_index(it: Any) -> Any:
@@ -62,7 +63,7 @@ class SetupObserver:
                 obs._saw_index(it, index)
                 return index
 
-            return _next_index
+            return invisible(_next_index)
 
         def wrap_next(original: Any) -> Any:
             def __next__(it: Any) -> Any:
@@ -74,14 +75,14 @@ class SetupObserver:
                 obs._saw_batch(it, batch)
                 return batch
 
-            return __next__
+            return invisible(__next__)
 
         def wrap_set_epoch(original: Any) -> Any:
             def set_epoch(sampler: Any, epoch: int) -> None:
                 obs.set_epoch_calls.append(int(epoch))
                 return original(sampler, epoch)
 
-            return set_epoch
+            return invisible(set_epoch)
 
         def wrap_forward(original: Any) -> Any:
             def forward(module: Any, *args: Any, **kwargs: Any) -> Any:
@@ -90,14 +91,14 @@ class SetupObserver:
                     obs._sync_since_step += 1
                 return original(module, *args, **kwargs)
 
-            return forward
+            return invisible(forward)
 
         def wrap_set_device(original: Any) -> Any:
             def set_device(device: Any) -> None:
                 obs.set_device_calls.append(str(device))
                 return original(device)
 
-            return set_device
+            return invisible(set_device)
 
         self._patch(_BaseDataLoaderIter, "__init__", wrap_iter_init)
         self._patch(_BaseDataLoaderIter, "_next_index", wrap_next_index)
