@@ -3,6 +3,7 @@ in a job process that is not a rank, and never stops a process from running when
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -62,11 +63,14 @@ def test_hook_folder_without_a_traced_job_does_nothing():
 
 
 def test_non_rank_process_in_a_traced_job_is_cheap(tmp_path):
-    """A helper, launcher or DataLoader worker of a traced job loads one small module, no torch, and pays a few ms."""
+    """A helper, launcher or DataLoader worker of a traced job loads one small module (no torch, nothing else of
+    ddpdoctor's) and pays a few ms."""
     env = _env(**startup_hook_env({}), DDPDOCTOR_CAPTURE=f'{{"out": "{tmp_path}"}}')
     result = _python("-X", "importtime", "-c", PROBE, env=env)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == '["ddpdoctor", "ddpdoctor.capture", "ddpdoctor.capture.autostart"]'
+    loaded = set(json.loads(result.stdout))
+    assert "ddpdoctor.capture.autostart" in loaded
+    assert loaded <= {"ddpdoctor", "ddpdoctor._version", "ddpdoctor.capture", "ddpdoctor.capture.autostart"}
     cost_us = _hook_import_time_us(result.stderr)
     assert 0 < cost_us < 30_000, f"the start-up hook imported ddpdoctor in {cost_us} us"
     assert not list(tmp_path.iterdir())  # nothing written by a process that never became a rank
