@@ -212,7 +212,8 @@ def check_host_sync(ctx: Context) -> list[dict[str, Any]]:
 
 def check_dp(ctx: Context) -> list[dict[str, Any]]:
     run, measure = trace(ctx, "dp-one-gpu", "dp.py", ["--steps", "16"])
-    return ev.evaluate_dp(diagnose(ctx, run), summary(run), measured(measure), trace_counts(run))
+    capture = read_json(run / "ranks" / "rank0.json")
+    return ev.evaluate_dp(diagnose(ctx, run), summary(run), capture, measured(measure), trace_counts(run))
 
 
 OVERHEAD_ROUNDS = 3

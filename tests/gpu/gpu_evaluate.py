@@ -185,7 +185,7 @@ def count_trace_events(events: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
                 counts["nccl_kernel"] += 1
         elif cat == "memcpy":  # torch 1.9's category names
             counts["gpu_memcpy"] += 1
-        elif name.startswith("DataParallel.") and ev.get("ph") == "X":
+        elif name.startswith("DataParallel.") and ev.get("ph") == "X" and cat != "gpu_user_annotation":
             counts["ranges"][name] = counts["ranges"].get(name, 0) + 1
     return counts
 
@@ -573,18 +573,29 @@ DP_STAGES_ONE_GPU_SKIPS = ("DataParallel.replicate", "DataParallel.parallel_appl
 def evaluate_dp(
     doc: Mapping[str, Any],
     summary: Mapping[str, Any],
+    capture: Mapping[str, Any],
     measure: Mapping[str, Any],
     trace_counts: Mapping[str, Any],
 ) -> list[dict[str, Any]]:
-    """Check 5: DataParallel with device_ids=[0]: the scatter range is there and measured; what one GPU cannot
-    show (replicate, parallel_apply, gather: DataParallel calls the module directly) is n/a, and
-    use-ddp-instead-of-dp stays silent for one replica."""
+    """Check 5: DataParallel with device_ids=[0]. ddpdoctor records the module's devices, the scatter range is
+    in the trace and measured; what one GPU cannot show (replicate, parallel_apply, gather: with one device
+    DataParallel calls the module directly, so there are no replicas to count) is n/a, and
+    use-ddp-instead-of-dp does not fire. ``capture``: ddpdoctor's ``ranks/rank0.json``."""
     run = doc.get("run") or {}
     metrics = summary.get("metrics") or {}
     ranges = trace_counts.get("ranges") or {}
     steps = len(analysed_steps(summary))
+    device_ids = list(measure.get("device_ids") or [])
+    recorded = [list(m.get("device_ids") or []) for m in capture.get("dp") or [] if isinstance(m, dict)]
     items = [
         item("mode", run.get("mode") == "dp", ddpdoctor=run.get("mode"), independent="nn.DataParallel"),
+        item(
+            "DataParallel's devices in the capture",
+            recorded == [device_ids],
+            ddpdoctor=recorded,
+            independent=device_ids,
+            expect="the module's device_ids, once",
+        ),
         item(
             "DataParallel.scatter ranges in the trace",
             ranges.get("DataParallel.scatter", 0) >= steps > 0,
@@ -598,14 +609,29 @@ def evaluate_dp(
             ddpdoctor=metrics.get("dp_scatter_ms"),
             expect="> 0 ms",
         ),
-        item(
-            "replicas",
-            _number(metrics.get("dp_replicas")) == len(measure.get("device_ids") or []),
-            ddpdoctor=metrics.get("dp_replicas"),
-            independent=measure.get("device_ids"),
-            expect="len(DataParallel.device_ids)",
-        ),
     ]
+    replicas = _number(metrics.get("dp_replicas"))
+    if any(r.startswith("DataParallel.replica[") for r in ranges):
+        items.append(
+            item(
+                "replicas",
+                replicas == len(device_ids),
+                ddpdoctor=replicas,
+                independent=device_ids,
+                expect="len(DataParallel.device_ids)",
+            )
+        )
+    else:
+        items.append(
+            item(
+                "replicas",
+                None if replicas is None else False,
+                ddpdoctor=replicas,
+                independent=device_ids,
+                expect="none counted without replica ranges",
+                note="one GPU cannot show it: no replica runs in a thread of its own",
+            )
+        )
     for stage in DP_STAGES_ONE_GPU_SKIPS:
         metric = "dp_" + stage.split(".")[1] + "_ms"
         if ranges.get(stage):
@@ -631,11 +657,11 @@ def evaluate_dp(
     state = rule_state(doc, "use-ddp-instead-of-dp")
     items.append(
         item(
-            "use-ddp-instead-of-dp with one replica",
-            state == "passed",
+            "use-ddp-instead-of-dp does not fire for one device",
+            state != "fired" and state != "absent",
             ddpdoctor=state,
-            independent=measure.get("device_ids"),
-            expect="passed (it is about several GPUs)",
+            independent=device_ids,
+            expect="passed or not evaluated (the rule is about several GPUs)",
         )
     )
     return items

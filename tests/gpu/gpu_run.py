@@ -72,7 +72,7 @@ def environment() -> dict[str, Any]:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
-        "nccl": ".".join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else None,
+        "nccl": _nccl_version(),
         "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
         "cpus": os.cpu_count(),
         "dependencies": gpu_kit.installed_versions(),
@@ -89,6 +89,15 @@ def environment() -> dict[str, Any]:
     return env
 
 
+def _nccl_version() -> str | None:
+    import torch
+
+    try:
+        return ".".join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else None
+    except Exception:  # a build without NCCL
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, type=Path, help="folder for the summary and the archives")
@@ -102,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     args.out.mkdir(parents=True, exist_ok=True)
-    if not torch.cuda.is_available():
+    cpu_smoke = os.environ.get("GPUCHECK_CPU") == "1"  # the plumbing on a CPU (workloads/_measure.py)
+    if not torch.cuda.is_available() and not cpu_smoke:
         print(
             "gpu checks: no CUDA device here; run them on a GPU machine (see the README, Development)", file=sys.stderr
         )
@@ -114,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     missing = gpu_kit.missing_requirements()
     summary: dict[str, Any] = {
         "kind": "ddpdoctor-gpu-checks",
+        "cpu_smoke": cpu_smoke,
         "environment": environment(),
         "missing_requirements": missing,
         "budget_s": args.budget,

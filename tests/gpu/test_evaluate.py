@@ -121,6 +121,7 @@ def test_count_trace_events_counts_device_work_and_dp_ranges():
         {"ph": "X", "cat": "gpu_memset", "name": "Memset (Device)"},
         {"ph": "X", "cat": "user_annotation", "name": "DataParallel.scatter"},
         {"ph": "X", "cat": "user_annotation", "name": "DataParallel.scatter"},
+        {"ph": "X", "cat": "gpu_user_annotation", "name": "DataParallel.scatter"},  # its device-side twin
         {"ph": "f", "cat": "ac2g", "name": "DataParallel.scatter"},  # a flow event, not a range
         {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel"},
     ]
@@ -397,37 +398,58 @@ def test_thresholds_come_from_the_rule_files():
 
 
 # ------------------------------------------------------------------------------ check 5: DataParallel
-def dp_inputs(ranges=None, replicas=1):
+def dp_inputs(ranges=None, replicas=None, rule="not_evaluated", device_ids=(0,)):
     steps = [8, 9, 10, 11, 12]
     s = summary(
         steps,
         metrics={
             "dp_scatter_ms": 0.21,
-            "dp_replicas": replicas,
+            "dp_replicas": replicas,  # counted from replica ranges: None on one GPU
             "dp_replicate_ms": None,
             "dp_parallel_apply_ms": None,
             "dp_gather_ms": None,
         },
     )
-    d = doc(mode="dp", passed=["use-ddp-instead-of-dp"])
+    d = doc(
+        mode="dp",
+        passed=["use-ddp-instead-of-dp"] if rule == "passed" else [],
+        not_evaluated=[("use-ddp-instead-of-dp", "not measured in this run: dp_replicas")]
+        if rule == "not_evaluated"
+        else [],
+        findings=[{"name": "use-ddp-instead-of-dp", "ranks": [0], "evidence": {}}] if rule == "fired" else [],
+    )
+    capture = {"dp": [{"module": "Sequential", "device_ids": list(device_ids), "output_device": 0}]}
     counts = {"kernel": 700, "ranges": ranges if ranges is not None else {"DataParallel.scatter": 6}}
-    return d, s, {"device_ids": [0], "output_device": 0}, counts
+    return d, s, capture, {"device_ids": [0], "output_device": 0}, counts
 
 
 def test_dp_one_gpu_shows_scatter_and_says_what_it_cannot_show():
-    items = ev.evaluate_dp(*dp_inputs())
-    assert failed(items) == []
-    assert [i["what"] for i in items if i["status"] == ev.NA] == list(ev.DP_STAGES_ONE_GPU_SKIPS)
+    for rule in ("not_evaluated", "passed"):
+        items = ev.evaluate_dp(*dp_inputs(rule=rule))
+        assert failed(items) == []
+        assert [i["what"] for i in items if i["status"] == ev.NA] == ["replicas", *ev.DP_STAGES_ONE_GPU_SKIPS]
 
 
-def test_dp_catches_missing_scatter_ranges_and_wrong_replicas():
-    bad = failed(ev.evaluate_dp(*dp_inputs(ranges={}, replicas=2)))
-    assert bad == ["DataParallel.scatter ranges in the trace", "replicas"]
+def test_dp_catches_missing_scatter_wrong_devices_and_a_false_finding():
+    bad = failed(ev.evaluate_dp(*dp_inputs(ranges={}, rule="fired", device_ids=(0, 1))))
+    assert bad == [
+        "DataParallel's devices in the capture",
+        "DataParallel.scatter ranges in the trace",
+        "use-ddp-instead-of-dp does not fire for one device",
+    ]
+
+
+def test_dp_replicas_are_compared_where_replica_ranges_exist():
+    ranges = {"DataParallel.scatter": 6, "DataParallel.replica[0]": 6}
+    assert failed(ev.evaluate_dp(*dp_inputs(ranges=ranges, replicas=1))) == []
+    assert failed(ev.evaluate_dp(*dp_inputs(ranges=ranges, replicas=None))) == ["replicas"]
+    # no replica ranges but a replica count: where would it come from?
+    assert failed(ev.evaluate_dp(*dp_inputs(replicas=2))) == ["replicas"]
 
 
 def test_dp_stage_in_the_trace_must_be_measured():
-    d, s, measure, counts = dp_inputs(ranges={"DataParallel.scatter": 6, "DataParallel.gather": 6})
-    assert failed(ev.evaluate_dp(d, s, measure, counts)) == ["DataParallel.gather time"]
+    d, s, capture, measure, counts = dp_inputs(ranges={"DataParallel.scatter": 6, "DataParallel.gather": 6})
+    assert failed(ev.evaluate_dp(d, s, capture, measure, counts)) == ["DataParallel.gather time"]
 
 
 # ------------------------------------------------------------------------------ check 6: capture overhead

@@ -166,3 +166,18 @@ def test_readme_says_how_to_run_the_gpu_checks():
     timeout = re.search(r'"timeout_s": (\d+)', dev)
     # one call with room for a second in 15 minutes of device time (the machine's start counts too)
     assert timeout and 300 <= int(timeout.group(1)) <= 450
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("key", ["1-single-process", "2-ddp", "5-dataparallel"])
+def test_workloads_and_checks_run_through_on_cpu(key, tmp_path, monkeypatch):
+    """GPUCHECK_CPU=1 runs the workloads on the CPU (small sizes): every command of the check completes and
+    every comparison is made -- on a CPU they fail, having no GPU numbers, but nothing may crash before the
+    kit reaches a GPU."""
+    monkeypatch.setenv("GPUCHECK_CPU", "1")
+    check = next(c for c in gpu_checks.CHECKS if c.key == key)
+    result, produced = gpu_checks.run_check(check, tmp_path, time.monotonic() + 240)
+    assert result["status"] in ("pass", "fail"), result.get("error")
+    assert result["items"] and all(c["rc"] == 0 for c in result["commands"])
+    assert any(p.name.endswith(".diagnose.json") for p in produced)

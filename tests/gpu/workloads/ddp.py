@@ -30,9 +30,12 @@ def main() -> None:
     p.add_argument("--depth", type=int, default=6)
     p.add_argument("--batch", type=int, default=1024)
     args = p.parse_args()
+    _measure.shrink_for_cpu(args)
 
     local_rank = int(os.environ["LOCAL_RANK"])
-    if args.set_device:
+    if _measure.CPU_SMOKE:
+        device, args.backend = torch.device("cpu"), "gloo"
+    elif args.set_device:
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
     else:
@@ -41,10 +44,10 @@ def main() -> None:
     torch.manual_seed(0)
     layers = [m for _ in range(args.depth) for m in (nn.Linear(args.width, args.width), nn.ReLU())]
     module = nn.Sequential(*layers, nn.Linear(args.width, 10)).to(device)
-    model = DDP(module, device_ids=[local_rank] if args.set_device else None)
+    model = DDP(module, device_ids=[local_rank] if args.set_device and device.type == "cuda" else None)
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
-    host_x = torch.randn(args.batch, args.width).pin_memory()
-    host_y = torch.randint(0, 10, (args.batch,)).pin_memory()
+    host_x = _measure.pinned(torch.randn(args.batch, args.width))
+    host_y = _measure.pinned(torch.randint(0, 10, (args.batch,)))
 
     wall_ms = []
     t_last = time.perf_counter()
@@ -70,15 +73,21 @@ def main() -> None:
         "world_size": dist.get_world_size(),
         "gradient_bytes_per_step": sum(q.numel() * q.element_size() for q in params if q.requires_grad),
         "model_device_index": model_device.index,
-        "model_device_uuid": str(getattr(torch.cuda.get_device_properties(model_device), "uuid", "")),
+        "model_device_uuid": _uuid(model_device),
         "wall_ms": wall_ms,
         "loop_s": loop_s,
-        **_measure.memory_peaks(model_device.index),
+        **_measure.memory_peaks(model_device.index or 0),
         **_measure.device_facts(),
     }
     _measure.write(record)
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _uuid(device: torch.device) -> str | None:
+    if device.type != "cuda":
+        return None
+    return str(getattr(torch.cuda.get_device_properties(device), "uuid", ""))
 
 
 if __name__ == "__main__":

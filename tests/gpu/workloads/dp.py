@@ -21,11 +21,13 @@ def main() -> None:
     p.add_argument("--depth", type=int, default=6)
     p.add_argument("--batch", type=int, default=1024)
     args = p.parse_args()
+    _measure.shrink_for_cpu(args)
 
-    device = torch.device("cuda", 0)
+    device = _measure.device(0)
     torch.manual_seed(0)
     layers = [m for _ in range(args.depth) for m in (nn.Linear(args.width, args.width), nn.ReLU())]
-    model = nn.DataParallel(nn.Sequential(*layers, nn.Linear(args.width, 10)).to(device), device_ids=[0])
+    module = nn.Sequential(*layers, nn.Linear(args.width, 10)).to(device)
+    model = nn.DataParallel(module, device_ids=[0] if device.type == "cuda" else None)
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
     x = torch.randn(args.batch, args.width)  # on the host: DataParallel scatters it to the GPU
     y = torch.randint(0, 10, (args.batch,))
@@ -40,7 +42,7 @@ def main() -> None:
         "workload": "dp",
         "args": vars(args),
         "device_ids": list(model.device_ids),
-        "output_device": model.output_device,
+        "output_device": getattr(model, "output_device", None),  # unset on a machine without CUDA
         **_measure.memory_peaks(0),
         **_measure.device_facts(),
     }

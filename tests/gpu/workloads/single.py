@@ -8,8 +8,8 @@ records ``torch.cuda.max_memory_allocated()`` / ``max_memory_reserved()`` and wh
                       matched to the wrong ProfilerStep shows
     --reserve F       after the first step, hold a buffer so the allocator reserves about F of the GPU's memory
     --sync-every N    call .item() on the activations every N layers (a host sync); 0 = never
-    --log-every N     call loss.item() every N steps, as a logging loop does (0 = never): with 1, steps do
-                      not run ahead of each other on the GPU
+    --log-every N     call loss.item() after backward every N steps, as a logging loop does (0 = never):
+                      with 1, steps do not run ahead of each other on the GPU
 """
 
 from __future__ import annotations
@@ -33,25 +33,26 @@ def main() -> None:
     p.add_argument("--sync-every", type=int, default=0)
     p.add_argument("--log-every", type=int, default=1)
     args = p.parse_args()
+    _measure.shrink_for_cpu(args)
 
-    device = torch.device("cuda", 0)
-    torch.cuda.set_device(device)
+    device = _measure.device(0)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     torch.manual_seed(0)
     layers = [m for _ in range(args.depth) for m in (nn.Linear(args.width, args.width), nn.ReLU())]
     model = nn.Sequential(*layers, nn.Linear(args.width, 10)).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
     extra_w = torch.randn(args.width, args.width, device=device) / args.width**0.5
-    host_x = torch.randn(args.batch, args.width).pin_memory()
-    host_y = torch.randint(0, 10, (args.batch,)).pin_memory()
+    host_x = _measure.pinned(torch.randn(args.batch, args.width))
+    host_y = _measure.pinned(torch.randint(0, 10, (args.batch,)))
 
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(args.steps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(args.steps)]
+    timer = _measure.StepTimer(args.steps)
     wall_ms, item_ms, items = [], [], []
     ballast = None
     for step in range(args.steps):
         t0 = time.perf_counter()
         in_item = 0.0
-        starts[step].record()
+        timer.mark(step, 0)
         x = host_x.to(device, non_blocking=True)
         y = host_y.to(device, non_blocking=True)
         h = x
@@ -69,22 +70,23 @@ def main() -> None:
                     z = z @ extra_w
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        opt.step()  # ddpdoctor's step boundary (the optimizer step hook) is inside this call
-        ends[step].record()
-        if step == 0 and args.reserve > 0:
+        if args.log_every and step % args.log_every == 0:
+            # Before opt.step(), which holds ddpdoctor's step boundary (the optimizer step hook): at the
+            # boundary only the optimizer's kernels are still queued, so no step's GPU work runs in the next.
+            loss.item()
+        opt.step()
+        timer.mark(step, 1)
+        if step == 0 and args.reserve > 0 and device.type == "cuda":
             total = torch.cuda.get_device_properties(device).total_memory
             want = int(args.reserve * total) - torch.cuda.memory_reserved(device)
             if want > 0:
                 ballast = torch.empty(want, dtype=torch.uint8, device=device)
-        if args.log_every and step % args.log_every == 0:
-            loss.item()
         wall_ms.append((time.perf_counter() - t0) * 1e3)
         item_ms.append(in_item * 1e3)
-    torch.cuda.synchronize()
     record = {
         "workload": "single",
         "args": vars(args),
-        "event_ms": [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)],
+        "event_ms": timer.elapsed_ms(),
         "wall_ms": wall_ms,
         "item_ms": item_ms,
         "item_calls_per_step": len(items) // max(args.steps, 1),
