@@ -227,7 +227,9 @@ def _prepare_rank_out(out: Path, rank: int, *, force: bool) -> None:
         raise UsageError(f"--out {out} exists and is not a directory")
     if out.is_dir():
         owned = rundir.ddpdoctor_owned(out)
-        if len(owned) != len(list(out.iterdir())):
+        # Hidden entries are the other ranks' temporary files (written, then renamed) as they start alongside.
+        visible = [entry for entry in out.iterdir() if not entry.name.startswith(".")]
+        if len(owned) != len(visible):
             raise UsageError(f"--out {out} holds files that are not ddpdoctor's; choose another directory")
         mine = rank_file.own_files(out, rank)
         if mine and not force:
