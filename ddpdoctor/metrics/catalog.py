@@ -657,6 +657,8 @@ GROUPS: dict[str, tuple[str, ...]] = {
     # per-rank metrics that need every peer in the data: a rank's own collective time mixes transfer and waiting
     "need_all_peers": ("busbw_gbps", "algbw_gbps", "exposed_transfer_ms"),
     "slow_ranks": ("last_arrival_share", "last_arrival_p_value", "slow_rank", "wait_caused_ms"),
+    # the GIL probe's view of the job's own Python threads (ddpdoctor.capture.gil)
+    "gil_threads": ("active_python_threads", "python_cpu_cores", "gil_contention_spread"),
     "parallelism": (
         "collectives_per_step",
         "tp_collectives_per_step",

@@ -121,8 +121,8 @@ SLOW_RANK_ALPHA = 0.01
 def slow_ranks(analysed: pd.DataFrame, ranks: list[int]) -> dict[str, Any]:
     """Which ranks arrive last at the matched collectives more often than chance.
 
-    ``analysed``: one row per rank and matched collective (``KEY`` columns, ``rank``, ``aligned_start``,
-    ``wait_us``). In a collective of k ranks, noise alone makes each rank the last with chance 1/k; a rank last
+    ``analysed``: one row per rank and matched collective (``KEY`` columns, ``rank``, ``start_us``,
+    ``aligned_start``, ``wait_us``). In a collective of k ranks, noise alone makes each rank the last with chance 1/k; a rank last
     at ``x`` of its ``n`` collectives is slow when P(X >= x) for X ~ Binomial(n, 1/k) is below
     ``SLOW_RANK_ALPHA`` / ranks tested. Returns per rank ``last_arrival_share`` (0-1), ``last_arrival_p_value``,
     ``slow_rank`` (None when ``n`` collectives cannot reach significance even if a rank were last at all of
@@ -140,9 +140,9 @@ def slow_ranks(analysed: pd.DataFrame, ranks: list[int]) -> dict[str, Any]:
     last_idx = grouped["aligned_start"].idxmax().to_numpy()
     is_last = np.zeros(len(a), dtype=bool)
     is_last[last_idx] = True
-    # the others' wait in each collective: (sum of all waits - the last rank's own) / (k - 1)
-    wait_sum = grouped["wait_us"].transform("sum").to_numpy()
-    others_wait = (wait_sum - a["wait_us"].to_numpy()) / np.maximum(size - 1, 1)
+    # who was last at each collective, on every row of it
+    lasts = a.loc[last_idx, KEY + ["rank"]].rename(columns={"rank": "last_rank"})
+    last_of_row = a[KEY].merge(lasts, on=KEY, how="left")["last_rank"].to_numpy()
     n_steps = max(a["step"].nunique(), 1)
     out["collectives"] = int(len(last_idx))
     tested = max(len(ranks), 1)
@@ -160,7 +160,7 @@ def slow_ranks(analysed: pd.DataFrame, ranks: list[int]) -> dict[str, Any]:
             "last_arrival_share": x / n,
             "last_arrival_p_value": p_value,
             "slow_rank": p_value * tested < SLOW_RANK_ALPHA,
-            "wait_caused_ms": float(others_wait[mine & is_last].sum()) / n_steps / 1e3,
+            "wait_caused_ms": _wait_caused(a, last_of_row, r, n_steps),
         }
     if best_possible * tested >= SLOW_RANK_ALPHA:
         steps = a["step"].nunique()
@@ -174,6 +174,21 @@ def slow_ranks(analysed: pd.DataFrame, ranks: list[int]) -> dict[str, Any]:
         return out
     out["count"] = sum(1 for v in out["ranks"].values() if v["slow_rank"])
     return out
+
+
+def _wait_caused(a: pd.DataFrame, last_of_row: np.ndarray, r: int, n_steps: int) -> float:
+    """The other ranks' mean wall time per step (ms) spent waiting in the collectives ``r`` entered last (union of
+    each rank's wait intervals: concurrent collectives are not counted twice)."""
+    waiting = a[(last_of_row == r) & (a["rank"].to_numpy() != r)]
+    if len(waiting) == 0:
+        return 0.0
+    per_rank = []
+    for _, rows in waiting.groupby("rank"):
+        start = rows["start_us"].to_numpy(dtype=np.float64)
+        waits = iv.union(start, start + rows["wait_us"].to_numpy(dtype=np.float64))
+        per_rank.append(float((waits[1] - waits[0]).sum()))
+    others = max(a["rank"].nunique() - 1, 1)
+    return sum(per_rank) / others / n_steps / 1e3
 
 
 def binomial_sf(x: int, n: int, p: float) -> float:

@@ -47,12 +47,27 @@ def run_evidence(
         for name in (*catalog.group("slow_ranks"), "slow_rank_count", "straggler_p_value"):
             reasons[name] = undecidable_straggler
     reasons.update(_memory_reasons(run_metrics, devices, summaries))
+    reasons.update(_older_summaries(summaries))
     return {
         "parallelism": parallelism,
         "parallelism_evidence": why,
         "ranks_missing": missing,
         "not_measured": reasons,
     }
+
+
+def _older_summaries(summaries: list[dict[str, Any]]) -> dict[str, str]:
+    """Metrics absent from every rank's summary because an older ddpdoctor wrote it."""
+    out: dict[str, str] = {}
+    if not summaries:
+        return out
+    versions = ", ".join(sorted({str(s.get("ddpdoctor_version") or "?") for s in summaries}))
+    for name in (*catalog.group("parallelism"), *catalog.group("gil_threads")):
+        if all(name not in (s.get("metrics") or {}) for s in summaries):
+            where = "the capture" if name in catalog.group("gil_threads") else "the per-rank summaries"
+            hint = "" if where == "the capture" else "; `ddpdoctor diagnose --steps 0..` reads the traces instead"
+            out[name] = f"{where} of this run (ddpdoctor {versions}) did not record it{hint}"
+    return out
 
 
 def _memory_reasons(

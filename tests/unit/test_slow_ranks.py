@@ -22,7 +22,8 @@ def _collectives(last: list[int], world: int, wait_us: float = 1000.0, per_step:
                     "kind": "all_reduce",
                     "index": i % per_step,
                     "rank": r,
-                    "aligned_start": 10.0 * i + (5.0 if r == late else 0.01 * r),
+                    "start_us": 10_000.0 * i + (5.0 if r == late else 0.01 * r),
+                    "aligned_start": 10_000.0 * i + (5.0 if r == late else 0.01 * r),
                     "wait_us": 0.0 if r == late else wait_us,
                 }
             )
