@@ -128,12 +128,14 @@ def finding(doc: Mapping[str, Any], name: str) -> dict[str, Any] | None:
     return next((f for f in doc.get("findings") or [] if f.get("name") == name), None)
 
 
-def evidence_value(found: Mapping[str, Any] | None, metric: str) -> float | None:
-    """The evidence number of a finding whose expression names ``metric`` (``x``, ``max(x)``, ``mean(x)``)."""
+def evidence_values(found: Mapping[str, Any] | None, metric: str) -> list[float]:
+    """The evidence numbers of a finding for ``metric``: under ``x``, ``max(x)``, ``mean(x)``..., one number
+    (run-scope rules) or one per rank (``{"0": 2, "1": 2}``, rank-scope rules)."""
     for key, value in ((found or {}).get("evidence") or {}).items():
         if key == metric or key.endswith(f"({metric})"):
-            return _number(value)
-    return None
+            values = value.values() if isinstance(value, Mapping) else [value]
+            return [v for v in (_number(x) for x in values) if v is not None]
+    return []
 
 
 def device_row(doc: Mapping[str, Any], rank: int, device: str) -> dict[str, Any] | None:
@@ -434,9 +436,17 @@ def evaluate_ddp_shared(doc: Mapping[str, Any], measures: Sequence[Mapping[str, 
             independent=expected_ranks,
         )
     )
-    value = evidence_value(found, "gpu_shared_ranks")
-    if value is not None:
-        items.append(close_item("ranks sharing the GPU", value, shared, 0.0))
+    values = evidence_values(found, "gpu_shared_ranks")
+    if values:
+        items.append(
+            item(
+                "ranks sharing the GPU, in the finding",
+                all(v == shared for v in values),
+                ddpdoctor=values,
+                independent=shared,
+                expect="the number of ranks on the one GPU, for every rank",
+            )
+        )
     return items
 
 
@@ -474,7 +484,8 @@ def evaluate_oom(
             )
         )
         if state == "fired":
-            value = evidence_value(finding(doc, "gpu0-oom-risk"), "gpu0_headroom_ratio")
+            values = evidence_values(finding(doc, "gpu0-oom-risk"), "gpu0_headroom_ratio")
+            value = values[0] if len(values) == 1 else None
             ok = value is not None and headroom is not None and abs(value - headroom) <= HEADROOM_ABS_TOL
             items.append(
                 item(

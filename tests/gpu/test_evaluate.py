@@ -100,12 +100,20 @@ def test_rule_state_reads_findings_passed_and_not_evaluated():
     assert ev.rule_state(d, "nope") == "absent"
 
 
-def test_evidence_value_matches_plain_and_aggregated_names():
-    found = {"evidence": {"gpu0_headroom_ratio": 0.069, "max(gpu_shared_ranks)": 2, "params.min_headroom": 0.1}}
-    assert ev.evidence_value(found, "gpu0_headroom_ratio") == 0.069
-    assert ev.evidence_value(found, "gpu_shared_ranks") == 2
-    assert ev.evidence_value(found, "headroom_ratio") is None
-    assert ev.evidence_value(None, "x") is None
+def test_evidence_values_reads_run_and_per_rank_evidence():
+    found = {
+        "evidence": {
+            "gpu0_headroom_ratio": 0.069,
+            "max(foreign_cuda0_bytes)": 0,
+            "gpu_shared_ranks": {"0": 2, "1": 2},  # a rank-scope rule: one value per rank
+            "params.min_headroom": 0.1,
+        }
+    }
+    assert ev.evidence_values(found, "gpu0_headroom_ratio") == [0.069]
+    assert ev.evidence_values(found, "foreign_cuda0_bytes") == [0]
+    assert ev.evidence_values(found, "gpu_shared_ranks") == [2, 2]
+    assert ev.evidence_values(found, "headroom_ratio") == []
+    assert ev.evidence_values(None, "x") == []
 
 
 def test_count_trace_events_counts_device_work_and_dp_ranges():
@@ -277,11 +285,26 @@ def shared_measures(uuids=("GPU-5b1c", "GPU-5b1c")):
     ]
 
 
+def shared_finding(ranks=(0, 1), shared=2):
+    return {
+        "name": "ranks-share-cuda0",
+        "ranks": list(ranks),
+        "evidence": {
+            "set_device_calls": {str(r): 0 for r in ranks},
+            "gpu_shared_ranks": {str(r): shared for r in ranks},
+        },
+    }
+
+
 def test_shared_gpu_fires_for_both_ranks():
-    found = {"name": "ranks-share-cuda0", "ranks": [0, 1], "evidence": {"set_device_calls": 0, "gpu_shared_ranks": 2}}
-    d = doc(mode="ddp", backend="gloo", world_size=2, findings=[found])
+    d = doc(mode="ddp", backend="gloo", world_size=2, findings=[shared_finding()])
     items = ev.evaluate_ddp_shared(d, shared_measures())
-    assert failed(items) == [] and "ranks sharing the GPU" in statuses(items)
+    assert failed(items) == [] and "ranks sharing the GPU, in the finding" in statuses(items)
+
+
+def test_shared_gpu_catches_a_wrong_count_in_the_finding():
+    d = doc(mode="ddp", backend="gloo", world_size=2, findings=[shared_finding(shared=1)])
+    assert failed(ev.evaluate_ddp_shared(d, shared_measures())) == ["ranks sharing the GPU, in the finding"]
 
 
 def test_shared_gpu_fails_when_the_rule_misses_a_rank_or_stays_silent():
@@ -289,7 +312,7 @@ def test_shared_gpu_fails_when_the_rule_misses_a_rank_or_stays_silent():
         mode="ddp",
         backend="gloo",
         world_size=2,
-        findings=[{"name": "ranks-share-cuda0", "ranks": [1], "evidence": {"gpu_shared_ranks": 2}}],
+        findings=[shared_finding(ranks=(1,))],
     )
     assert failed(ev.evaluate_ddp_shared(one, shared_measures())) == ["ranks-share-cuda0 fires for both ranks"]
     silent = doc(mode="ddp", backend="gloo", world_size=2, passed=["ranks-share-cuda0"])
