@@ -49,7 +49,7 @@ def _own_parser() -> argparse.ArgumentParser:
     g.add_argument("--wait", type=int, default=5, metavar="N", help="steps to skip before profiling (default 5)")
     g.add_argument("--warmup", type=int, default=2, metavar="N", help="profiler warm-up steps (default 2)")
     g.add_argument("--active", type=int, default=5, metavar="N", help="steps recorded per window (default 5)")
-    g.add_argument("--repeat", type=int, default=1, metavar="N", help="number of windows, 0 = until the end")
+    g.add_argument("--repeat", type=int, default=1, metavar="N", help="number of windows, 0 = until the end (default 1)")
     g.add_argument("--with-stack", action="store_true", help="record Python stacks (larger traces)")
     g.add_argument("--no-record-shapes", action="store_true", help="do not record operator input shapes")
     g.add_argument("--no-profile-memory", action="store_true", help="do not record allocator events")
@@ -158,10 +158,11 @@ def _parse_own(own: list[str]) -> argparse.Namespace:
 
 def _print_help() -> None:
     _own_parser().print_help()
-    print(
-        "\ntorchrun options (passed to torch.distributed.run unchanged):\n  "
-        + " ".join(sorted(o for o in _torchrun_options() if o.startswith("--") and "_" not in o))
-    )
+    import textwrap
+
+    names = " ".join(sorted(o for o in _torchrun_options() if o.startswith("--") and "_" not in o))
+    print("\ntorchrun options (passed to torch.distributed.run unchanged):")
+    print(textwrap.fill(names, width=100, initial_indent="  ", subsequent_indent="  ", break_on_hyphens=False))
 
 
 def _check_target(target: list[str]) -> Any:
