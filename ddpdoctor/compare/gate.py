@@ -156,16 +156,20 @@ def check_metric(
     worse = t.exceeded_by(change)
     better = (change < -t.amount) if t.worse == "up" else (change > t.amount)
     runs = [r.get(t.metric) for r in baseline.runs]
+    current_runs = [r.get(t.metric) for r in current.runs]
     spread = (
-        stats.run_spread(runs, base, relative=t.relative, confidence=spread_confidence) if spec.noisy else None
+        stats.run_spread(runs, base, relative=t.relative, confidence=spread_confidence, current=current_runs)
+        if spec.noisy
+        else None
     )
     shown = (
         f"{t.metric}: {units.value(t.metric, base)} -> {units.value(t.metric, cur)} "
         f"({format_change(t, change)}"
         + (f", interval {format_interval(t, interval)}" if interval is not None else "")
         + (
-            f", run-to-run ±{format_change(t, spread.margin).lstrip('+')} over {spread.runs} baseline runs "
-            f"({spread.confidence * 100:.1f}%)"
+            f", run-to-run ±{format_change(t, spread.margin).lstrip('+')} over {spread.runs} baseline"
+            + (f" and {spread.current} current runs " if spread.current > 1 else " runs ")
+            + f"({spread.confidence * 100:.1f}%)"
             if spread is not None
             else ""
         )

@@ -63,28 +63,48 @@ MIN_RUNS = 2  # baseline runs needed to estimate the spread between runs
 
 @dataclass(frozen=True)
 class RunSpread:
-    """How far a new run of the same job may land from the baseline by run-to-run noise alone: the half-width
-    of the ``confidence`` prediction interval of one more run, ``t(k-1) * sd * sqrt(1 + 1/k)`` over the ``k``
-    baseline runs' values (relative to ``reference`` when ``relative``)."""
+    """How far the current run(s) may land from the baseline by run-to-run noise alone (``margin``, in the
+    change's unit). One current run: the half-width of the ``confidence`` prediction interval of one more run,
+    ``t(k-1) * sd * sqrt(1 + 1/k)`` over the ``k`` baseline runs' values. Several current runs (``current`` = m):
+    Welch's interval of the difference of the two sets' means, ``t(df) * sqrt(sd_b^2/k + sd_c^2/m)``."""
 
     margin: float
     runs: int
     confidence: float
+    current: int = 1
+
+
+def _finite(values: Sequence[float | None]) -> np.ndarray:
+    x = np.asarray([v for v in values if v is not None], dtype=float)
+    return x[np.isfinite(x)]
 
 
 def run_spread(
-    values: Sequence[float], reference: float, *, relative: bool, confidence: float = CONFIDENCE
+    values: Sequence[float | None],
+    reference: float,
+    *,
+    relative: bool,
+    confidence: float = CONFIDENCE,
+    current: Sequence[float | None] = (),
 ) -> RunSpread | None:
-    """The prediction margin of a new run from the baseline runs' ``values`` of one metric; None with fewer
-    than ``MIN_RUNS`` runs or a relative change from a ``reference`` of 0."""
-    x = np.asarray([v for v in values if v is not None], dtype=float)
-    x = x[np.isfinite(x)]
+    """The run-to-run margin from the baseline runs' ``values`` of one metric (and the ``current`` runs' values,
+    when there are several); None with fewer than ``MIN_RUNS`` baseline runs or a relative change from a
+    ``reference`` of 0."""
+    x, y = _finite(values), _finite(current)
     if len(x) < MIN_RUNS or (relative and reference == 0):
         return None
-    deviations = x / reference - 1.0 if relative else x - reference
-    sd = float(np.std(deviations, ddof=1))
-    t = float(_scipy_stats().t.ppf(0.5 + confidence / 2, len(x) - 1))
-    return RunSpread(t * sd * float(np.sqrt(1 + 1 / len(x))), len(x), confidence)
+    dx = x / reference - 1.0 if relative else x - reference
+    q = 0.5 + confidence / 2
+    if len(y) < MIN_RUNS:
+        t = float(_scipy_stats().t.ppf(q, len(x) - 1))
+        return RunSpread(t * float(np.std(dx, ddof=1)) * float(np.sqrt(1 + 1 / len(x))), len(x), confidence)
+    dy = y / reference - 1.0 if relative else y - reference
+    vx, vy = float(np.var(dx, ddof=1)) / len(x), float(np.var(dy, ddof=1)) / len(y)
+    se = float(np.sqrt(vx + vy))
+    if se == 0:
+        return RunSpread(0.0, len(x), confidence, len(y))
+    df = (vx + vy) ** 2 / (vx**2 / (len(x) - 1) + vy**2 / (len(y) - 1))  # Welch-Satterthwaite
+    return RunSpread(float(_scipy_stats().t.ppf(q, df)) * se, len(x), confidence, len(y))
 
 
 def change_interval(

@@ -15,7 +15,8 @@ import pytest
 from markdown_it import MarkdownIt
 
 from ddpdoctor import escape
-from ddpdoctor.compare import gate, load_config
+from ddpdoctor.compare.gate import gate
+from ddpdoctor.compare.thresholds import load_config
 from ddpdoctor.compare.snapshot import Snapshot
 from ddpdoctor.report import Document, OutputFormat, github, junit, renderer
 

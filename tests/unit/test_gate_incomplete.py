@@ -10,7 +10,8 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from ddpdoctor.compare import gate, load_config
+from ddpdoctor.compare.gate import gate
+from ddpdoctor.compare.thresholds import load_config
 from ddpdoctor.compare.snapshot import build, dumps, from_json
 from ddpdoctor.report import Document, OutputFormat, github, junit, renderer
 

@@ -10,7 +10,8 @@ import json
 import numpy as np
 import pytest
 
-from ddpdoctor.compare import gate, load_config
+from ddpdoctor.compare.gate import gate
+from ddpdoctor.compare.thresholds import load_config
 from ddpdoctor.compare.snapshot import Snapshot, combine, dumps, from_json
 
 ENV = {"mode": "ddp", "world_size": 2, "backend": "gloo", "devices": ["cpu"], "torch_version": "2.13.0"}
@@ -100,3 +101,17 @@ def test_baseline_command_takes_several_runs(tmp_path, capsys):
     assert main(["baseline", *runs[:2], str(other)]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "not runs of the same job" in err
+
+
+def test_several_current_runs_are_compared_as_a_set_with_both_spreads():
+    # three baseline runs that happen to sit within 0.5 % of each other: one rerun 12 % slower looks like a
+    # regression, but three current runs that spread as widely as this machine does are within noise
+    tight = combine([_run(100, 11), _run(100.5, 12), _run(99.6, 13)])
+    assert _step(gate(_run(112, 14), tight, load_config(cwd="/"))).verdict == "regression"
+    current = combine([_run(112, 15, "runs/c1"), _run(90, 16, "runs/c2"), _run(134, 17, "runs/c3")])
+    check = _step(gate(current, tight, load_config(cwd="/")))
+    assert check.verdict == "within run-to-run noise", check.message
+    assert "3 baseline and 3 current runs" in check.message
+    # and a slowdown every current run shows fails
+    slow = combine([_run(180, 18, "runs/s1"), _run(185, 19, "runs/s2"), _run(178, 20, "runs/s3")])
+    assert _step(gate(slow, combine(BASE_RUNS), load_config(cwd="/"))).verdict == "regression"
