@@ -197,9 +197,12 @@ def check_oom(ctx: Context) -> list[dict[str, Any]]:
     return ev.evaluate_oom(runs, rule_param("gpu0-oom-risk", "min_headroom"))
 
 
-# Small kernels (a 1024-wide layer on 1024 rows: tens of µs) so that a sync after every layer leaves the GPU
-# idle while the host launches the next one; the same loop without .item() is the control.
-HOST_SYNC_ARGS = ["--steps", "16", "--width", "1024", "--batch", "1024", "--depth", "64", "--log-every", "0"]
+# A fine-tuning loop (a frozen 96-layer body, a trained head: backward is short) with a 1024-wide layer on 1024
+# rows, tens of µs per kernel: an .item() after every layer leaves the GPU idle while the host launches the next
+# one. The same loop without .item() is the control.
+HOST_SYNC_ARGS = [
+    "--steps", "16", "--width", "1024", "--batch", "1024", "--depth", "96", "--train-last", "1", "--log-every", "0",
+]  # fmt: skip
 
 
 def check_host_sync(ctx: Context) -> list[dict[str, Any]]:

@@ -8,6 +8,7 @@ records ``torch.cuda.max_memory_allocated()`` / ``max_memory_reserved()`` and wh
                       matched to the wrong ProfilerStep shows
     --reserve F       after the first step, hold a buffer so the allocator reserves about F of the GPU's memory
     --sync-every N    call .item() on the activations every N layers (a host sync); 0 = never
+    --train-last N    train only the last N linear layers (a fine-tuning loop: backward is short); 0 = all
     --log-every N     call loss.item() after backward every N steps, as a logging loop does (0 = never):
                       with 1, steps do not run ahead of each other on the GPU
 """
@@ -32,6 +33,7 @@ def main() -> None:
     p.add_argument("--reserve", type=float, default=0.0)
     p.add_argument("--sync-every", type=int, default=0)
     p.add_argument("--log-every", type=int, default=1)
+    p.add_argument("--train-last", type=int, default=0)
     args = p.parse_args()
     _measure.shrink_for_cpu(args)
 
@@ -41,7 +43,11 @@ def main() -> None:
     torch.manual_seed(0)
     layers = [m for _ in range(args.depth) for m in (nn.Linear(args.width, args.width), nn.ReLU())]
     model = nn.Sequential(*layers, nn.Linear(args.width, 10)).to(device)
-    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    if args.train_last:
+        linears = [m for m in model if isinstance(m, nn.Linear)]
+        for m in linears[: -args.train_last]:
+            m.requires_grad_(False)
+    opt = torch.optim.SGD([q for q in model.parameters() if q.requires_grad], lr=1e-4)
     extra_w = torch.randn(args.width, args.width, device=device) / args.width**0.5
     host_x = _measure.pinned(torch.randn(args.batch, args.width))
     host_y = _measure.pinned(torch.randint(0, 10, (args.batch,)))
