@@ -35,6 +35,10 @@ class CaptureConfig:
     # How the job was launched: "direct" (a script run by `ddpdoctor trace`, maybe starting its ranks with
     # mp.spawn), "torchrun", "scheduler" (this process is one rank a scheduler started), "command" (`-- COMMAND`).
     launch: str = "direct"
+    # --max-steps: every rank stops cleanly at the step boundary after this many steps (None: the script's own end)
+    max_steps: int | None = None
+    # --set KNOB=VALUE: settings ddpdoctor applies to the script through its hooks (ddpdoctor.knobs), as text
+    knobs: dict = field(default_factory=dict)
     extra: dict = field(default_factory=dict)
 
     def to_env(self) -> str:

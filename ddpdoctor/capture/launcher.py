@@ -210,6 +210,11 @@ class Reporter:
             f"ddpdoctor: wrote {out} in {took:.1f}s: {len(ranks)} rank(s), {steps_text} step(s) profiled per rank, "
             f"exit code {man.get('exit_code')}"
         )
+        if man.get("stopped_by"):
+            self._print(f"ddpdoctor: every rank stopped at the same step ({man['stopped_by']})")
+        for name, knob in (man.get("knobs") or {}).items():
+            if not knob.get("applied"):
+                self._print(f"ddpdoctor: --set {name}={knob.get('value')} did not apply: {knob.get('reason')}")
         for r in failed:
             self._print(
                 f"ddpdoctor:   rank {r['rank']} {r['status']}: {r.get('reason') or 'exit ' + str(r.get('exit_code'))}"

@@ -8,6 +8,7 @@ overwrites another's data.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import sys
 import time
@@ -58,6 +59,7 @@ def _rank_entry(
         "profiled_steps": data.get("steps", {}).get("profiled"),
         "step_source": data.get("steps", {}).get("source"),
         "trace_files": data.get("trace_files", []),
+        "stopped_by": data.get("stopped_by"),
     }
 
 
@@ -68,6 +70,7 @@ def node_record(
         "node_rank": node_rank,
         "hostname": socket.gethostname(),
         "command": command,
+        "cwd": os.getcwd(),  # where the command ran (``ddpdoctor try`` runs it again from there)
         "exit_code": exit_code,
         "started_at": started_at,
         "finished_at": time.time(),
@@ -121,10 +124,16 @@ def build(
             "no training step was detected (no torch.optim optimizer stepped and ddpdoctor.step() was never "
             "called): the trace covers the start of the run instead of chosen steps"
         )
+    stopped = sorted({str(d["stopped_by"]) for d in ranks.values() if d.get("stopped_by")})
+    knobs = _knobs(ranks)
     return {
         "schema_version": rundir.SCHEMA_VERSION,
         "ddpdoctor_version": __version__,
         "command": command,
+        "cwd": next((n["cwd"] for n in nodes if n.get("cwd")), None),
+        # "ddpdoctor --max-steps N" when ddpdoctor ended the job there (every rank at the same step)
+        "stopped_by": stopped[0] if stopped else None,
+        "knobs": knobs,  # trace --set: knob -> {"value", "applied", "reason"} (rank 0's, or the first rank's)
         "mode": mode,
         "launch": launch or mode,
         "world_size": world_size,
@@ -141,6 +150,19 @@ def build(
         "nodes": nodes,
         "ranks": entries,
     }
+
+
+def _knobs(ranks: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """trace --set over the ranks: knob -> {"value", "applied" (objects changed on all ranks), "reason"}."""
+    out: dict[str, Any] = {}
+    for data in ranks.values():
+        for name, entry in (data.get("knobs") or {}).items():
+            if not isinstance(entry, dict):
+                continue
+            merged = out.setdefault(name, {"value": entry.get("value"), "applied": 0, "reason": None})
+            merged["applied"] += int(entry.get("applied") or 0)
+            merged["reason"] = None if merged["applied"] else merged["reason"] or entry.get("reason")
+    return out
 
 
 def rebuild(out: Path) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from ddpdoctor import rundir
 from ddpdoctor._version import __version__
 from ddpdoctor.capture import ddp as ddp_capture
+from ddpdoctor.capture import knobs as knobs_capture
 
 if TYPE_CHECKING:
     from ddpdoctor.capture.session import Session
@@ -144,6 +145,8 @@ def record(session: Session) -> dict[str, Any]:
         "started_at": session.started_at,
         "updated_at": time.time(),
         "capture_errors": session.capture_errors,
+        "stopped_by": session.stopped_by,
+        "knobs": knobs_capture.describe(),
         "python": sys.version.split()[0],
     }
 

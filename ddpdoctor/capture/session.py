@@ -25,9 +25,11 @@ from typing import Any
 
 from ddpdoctor import rundir
 from ddpdoctor.capture import ddp as ddp_capture
+from ddpdoctor.capture import knobs as knobs_capture
 from ddpdoctor.capture import rank_file
 from ddpdoctor.capture.config import CaptureConfig
 from ddpdoctor.capture.gil import GilProbe
+from ddpdoctor.capture.max_steps import StopTraining, stopped_by
 from ddpdoctor.capture.memory import DeviceMemory
 from ddpdoctor.capture.setup import SetupObserver
 from ddpdoctor.capture.step_clock import StartupTrace, StepClock
@@ -72,6 +74,7 @@ class Session:
         self.dist: dict[str, Any] | None = None  # backend, rank, world size once the process group exists
         self.dp: Any = None  # ddpdoctor.capture.dp once its hooks are in
         self.dp_steps: list[dict] = []  # DataParallel stage timings and gathered bytes per step
+        self.stopped_by: str | None = None  # "ddpdoctor --max-steps N" once --max-steps ended the job
         self._lock = threading.RLock()
         self._thread_id = threading.get_ident()
         self._last_span = 0
@@ -166,8 +169,11 @@ class Session:
         self.dp = dp
         if skipped:
             self.capture_errors.append(f"DataParallel internals not found in this torch: {', '.join(skipped)}")
+        if self.config.knobs:  # after ddp.install(): the knobs' DDP wrapper is the outer one
+            knobs_capture.install(self.config.knobs, local_world_size=self.identity.local_world_size)
 
     def _remove_hooks(self) -> None:
+        knobs_capture.uninstall()
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
@@ -241,6 +247,9 @@ class Session:
                 self.gil.start()
             else:
                 self.gil.stop()
+        if self.config.max_steps and self.clock.iteration >= self.config.max_steps:
+            self.stopped_by = stopped_by(self.config.max_steps)
+            raise StopTraining(self.config.max_steps)
 
     def _recording(self) -> bool:
         from torch.profiler import ProfilerAction

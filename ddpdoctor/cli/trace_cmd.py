@@ -75,6 +75,21 @@ def _own_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="end a rank that makes no step for SECONDS (after its first), recording where it was stuck",
     )
+    g.add_argument(
+        "--max-steps",
+        type=int,
+        default=None,
+        metavar="N",
+        help="end the job cleanly after N training steps, every rank at the same step (exit 0)",
+    )
+    g.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KNOB=VALUE",
+        help="apply a knob through ddpdoctor's hooks, no code change (e.g. ddp.bucket_cap_mb=25; "
+        "the table: README 'Try the prescription')",
+    )
     g.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
     return p
 
@@ -153,6 +168,11 @@ def _parse_own(own: list[str]) -> argparse.Namespace:
         raise UsageError("--hang-timeout must be positive")
     if args.no_step_limit <= 0:
         raise UsageError("--no-step-limit must be positive")
+    if args.max_steps is not None and args.max_steps < 1:
+        raise UsageError("--max-steps must be at least 1")
+    from ddpdoctor import knobs
+
+    args.knobs = knobs.parse_settings(args.set)
     return args
 
 
@@ -332,6 +352,8 @@ def main(argv: list[str]) -> int:
         all_threads=args.all_threads,
         all_devices=launch == "direct",
         launch=launch,
+        max_steps=args.max_steps,
+        knobs=args.knobs,
     )
     from ddpdoctor.capture import launcher
 
@@ -343,6 +365,9 @@ def main(argv: list[str]) -> int:
     # Every Python process the job starts runs the start-up hook, so the ranks it starts itself are traced.
     os.environ.update(launcher.startup_hook_env(dict(os.environ)))
     os.environ[ENV_VAR] = config.to_env()
+    from ddpdoctor import knobs
+
+    os.environ.update(knobs.environment(args.knobs))  # env.* knobs: for every process of the job
     started = time.time()
     from ddpdoctor.capture import runner
 
