@@ -65,7 +65,12 @@ def register(subparsers: Any, name: str, help_text: str) -> None:
         epilog=_epilog(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("run", metavar="RUN", help="the run to check (a ddpdoctor run directory)")
+    p.add_argument(
+        "run",
+        metavar="RUN",
+        nargs="+",
+        help="the run to check (a ddpdoctor run directory); several runs of the same job are checked as a set",
+    )
     p.add_argument(
         "--baseline",
         "-b",
@@ -113,9 +118,7 @@ def register(subparsers: Any, name: str, help_text: str) -> None:
 
 def run_baseline(args: argparse.Namespace) -> int:
     from ddpdoctor.compare import read_input
-    from ddpdoctor.compare.snapshot import dumps
-
-    from ddpdoctor.compare.snapshot import combine
+    from ddpdoctor.compare.snapshot import combine, dumps
     from ddpdoctor.errors import UsageError
 
     rules = resolve_rules(rule_options(args))
@@ -152,14 +155,21 @@ def _github(result: Any, report_on_stdout: bool) -> None:
 
 
 def run_gate(args: argparse.Namespace) -> int:
-    from ddpdoctor.compare import gate, load_config, read_input
+    from ddpdoctor.compare import load_config, read_input
+    from ddpdoctor.compare.gate import gate  # the function (the package's `gate` is the module once imported)
     from ddpdoctor.report import Document, junit, renderer
     from ddpdoctor.rundir import atomic_write_bytes
 
     config = load_config(args.config, args.threshold, fail_on=args.fail_on, strict_env=args.strict_env)
     rules = resolve_rules(rule_options(args))
+    from ddpdoctor.compare.snapshot import combine
+    from ddpdoctor.errors import UsageError
+
     baseline = read_input(args.baseline, rules=rules)
-    current = read_input(args.run, rules=rules)
+    try:
+        current = combine([read_input(run, rules=rules) for run in args.run])
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     result = gate(current, baseline, config)
     if args.junit:  # files first: a closed stdout (`| head`) must not cost the CI its JUnit report
         try:

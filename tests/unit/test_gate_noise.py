@@ -115,3 +115,24 @@ def test_several_current_runs_are_compared_as_a_set_with_both_spreads():
     # and a slowdown every current run shows fails
     slow = combine([_run(180, 18, "runs/s1"), _run(185, 19, "runs/s2"), _run(178, 20, "runs/s3")])
     assert _step(gate(slow, combine(BASE_RUNS), load_config(cwd="/"))).verdict == "regression"
+
+
+def test_gate_command_takes_several_current_runs(tmp_path, capsys):
+    import shutil
+    from pathlib import Path
+
+    from ddpdoctor.cli import main
+
+    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "ddp_gloo_2rank"
+    runs = []
+    for name in ("a", "b", "c", "d"):
+        shutil.copytree(fixture, tmp_path / name)
+        runs.append(str(tmp_path / name))
+    base = tmp_path / "baseline.json"
+    assert main(["baseline", *runs[:2], "--output", str(base)]) == 0
+    capsys.readouterr()
+    code = main(["gate", *runs[2:], "--baseline", str(base), "--format", "json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 0, doc
+    step = next(m for m in doc["metrics"] if m["metric"] == "step_ms.median")
+    assert "2 baseline and 2 current runs" in step["message"]
