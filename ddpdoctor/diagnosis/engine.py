@@ -153,6 +153,11 @@ def _fire(rule: Rule, run: dict[str, Any], rows: list[dict[str, Any]]) -> Findin
     for clause in rule.clauses:
         if eval_expr(clause.when, shown):
             message += " " + clause.message.render(shown, specials)
+    edges = _threshold_edges(rule, shown)
+    if edges:
+        message += (
+            " Close to its threshold, so a small change in the run can flip this verdict: " + "; ".join(edges) + "."
+        )
     return Finding(
         id=rule.id,
         name=rule.name,
@@ -163,6 +168,47 @@ def _fire(rule: Rule, run: dict[str, Any], rows: list[dict[str, Any]]) -> Findin
         evidence=_evidence(rule, base, firing),
         estimated_gain_ms=gain,
     )
+
+
+# A value within this share of the threshold it was compared with decided the verdict on an edge: the finding says so.
+EDGE_SHARE = 0.1
+
+
+def _threshold_edges(rule: Rule, values: Values) -> list[str]:
+    """The comparisons of ``rule.when`` against a ``params.NAME`` threshold whose measured side lies within
+    ``EDGE_SHARE`` of it, as "TERM = v (threshold NAME = t)" -- only where the verdict hinges on them: in a
+    condition ``a or b``, a true part that is not on an edge keeps the verdict whatever the others do."""
+    import ast
+
+    def evaluate_node(node: ast.expr) -> Any:
+        try:
+            return eval_expr(compile_expr(ast.unparse(node), scope=rule.scope, params=rule.params), values)
+        except ExprError:
+            return None
+
+    def edges_of(part: ast.expr) -> list[str]:
+        out: list[str] = []
+        for node in ast.walk(part):
+            if not isinstance(node, ast.Compare) or len(node.ops) != 1:
+                continue
+            for measured, threshold in ((node.left, node.comparators[0]), (node.comparators[0], node.left)):
+                if not (isinstance(threshold, ast.Attribute) and isinstance(threshold.value, ast.Name)):
+                    continue
+                limit = rule.params.get(threshold.attr) if threshold.value.id == "params" else None
+                if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not limit:
+                    continue
+                value = evaluate_node(measured)
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    if abs(value - limit) <= EDGE_SHARE * abs(limit):
+                        out.append(f"{ast.unparse(measured)} = {value:.3g} (threshold {threshold.attr} = {limit:g})")
+        return out
+
+    tree = rule.when.tree
+    if isinstance(tree, ast.BoolOp) and isinstance(tree.op, ast.Or):
+        held = [part for part in tree.values if evaluate_node(part)]
+        edges = [edges_of(part) for part in held]
+        return [] if any(not e for e in edges) else [x for e in edges for x in e]
+    return edges_of(tree)
 
 
 def evaluate(rules: Iterable[Rule], metrics: Any) -> Diagnosis:

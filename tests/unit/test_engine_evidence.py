@@ -74,3 +74,19 @@ def test_ranks_that_never_synchronise_lead_the_report() -> None:
     assert "without any synchronisation between its ranks" in reasons["poor-comm-compute-overlap"]
     # the healthy counterpart: collectives every step
     assert "ranks-never-synchronize" in evaluate(load_rules(), _metrics(parallelism="ddp")).passed
+
+
+def test_a_verdict_on_a_threshold_edge_says_so() -> None:
+    m = _metrics()
+    m.ranks[2]["dataloader_ms"] = 12.6  # 10.5% of a 120 ms step, threshold 10%
+    (f,) = _one(m, "dataloader-bound").findings
+    assert "Close to its threshold" in f.message and "(threshold min_share = 0.1)" in f.message
+    m.ranks[2]["dataloader_ms"] = 30.0  # 25%: far from it
+    (f,) = _one(m, "dataloader-bound").findings
+    assert "Close to its threshold" not in f.message
+
+
+def test_an_edge_in_one_part_of_an_or_does_not_decide_it() -> None:
+    # gpu0-oom-risk: 4% headroom (threshold 10%) fires on its own; the 1.37x vs 1.25x comparison is near its edge
+    (f,) = _one(_metrics(), "gpu0-oom-risk").findings
+    assert "Close to its threshold" not in f.message
