@@ -47,7 +47,12 @@ def start(logdir: Path, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> s
     from tensorboard import default, program
 
     tb = program.TensorBoard(plugins=default.get_plugins())
-    tb.configure(argv=[None, "--logdir", str(logdir), "--host", host, "--port", str(port)])
+    # --load_fast=false: TensorBoard's Python reader, not its separate data-server process. ddpdoctor's event files
+    # are a few KB per rank, read at once either way; with the default ("auto") TensorBoard starts that process and
+    # prints "NOTE: Using experimental fast data loading logic" on every start.
+    tb.configure(
+        argv=[None, "--logdir", str(logdir), "--host", host, "--port", str(port), "--load_fast=false"]
+    )
     try:
         return tb.launch()
     except program.TensorBoardServerException as exc:

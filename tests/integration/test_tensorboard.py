@@ -288,6 +288,13 @@ def test_dashboard_renders_in_tensorboards_plugin_frame(view, tmp_path):
     _assert_dashboard(dom, report)
 
 
+def test_view_prints_no_tensorboard_data_loading_note(view):
+    """TensorBoard's "experimental fast data loading" note is not ddpdoctor's to show (issue 19, point 7)."""
+    log = Path(view.log.name).read_text()
+    assert "TensorBoard at http" in "".join(view.stdout)
+    assert "fast data loading" not in log and "load_fast" not in log, log
+
+
 def test_ctrl_c_stops_view_and_frees_the_port(run_dir, tmp_path):
     server = View(run_dir, tmp_path / "view.log")
     port = urllib.parse.urlparse(server.url).port
