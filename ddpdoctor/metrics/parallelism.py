@@ -50,11 +50,13 @@ MIN_FORWARD_ALLREDUCES_TP = 4
 PARALLELISM_METRICS = catalog.group("parallelism")
 
 
-def parallelism_evidence(rt: RankTrace, steps: pd.DataFrame, calls: pd.DataFrame) -> dict[str, Any]:
+def parallelism_evidence(rt: RankTrace, steps: pd.DataFrame, calls: pd.DataFrame, timed: int = 0) -> dict[str, Any]:
     """Per-rank evidence over the analysed steps of ``steps`` (``analyzed``, ``host_start_us``,
     ``host_end_us``): collective calls per step (counts), DDP/FSDP ranges seen (flags).
 
-    ``calls``: the rank's collective calls with ``kind`` and host ``ts_us`` (``comm._calls``)."""
+    ``calls``: the rank's collective calls with ``kind`` and host ``ts_us`` (``comm.collective_calls``); ``timed``:
+    the collectives timed in the analysed steps (NCCL kernels or gloo ranges, ``comm.collectives``), which count
+    too where a trace has kernels but no calls (``collectives_per_step`` is never 0 while communication ran)."""
     out: dict[str, Any] = dict.fromkeys(PARALLELISM_METRICS)
     ops = rt.ops
     if ops is not None and len(ops):
@@ -68,6 +70,7 @@ def parallelism_evidence(rt: RankTrace, steps: pd.DataFrame, calls: pd.DataFrame
     if calls is None or len(calls) == 0:
         for key in [k for k in PARALLELISM_METRICS if k.endswith("_per_step")]:
             out[key] = 0.0
+        out["collectives_per_step"] = timed / n_steps
         return out
     ts = calls["ts_us"].to_numpy(dtype=np.float64)
     order = np.argsort(lo, kind="stable")
@@ -77,7 +80,7 @@ def parallelism_evidence(rt: RankTrace, steps: pd.DataFrame, calls: pd.DataFrame
     kinds = c["kind"].astype(str).to_numpy()
     phase = phase_at(host_phases(ops, analysed), c["ts_us"].to_numpy(dtype=np.float64)) if len(c) else np.array([])
     all_reduce = kinds == "all_reduce"
-    out["collectives_per_step"] = len(c) / n_steps
+    out["collectives_per_step"] = max(len(c), timed) / n_steps
     tp_ranges = ops[names_matching(ops, _TP_RANGES)] if ops is not None and len(ops) else ops
     out["tp_collectives_per_step"] = (
         float((_enclosing(tp_ranges, c) >= 0).sum()) / n_steps if tp_ranges is not None and len(tp_ranges) else 0.0

@@ -74,7 +74,8 @@ def summarize_rank(
     hosts = windows[["step", "span", "host_start_us", "host_end_us"]].merge(
         steps[["step", "span", "analyzed"]], on=["step", "span"], how="inner"
     )
-    metrics.update(parallelism_evidence(rt, hosts, collective_calls(rt)))
+    timed = int(colls["step"].isin(analysed["step"]).sum())
+    metrics.update(parallelism_evidence(rt, hosts, collective_calls(rt), timed))
     # The GPU the DDP model lives on: a rank that never calls set_device still has current device cuda:0.
     own = compute_device(capture) or own_device(rt, capture)
     devices = device_rows(rt, capture)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from ddpdoctor.metrics.parallelism import detect_parallelism
@@ -72,3 +74,24 @@ def test_syncbatchnorm_all_gathers_do_not_make_ddp_fsdp() -> None:
     # SyncBatchNorm gathers statistics in forward (all_gather) but reduces nothing by scatter
     rank = _rank(collectives_per_step=26, allgather_per_step=20, backward_allreduce_per_step=6, ddp_ranges=True)
     assert detect_parallelism([rank], "ddp", 2)[0] == "ddp"
+
+
+def test_kernels_without_calls_still_count_as_communication() -> None:
+    # an old trace: NCCL kernels on the device, no nccl:* calls recorded on the host -- not "no collective"
+    import pandas as pd
+
+    from ddpdoctor.metrics.parallelism import parallelism_evidence
+
+    ops = pd.DataFrame(
+        {
+            "name": pd.Categorical(["ProfilerStep#1", "ProfilerStep#2"]),
+            "ts_us": [0.0, 100.0],
+            "end_us": [100.0, 200.0],
+            "tid": [1, 1],
+        }
+    )
+    steps = pd.DataFrame({"host_start_us": [0.0, 100.0], "host_end_us": [100.0, 200.0], "analyzed": [True, True]})
+    rt = SimpleNamespace(ops=ops)
+    calls = pd.DataFrame(columns=["name", "tid", "ts_us", "end_us", "kind"])
+    assert parallelism_evidence(rt, steps, calls, timed=6)["collectives_per_step"] == 3.0
+    assert parallelism_evidence(rt, steps, calls, timed=0)["collectives_per_step"] == 0.0
