@@ -53,6 +53,7 @@ def test_wheel_contains_every_rule_file(wheel):
     for rule in (REPO / "rules").glob("*.toml"):
         assert f"ddpdoctor/_builtin_rules/{rule.name}" in names
     assert not any(n.startswith("rules/") for n in names), "rules must not become a top-level package"
+    assert "ddpdoctor/metrics/catalog.toml" in names  # the metric catalog's table is package data too
 
 
 def test_installed_wheel_loads_its_rules_without_the_source_checkout(wheel, tmp_path):
