@@ -153,7 +153,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"== {check.key}: {check.title}", flush=True)
         result, produced = gpu_checks.run_check(check, work, deadline)
         if produced:
-            result["archive"] = archive(produced, args.out / f"{check.key}.tar.gz", root=work)
+            try:
+                result["archive"] = archive(produced, args.out / f"{check.key}.tar.gz", root=work)
+            except OSError as exc:  # the check's result matters more than its files
+                result["archive"] = {"file": None, "note": f"archiving failed: {exc}"}
         summary["checks"].append(result)
         summary["elapsed_s"] = round(time.monotonic() - t0, 1)
         write_json(args.out / SUMMARY, summary)  # after every check: a later timeout keeps what is done

@@ -5,10 +5,10 @@
 #
 # Installs the carried wheels (.whl/, made by tests/gpu/prepare_wheels.sh) into /tmp/site without touching the
 # machine's own packages (torch above all), runs every check with ddpdoctor from this working tree, and writes
-# gpu-summary.json, one archive per check and run.log under $OUT (./gpu-out when OUT is unset).
+# gpu-summary.json, one archive per check and run.log under $OUT (/tmp/ddpdoctor-gpu-out when OUT is unset).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-OUT=${OUT:-$PWD/gpu-out}
+OUT=${OUT:-/tmp/ddpdoctor-gpu-out}
 mkdir -p "$OUT"
 if compgen -G ".whl/*.whl" >/dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
