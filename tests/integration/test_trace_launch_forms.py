@@ -421,3 +421,14 @@ def test_command_not_found_is_one_line(tmp_path):
         "ddpdoctor: error: cannot run command 'no-such-launcher-xyz': not found on PATH"
     ]
     assert not (tmp_path / "run").exists()
+
+
+def test_in_rank_needs_a_shared_out(tmp_path):
+    """A scheduler-started rank without --out would pick a time-stamped folder of its own: refused in one line."""
+    env = _clean_env(SLURM_PROCID="0", SLURM_NTASKS="4")
+    result = run_cli("trace", DDP_SCRIPT, env=env, cwd=tmp_path, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "ddpdoctor: error: this process is rank 0 of 4 (slurm variables): give every rank the same --out DIR"
+    ]
+    assert list(tmp_path.iterdir()) == []
