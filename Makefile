@@ -1,5 +1,5 @@
 # Developer shortcuts (CI runs .ci/run, which runs the README's test command).
-.PHONY: test unit lint bench bench-quick
+.PHONY: test unit lint bench bench-quick examples
 
 test:
 	python -m pytest
@@ -15,3 +15,7 @@ bench:
 
 bench-quick:
 	python benchmarks/run.py --quick
+
+# Rewrite README.md's marked example outputs with real output of this version (one traced 2-rank run, ~1 minute).
+examples:
+	python docs/regen_examples.py
