@@ -1,0 +1,113 @@
+"""``ddpdoctor try RUN (--set KNOB=VALUE ... | --findings)``: run RUN's own command again with knobs applied by
+ddpdoctor's hooks (no code change) and measure what they change against a control run of the same steps.
+
+Exit status: 0 when the trials ran (a knob that made the job fail is a result, reported with its error); 1 when
+the control run (RUN's command without a knob) failed, so nothing could be measured; 2 on a usage or input error
+(an unknown knob or value, a RUN that is not a run directory or cannot be run again).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from ddpdoctor.cli.diagnose_cmd import add_rule_options, add_rule_selection, rule_options
+from ddpdoctor.errors import UsageError
+
+
+def register(subparsers: Any, name: str, help_text: str) -> None:
+    p = subparsers.add_parser(
+        name,
+        help=help_text,
+        description=help_text
+        + ". The trials are written beside RUN, in RUN.trials/<n>/ (RUN is never written); results.json there "
+        "holds every measurement and each rule's estimated gain against the measured one.",
+    )
+    p.add_argument("run", metavar="RUN", help="a run directory written by `ddpdoctor trace`")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KNOB=VALUE",
+        help="a knob to apply (several --set: applied together in one trial); the knobs: README 'Try the prescription'",
+    )
+    p.add_argument(
+        "--findings",
+        action="store_true",
+        help="try every setting the rules of RUN's findings prescribe, one trial each, and print one table",
+    )
+    p.add_argument(
+        "--max-steps",
+        type=int,
+        default=None,
+        metavar="N",
+        help="steps each trial runs (default: the end of RUN's profiled window + 10)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="stop a trial that runs longer (default: 4x RUN's duration, at least 180 s)",
+    )
+    add_rule_selection(p)
+    add_rule_options(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ddpdoctor import knobs
+    from ddpdoctor import trial as trial_mod
+    from ddpdoctor.pipeline import analyze_run, resolve_rules
+    from ddpdoctor.trial import plan
+    from ddpdoctor.trial.render import render
+
+    if bool(args.set) == bool(args.findings):
+        raise UsageError("give --set KNOB=VALUE (one trial) or --findings (the rules' prescriptions), not both")
+    if args.max_steps is not None and args.max_steps < 1:
+        raise UsageError("--max-steps must be at least 1")
+    if args.timeout is not None and args.timeout <= 0:
+        raise UsageError("--timeout must be positive")
+    settings = knobs.parse_settings(args.set)
+    cmd = plan.read_run(args.run)
+    rules = resolve_rules(rule_options(args))
+    analysis = analyze_run(cmd.run, rules=rules, traces_optional=True)
+    findings = list(analysis.diagnosis.findings) if analysis.diagnosis is not None else []
+    if args.findings:
+        prescribed = trial_mod.prescriptions(rules, findings, cmd.nproc_per_node)
+        settings_list = list({plan.setting_label(p.settings): p.settings for p in prescribed}.values())
+        if not settings_list:
+            names = ", ".join(f.name for f in findings) or "none"
+            print(f"ddpdoctor try: nothing to try: no rule of RUN's findings ({names}) prescribes a knob")
+            return 0
+    else:
+        settings = plan.resolve(settings, cmd.nproc_per_node)
+        prescribed = trial_mod.for_settings(rules, findings, settings)
+        settings_list = [settings]
+    max_steps = args.max_steps or cmd.default_max_steps()
+    timeout_s = args.timeout or _default_timeout(cmd.manifest)
+    folder = plan.new_session_dir(cmd.run)
+
+    def progress(text: str) -> None:
+        print(f"ddpdoctor try: {text} -> {folder}", file=sys.stderr, flush=True)
+
+    session = trial_mod.run_session(
+        cmd,
+        folder,
+        settings_list,
+        max_steps=max_steps,
+        timeout_s=timeout_s,
+        rules=rules,
+        prescribed=prescribed,
+        run_findings=findings,
+        progress=progress,
+    )
+    render(session, sys.stdout, findings_table=args.findings)
+    return 0 if session.control.ok else 1
+
+
+def _default_timeout(manifest: dict[str, Any]) -> float:
+    started, finished = manifest.get("started_at"), manifest.get("finished_at")
+    took = finished - started if isinstance(started, (int, float)) and isinstance(finished, (int, float)) else 0
+    return max(180.0, 4 * took)

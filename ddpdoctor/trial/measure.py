@@ -1,0 +1,140 @@
+"""What a knob changed: the trial (B) against the control (A: the same command, the same steps, no knob), read
+through the one pipeline and compared with ``ddpdoctor.compare``; every timing with the bootstrap interval the
+gate uses (``compare.stats.change_interval``), and a verdict only the interval can give.
+
+- ``helps``: the job's median step time is lower and the interval of the change excludes no change;
+- ``hurts``: higher, and the interval excludes no change;
+- ``no measurable effect``: the interval holds no change (or too few steps to tell);
+- ``failed``: the trial did not run to its end, or its knob did not apply (``execute``).
+
+The measured gain is A's median step minus B's (ms per step); its interval is A's median times the interval of
+the relative change. A rule's estimate is set against it (ratio measured / estimated) so that rules whose
+estimates are off can be recalibrated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ddpdoctor.compare import Comparison, compare, stats
+from ddpdoctor.compare import snapshot as snap
+from ddpdoctor.compare.catalog import BY_NAME
+
+HELPS, HURTS, NO_EFFECT, FAILED = "helps", "hurts", "no measurable effect", "failed"
+# What the trial table shows, in this order (compare's names); each with B/A and its interval.
+SHOWN = (
+    "step_ms.median",
+    "dataloader_ms",
+    "forward_ms",
+    "backward_ms",
+    "optimizer_ms",
+    "comm_ms",
+    "exposed_comm_ms",
+    "overlap_ratio",
+    "max_peak_allocated_bytes",
+)
+
+
+@dataclass(frozen=True)
+class Change:
+    """One metric, A (control) and B (trial). ``interval``: of B/A - 1 (None: too few samples, or A is 0)."""
+
+    name: str
+    label: str
+    a: float | None
+    b: float | None
+    interval: stats.Interval | None
+
+    @property
+    def ratio(self) -> float | None:
+        return None if self.a in (None, 0) or self.b is None else self.b / self.a
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "metric": self.name,
+            "a": self.a,
+            "b": self.b,
+            "ratio": self.ratio,
+            "ratio_interval": None
+            if self.interval is None
+            else [1 + self.interval.low, 1 + self.interval.high],
+            "confidence": None if self.interval is None else self.interval.confidence,
+        }
+
+
+@dataclass(frozen=True)
+class Measurement:
+    changes: tuple[Change, ...]
+    verdict: str
+    gain_ms: float | None  # A's median step - B's (ms per step; > 0: B is faster)
+    gain_interval_ms: tuple[float, float] | None
+    appeared: tuple[str, ...]  # findings B has and A has not
+    went_away: tuple[str, ...]
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def change(self, name: str) -> Change | None:
+        return next((c for c in self.changes if c.name == name), None)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "verdict": self.verdict,
+            "measured_gain_ms": self.gain_ms,
+            "measured_gain_interval_ms": list(self.gain_interval_ms) if self.gain_interval_ms else None,
+            "metrics": [c.to_json() for c in self.changes],
+            "findings_appeared": list(self.appeared),
+            "findings_went_away": list(self.went_away),
+            "notes": list(self.notes),
+        }
+
+
+def read(run_dir: Path, rules: Any) -> tuple[snap.Snapshot, Any]:
+    """A trial's run directory through the one pipeline: its Snapshot and its Analysis."""
+    from ddpdoctor.pipeline import analyze_run
+
+    analysis = analyze_run(run_dir, rules=rules, traces_optional=True)
+    captures = [analysis.captures[rank] for rank in sorted(analysis.captures)]
+    notes = analysis.notes if analysis.metrics is None else []
+    return snap.build(str(run_dir), captures, analysis.metrics, analysis.diagnosis, notes), analysis
+
+
+def measure(control: snap.Snapshot, trial: snap.Snapshot) -> Measurement:
+    """B (``trial``) against A (``control``)."""
+    comparison: Comparison = compare(control, trial)
+    changes = []
+    for name in SHOWN:
+        spec = BY_NAME.get(name)
+        if spec is None:
+            continue
+        a, b = control.value(name), trial.value(name)
+        if a is None and b is None:
+            continue
+        interval = None
+        key = spec.samples
+        if key and key in control.samples and key in trial.samples:
+            interval = stats.change_interval(control.samples[key], trial.samples[key], spec.statistic, relative=True)
+        changes.append(Change(name, spec.label, a, b, interval))
+    step = next((c for c in changes if c.name == "step_ms.median"), None)
+    verdict, gain, gain_interval = NO_EFFECT, None, None
+    notes = []
+    if step is not None and step.a is not None and step.b is not None:
+        gain = step.a - step.b
+        if step.interval is not None:
+            gain_interval = (-step.interval.high * step.a, -step.interval.low * step.a)
+            if step.interval.excludes_zero():
+                verdict = HELPS if step.interval.high < 0 else HURTS
+        else:
+            notes.append(f"too few steps for an interval (at least {stats.MIN_SAMPLES} per run): no verdict")
+    else:
+        notes.append("no step time in one of the runs: no verdict")
+    notes += list(comparison.not_comparable)
+    return Measurement(
+        changes=tuple(changes),
+        verdict=verdict,
+        gain_ms=gain,
+        gain_interval_ms=gain_interval,
+        appeared=tuple(f["name"] for f in comparison.only_b),
+        went_away=tuple(f["name"] for f in comparison.only_a),
+        notes=tuple(notes),
+    )

@@ -1,0 +1,149 @@
+"""What a trial runs: RUN's own command from its manifest, with ``--out``, ``--max-steps`` and ``--set`` of ours.
+
+The manifest of a run holds the ``ddpdoctor trace`` command line as typed (script, arguments, torchrun options,
+schedule) and the directory it ran in. A trial runs the same line again from there, with the trial's run
+directory, a step limit and the knobs; every other option stays as the user gave it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ddpdoctor import knobs, rundir
+from ddpdoctor.errors import UsageError
+
+# Options of `trace` a trial sets itself (with whether they take a value); the user's are dropped.
+_OURS = {"--out": True, "-o": True, "--force": False, "--set": True, "--max-steps": True, "-q": False, "--quiet": False}
+STEPS_AFTER_WINDOW = 10  # steps a trial runs past the profiled window by default (samples of undisturbed steps)
+
+
+@dataclass(frozen=True)
+class RunCommand:
+    """RUN's command, split: ``own`` ddpdoctor options (ours removed), ``torchrun`` options, ``target``
+    (SCRIPT ARGS or -m MOD ARGS) or ``command`` (after ``--``), and where it ran."""
+
+    run: Path
+    manifest: dict[str, Any]
+    own: tuple[str, ...]
+    torchrun: tuple[str, ...]
+    target: tuple[str, ...]
+    command: tuple[str, ...] | None
+    cwd: Path
+    schedule: dict[str, int]
+
+    @property
+    def nproc_per_node(self) -> int:
+        for i, tok in enumerate(self.torchrun):
+            name, _, value = tok.partition("=")
+            if name in ("--nproc-per-node", "--nproc_per_node"):
+                value = value or (self.torchrun[i + 1] if i + 1 < len(self.torchrun) else "")
+                return int(value) if value.isdigit() else 1
+        return int(self.manifest.get("world_size") or 1)
+
+    def default_max_steps(self) -> int:
+        """The end of RUN's profiled window(s) plus ``STEPS_AFTER_WINDOW`` steps."""
+        s = self.schedule
+        end = s.get("wait", 5) + s.get("warmup", 2) + s.get("active", 5) * max(s.get("repeat", 1), 1)
+        return end + STEPS_AFTER_WINDOW
+
+    def argv(self, out: Path, *, max_steps: int, settings: dict[str, str]) -> list[str]:
+        """The trial's command line (run with ``cwd``)."""
+        sets = [a for name, value in settings.items() for a in ("--set", f"{name}={value}")]
+        head = [sys.executable, "-m", "ddpdoctor", "trace", *self.own, "--out", str(out), "-q"]
+        head += ["--max-steps", str(max_steps), *sets]
+        if self.command is not None:
+            return [*head, "--", *self.command]
+        return [*head, *self.torchrun, *self.target]
+
+
+def read_run(path: str) -> RunCommand:
+    """RUN's command from its manifest; ``UsageError`` (one line, exit 2) when RUN cannot be run again."""
+    run = Path(path)
+    if not run.is_dir() or not rundir.is_run_dir(run):
+        raise UsageError(f"{path}: not a ddpdoctor run directory (no manifest.json); trace one with `ddpdoctor trace`")
+    manifest, notes = rundir.read_manifest(run)
+    if not manifest:
+        raise UsageError(f"{path}: {notes[0] if notes else 'no manifest.json'}: cannot tell which command to run")
+    command = manifest.get("command")
+    if not (isinstance(command, list) and command[:2] == ["ddpdoctor", "trace"] and all(isinstance(a, str) for a in command)):
+        raise UsageError(f"{path}: its manifest holds no `ddpdoctor trace` command to run again")
+    if manifest.get("launch") == "scheduler" or manifest.get("mode") == "scheduler":
+        raise UsageError(
+            f"{path}: each rank of this run was started by a scheduler; `ddpdoctor try` cannot start them again "
+            "(trace with torchrun or `--` COMMAND to try knobs)"
+        )
+    from ddpdoctor.cli.trace_cmd import split_argv
+
+    own, tr, target, after = split_argv(command[2:])
+    kept: list[str] = []
+    skip = False
+    for i, tok in enumerate(own):
+        if skip:
+            skip = False
+            continue
+        name = tok.split("=", 1)[0]
+        if name in _OURS:
+            skip = _OURS[name] and "=" not in tok
+            continue
+        kept.append(tok)
+    cwd = Path(str(manifest.get("cwd") or os.getcwd()))
+    if not cwd.is_dir():
+        raise UsageError(f"{path}: the directory it was traced in, {cwd}, no longer exists")
+    if target and target[0] != "-m" and not (cwd / target[0]).is_file():
+        raise UsageError(
+            f"{path}: its script {target[0]} is not in {cwd}"
+            + ("" if manifest.get("cwd") else " (this run does not record where it ran: run try from there)")
+        )
+    schedule = {k: int(v) for k, v in (manifest.get("capture") or {}).items() if isinstance(v, int)}
+    return RunCommand(
+        run=run,
+        manifest=manifest,
+        own=tuple(kept),
+        torchrun=tuple(tr),
+        target=tuple(target),
+        command=tuple(after) if after is not None else None,
+        cwd=cwd,
+        schedule=schedule,
+    )
+
+
+def resolve(settings: dict[str, str], nproc_per_node: int) -> dict[str, str]:
+    """``cpus_per_rank`` replaced by the number (a trial's settings are numbers in its results)."""
+    cpus = knobs.cpus_per_rank(nproc_per_node)
+    return {
+        name: str(cpus) if value == knobs.CPUS_PER_RANK else value for name, value in settings.items()
+    }
+
+
+def trials_dir(run: Path) -> Path:
+    """Where the trials of RUN go: ``<RUN>.trials/`` beside it (RUN itself is never written)."""
+    resolved = run.resolve()
+    return resolved.parent / f"{resolved.name}.trials"
+
+
+def new_session_dir(run: Path) -> Path:
+    """A new, empty ``<RUN>.trials/<n>/`` (n = 1, 2, ...)."""
+    base = trials_dir(run)
+    try:
+        base.mkdir(exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot write the trials of {run} to {base}: {exc.strerror or exc}") from None
+    n = 1 + max((int(p.name) for p in base.iterdir() if p.name.isdigit()), default=0)
+    while True:
+        path = base / str(n)
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            n += 1
+        except OSError as exc:
+            raise UsageError(f"cannot write to {base}: {exc.strerror or exc}") from None
+
+
+def setting_label(settings: dict[str, str]) -> str:
+    """``ddp.bucket_cap_mb=25`` (several joined by ``,``); ``control`` for none. Also the trial's folder name."""
+    return ",".join(f"{k}={v}" for k, v in settings.items()) or "control"
