@@ -47,7 +47,8 @@ def _burner() -> subprocess.Popen:
 
 
 def run(report: Report, quick: bool) -> None:
-    from ddpdoctor.compare import gate, load_config, read_input
+    from ddpdoctor.compare import load_config, read_input
+    from ddpdoctor.compare.gate import gate
     from ddpdoctor.compare.snapshot import combine
 
     n_runs, steps = (6, 40) if quick else (10, 60)
