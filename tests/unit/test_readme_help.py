@@ -86,3 +86,22 @@ def test_trace_help_lines_are_readable(capsys):
     long = [line for line in out.splitlines() if len(line) > 120]
     assert not long, long
     assert "--nproc-per-node" in out
+
+
+def _code_lines(text: str) -> list[str]:
+    blocks = re.findall(r"^```[a-z]*\n(.*?)^```", text, re.M | re.S)
+    return [line.strip() for block in blocks for line in block.splitlines()]
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/ci.md"])
+def test_install_lines_work_outside_this_machine(doc):
+    """ddpdoctor is not on PyPI, and PyPI's torch is the CUDA build (issue 19, point 1)."""
+    lines = [
+        line for line in _code_lines((Path(__file__).resolve().parents[2] / doc).read_text()) if "pip install" in line
+    ]
+    assert lines
+    for line in lines:
+        assert not re.search(r"pip install (-\S+ )*ddpdoctor\b(?! @)", line), f"ddpdoctor is not on PyPI: {line}"
+        command = line.split("#")[0]
+        if re.search(r"pip install (-\S+ )*torch\b", command) and "CPU" in line.upper():
+            assert "--index-url https://download.pytorch.org/whl/cpu" in command, line
