@@ -17,6 +17,10 @@ from __future__ import annotations
 import os
 import sys
 
+TYPE_CHECKING = False  # typing is not imported for real: every Python process of a traced job loads this module
+if TYPE_CHECKING:
+    from typing import Any
+
 _TARGET = "torch.distributed.distributed_c10d"
 _active = False
 _started_pids: set[int] = set()
@@ -38,7 +42,7 @@ def activate() -> None:
 class _Finder:
     """A meta-path finder that only answers for ``torch.distributed.distributed_c10d``, with a patching loader."""
 
-    def find_spec(self, fullname: str, path: object = None, target: object = None) -> object:
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
         if fullname != _TARGET:
             return None
         for finder in sys.meta_path:
@@ -50,28 +54,28 @@ class _Finder:
         else:
             return None
         if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-            spec.loader = _PatchingLoader(spec.loader)
+            spec.loader = _PatchingLoader(spec.loader)  # type: ignore[assignment]
         if self in sys.meta_path:
             sys.meta_path.remove(self)  # loaded once per process
         return spec
 
 
 class _PatchingLoader:
-    def __init__(self, loader: object) -> None:
+    def __init__(self, loader: Any) -> None:
         self._loader = loader
 
-    def __getattr__(self, name: str) -> object:  # get_source, get_filename, ... as the real loader answers
+    def __getattr__(self, name: str) -> Any:  # get_source, get_filename, ... as the real loader answers
         return getattr(self._loader, name)
 
-    def create_module(self, spec: object) -> object:
+    def create_module(self, spec: Any) -> Any:
         return self._loader.create_module(spec)
 
-    def exec_module(self, module: object) -> None:
+    def exec_module(self, module: Any) -> None:
         self._loader.exec_module(module)
         _patch(module)  # before torch.distributed's `from .distributed_c10d import *` copies the name
 
 
-def _patch(module: object) -> None:
+def _patch(module: Any) -> None:
     try:
         import functools
 
@@ -80,7 +84,7 @@ def _patch(module: object) -> None:
             return
 
         @functools.wraps(original)
-        def init_process_group(*args: object, **kwargs: object) -> object:
+        def init_process_group(*args: Any, **kwargs: Any) -> Any:
             result = original(*args, **kwargs)
             _joined_process_group()
             return result

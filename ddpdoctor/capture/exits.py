@@ -70,7 +70,7 @@ def finish_at_exit(session: Session) -> ExitRecord:
         record.saw_exit(status)
         original_exit(status)
 
-    sys.exit = exit
+    sys.exit = exit  # type: ignore[assignment]
 
     original_hook = sys.excepthook
 

@@ -139,11 +139,8 @@ def build(
         "world_size": world_size,
         "nnodes": len(nodes) or len({d.get("node_rank") for d in ranks.values()}) or 1,
         "exit_code": exit_code,
-        "started_at": min((n["started_at"] for n in nodes or ranks.values() if n.get("started_at")), default=None),
-        "finished_at": max(
-            (n.get("finished_at", n.get("updated_at")) for n in nodes or ranks.values() if n.get("started_at")),
-            default=None,
-        ),
+        "started_at": min(_times(nodes or ranks.values(), "started_at"), default=None),
+        "finished_at": max(_times(nodes or ranks.values(), "finished_at", "updated_at"), default=None),
         "capture": config,
         "steps_detected": steps_seen,
         "notes": notes,
@@ -163,6 +160,12 @@ def _knobs(ranks: dict[int, dict[str, Any]]) -> dict[str, Any]:
             merged["applied"] += int(entry.get("applied") or 0)
             merged["reason"] = None if merged["applied"] else merged["reason"] or entry.get("reason")
     return out
+
+
+def _times(records: Any, *keys: str) -> list[float]:
+    """The first of ``keys`` each record has (node files: started_at/finished_at; rank files: updated_at)."""
+    found = (next((r[k] for k in keys if r.get(k) is not None), None) for r in records)
+    return [t for t in found if t is not None]
 
 
 def rebuild(out: Path) -> dict[str, Any]:

@@ -49,7 +49,9 @@ def _own_parser() -> argparse.ArgumentParser:
     g.add_argument("--wait", type=int, default=5, metavar="N", help="steps to skip before profiling (default 5)")
     g.add_argument("--warmup", type=int, default=2, metavar="N", help="profiler warm-up steps (default 2)")
     g.add_argument("--active", type=int, default=5, metavar="N", help="steps recorded per window (default 5)")
-    g.add_argument("--repeat", type=int, default=1, metavar="N", help="number of windows, 0 = until the end (default 1)")
+    g.add_argument(
+        "--repeat", type=int, default=1, metavar="N", help="number of windows, 0 = until the end (default 1)"
+    )
     g.add_argument("--with-stack", action="store_true", help="record Python stacks (larger traces)")
     g.add_argument("--no-record-shapes", action="store_true", help="do not record operator input shapes")
     g.add_argument("--no-profile-memory", action="store_true", help="do not record allocator events")
@@ -376,6 +378,7 @@ def main(argv: list[str]) -> int:
     elif launch == "torchrun":
         code = launcher.run_torchrun(tr, target_argv)
     else:  # direct (this process may only launch the ranks) or scheduler (this process is one rank)
+        assert target is not None  # only -- COMMAND has no target
         code = runner.run(target, config, claimed=launch == "scheduler")
     try:
         if launch == "scheduler":
