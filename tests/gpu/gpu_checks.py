@@ -86,7 +86,7 @@ def _tail(text: str, lines: int = 15) -> str:
 
 
 def trace(
-    ctx: Context, name: str, script: str, args: list[str], *, torchrun: list[str] | None = None, timeout: float = 150
+    ctx: Context, name: str, script: str, args: list[str], *, torchrun: list[str] | None = None, timeout: float = 90
 ) -> tuple[Path, Path]:
     """``python -m ddpdoctor trace --out WORK/NAME [torchrun options] WORKLOAD ARGS``; returns the run directory
     and the folder the workload wrote its own measurements to."""
@@ -109,7 +109,7 @@ def trace(
     return run, measure
 
 
-def bare(ctx: Context, name: str, script: str, args: list[str], *, torchrun: list[str], timeout: float = 120) -> Path:
+def bare(ctx: Context, name: str, script: str, args: list[str], *, torchrun: list[str], timeout: float = 60) -> Path:
     """The same workload under torchrun alone (no ddpdoctor); returns its measurement folder."""
     measure = ctx.work / f"{name}.measure"
     shutil.rmtree(measure, ignore_errors=True)
@@ -125,7 +125,7 @@ def diagnose(ctx: Context, run: Path) -> dict[str, Any]:
     run_command(
         ctx,
         [sys.executable, "-m", "ddpdoctor", "diagnose", str(run), "--format", "json", "--output", str(out)],
-        timeout=90,
+        timeout=60,
     )
     ctx.runs.append(out)
     return json.loads(out.read_text())
