@@ -12,6 +12,7 @@ matched collectives in which the straggler arrived last (about 1/world_size when
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -113,22 +114,28 @@ def cross_rank(summaries: list[dict[str, Any]]) -> tuple[dict[int, dict[str, flo
 
 
 # Family-wise significance of "this rank arrives last more often than chance", over all ranks tested
-# (Bonferroni): about one healthy run in a hundred may name a slow rank by chance, and the rule's wait
-# thresholds must hold as well.
-SLOW_RANK_ALPHA = 0.01
+# (Bonferroni over ranks and the two tests): at most one healthy run in fifty may name a slow rank by chance, and
+# the rule's wait thresholds must hold as well.
+SLOW_RANK_ALPHA = 0.02
 
 
 def slow_ranks(analysed: pd.DataFrame, ranks: list[int]) -> dict[str, Any]:
-    """Which ranks arrive last at the matched collectives more often than chance.
+    """Which ranks arrive last at the matched collectives more often, or at more cost, than chance allows.
 
     ``analysed``: one row per rank and matched collective (``KEY`` columns, ``rank``, ``start_us``,
-    ``aligned_start``, ``wait_us``). In a collective of k ranks, noise alone makes each rank the last with chance 1/k; a rank last
-    at ``x`` of its ``n`` collectives is slow when P(X >= x) for X ~ Binomial(n, 1/k) is below
-    ``SLOW_RANK_ALPHA`` / ranks tested. Returns per rank ``last_arrival_share`` (0-1), ``last_arrival_p_value``,
-    ``slow_rank`` (None when ``n`` collectives cannot reach significance even if a rank were last at all of
-    them) and ``wait_caused_ms`` (the others' mean wait in the collectives it arrived last at, per analysed
-    step); ``count`` of slow ranks (None when undecidable), ``collectives`` matched, and ``undecidable`` (why,
-    or None).
+    ``aligned_start``, ``wait_us``). In a collective of k ranks, noise alone makes each rank the last with chance
+    1/k. Two tests per rank, each against that chance:
+
+    - how often: last at ``x`` of its ``n`` collectives, P(X >= x) for X ~ Binomial(n, 1/k) (exact);
+    - at what cost: the others' wait in the collectives it was last at (each collective weighs its wait w), against
+      the share 1/k of all the wait that chance gives it; Hoeffding's bound exp(-2 t^2 / sum w^2) on exceeding it
+      by t (conservative; one long stall cannot reach significance, a wait repeated over many collectives can).
+
+    A rank is slow when the smaller p value, doubled for the two tests, is below ``SLOW_RANK_ALPHA`` / ranks tested
+    (Bonferroni). Returns per rank ``last_arrival_share`` (0-1), ``last_arrival_p_value`` (that doubled smaller p,
+    at most 1), ``slow_rank`` (None when no rank could reach significance even if it were last at every
+    collective) and ``wait_caused_ms`` (the others' mean wait per analysed step in the collectives it entered
+    last); ``count`` of slow ranks (None when undecidable), ``collectives`` matched, ``undecidable`` (why, or None).
     """
     out: dict[str, Any] = {"ranks": {}, "count": None, "collectives": 0, "undecidable": None}
     if len(analysed) == 0:
@@ -140,9 +147,14 @@ def slow_ranks(analysed: pd.DataFrame, ranks: list[int]) -> dict[str, Any]:
     last_idx = grouped["aligned_start"].idxmax().to_numpy()
     is_last = np.zeros(len(a), dtype=bool)
     is_last[last_idx] = True
-    # who was last at each collective, on every row of it
+    # who was last at each collective, and the others' mean wait in it (its weight), on every row of it
+    wait = a["wait_us"].to_numpy(dtype=np.float64)
+    weight = (grouped["wait_us"].transform("sum").to_numpy() - np.where(is_last, wait, 0.0)) / np.maximum(size - 1, 1)
     lasts = a.loc[last_idx, KEY + ["rank"]].rename(columns={"rank": "last_rank"})
-    last_of_row = a[KEY].merge(lasts, on=KEY, how="left")["last_rank"].to_numpy()
+    lasts["weight"] = weight[last_idx]
+    per_row = a[KEY].merge(lasts, on=KEY, how="left")
+    last_of_row = per_row["last_rank"].to_numpy()
+    weight_of_row = per_row["weight"].to_numpy(dtype=np.float64)
     n_steps = max(a["step"].nunique(), 1)
     out["collectives"] = int(len(last_idx))
     tested = max(len(ranks), 1)
@@ -153,9 +165,13 @@ def slow_ranks(analysed: pd.DataFrame, ranks: list[int]) -> dict[str, Any]:
         if n == 0:
             continue
         x = int(is_last[mine].sum())
-        chance = float(np.mean(1.0 / size[mine]))
-        p_value = binomial_sf(x, n, chance)
-        best_possible = min(best_possible, chance**n)
+        chance = 1.0 / size[mine]
+        p_count = binomial_sf(x, n, float(np.mean(chance)))
+        w = weight_of_row[mine]
+        caused = float(w[is_last[mine]].sum())
+        p_cost, best_cost = _hoeffding(caused, w, chance)
+        p_value = min(1.0, 2.0 * min(p_count, p_cost))
+        best_possible = min(best_possible, 2.0 * min(float(np.mean(chance)) ** n, best_cost))
         out["ranks"][r] = {
             "last_arrival_share": x / n,
             "last_arrival_p_value": p_value,
@@ -174,6 +190,20 @@ def slow_ranks(analysed: pd.DataFrame, ranks: list[int]) -> dict[str, Any]:
         return out
     out["count"] = sum(1 for v in out["ranks"].values() if v["slow_rank"])
     return out
+
+
+def _hoeffding(caused: float, weights: np.ndarray, chance: np.ndarray) -> tuple[float, float]:
+    """(p, best p possible) that chance alone makes a rank cause ``caused`` of the waits ``weights`` or more, when
+    it is last at each collective with probability ``chance`` (Hoeffding's bound for a sum of independent terms
+    in [0, w])."""
+    spread = float((weights**2).sum())
+    if spread <= 0:
+        return 1.0, 1.0
+    expected = float((weights * chance).sum())
+    excess = caused - expected
+    best = float(weights.sum()) - expected
+    p = math.exp(-2.0 * excess**2 / spread) if excess > 0 else 1.0
+    return p, math.exp(-2.0 * best**2 / spread) if best > 0 else 1.0
 
 
 def _wait_caused(a: pd.DataFrame, last_of_row: np.ndarray, r: int, n_steps: int) -> float:

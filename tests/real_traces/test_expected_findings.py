@@ -145,3 +145,18 @@ def test_mi300_one_rank_of_eight(traces_dir: Path) -> None:
     assert "only 1 of the 8 ranks is in the data" in reasons["low-collective-bandwidth"]
     f = findings["poor-comm-compute-overlap"]
     assert "The data holds 1 of the 8 ranks" in f.message and "not counting" not in f.message
+
+
+def test_two_ranks_of_eight_sampled_no_bandwidth_verdict(traces_dir: Path, tmp_path: Path) -> None:
+    # HTA-style sampling: only ranks 0 and 1 of the eight Megatron ranks (links in a temporary folder)
+    for r in (0, 1):
+        name = f"megatron_kineto_{r}.json.gz"
+        (tmp_path / name).symlink_to(traces_dir / "astra-sim/megatron_tp8_a100_8ranks" / name)
+    metrics = analyze(load(tmp_path, workers=1))
+    result = evaluate(load_rules(), metrics)
+    reasons = {n.name: n.reason for n in result.not_evaluated}
+    assert metrics.run["ranks_missing"] == 6 and all(r["busbw_gbps"] is None for r in metrics.ranks)
+    assert "only 2 of the 8 ranks are in the data" in reasons["low-collective-bandwidth"]
+    # rank 0 is slow against rank 1 too (last at most of the 84 all-reduces of the pair)
+    found = {f.name: f for f in result.findings}
+    assert found["rank-straggler"].ranks == (0,)
