@@ -19,8 +19,8 @@ from ddpdoctor.pipeline import resolve_rules
 from ddpdoctor.report import OutputFormat
 
 
-def emit(render: Callable[[Any, TextIO], None], result: Any, output: str | None) -> None:
-    """Render ``result`` to stdout, or atomically to ``output``."""
+def emit(render: Callable[[Any, TextIO], None], result: Any, output: str | None, *, announce: bool = True) -> None:
+    """Render ``result`` to stdout, or atomically to ``output`` (and, with ``announce``, say so on stderr)."""
     if output is None:
         render(result, sys.stdout)
         sys.stdout.flush()
@@ -33,6 +33,8 @@ def emit(render: Callable[[Any, TextIO], None], result: Any, output: str | None)
         atomic_write_bytes(Path(output), buffer.getvalue().encode("utf-8"))
     except OSError as exc:
         raise DDPDoctorError(f"{output}: cannot write: {exc.strerror or exc}") from None
+    if announce:
+        print(f"ddpdoctor: wrote the report to {output}", file=sys.stderr)
 
 
 def register(subparsers: Any, name: str, help_text: str) -> None:

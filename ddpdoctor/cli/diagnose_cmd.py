@@ -130,4 +130,5 @@ def run(args: argparse.Namespace) -> int:
             atomic_write_bytes(Path(args.output), buffer.getvalue().encode("utf-8"))
         except OSError as exc:
             raise DDPDoctorError(f"{args.output}: cannot write the report: {exc.strerror or exc}") from None
+        print(f"ddpdoctor: wrote the {args.format} report to {args.output}", file=sys.stderr)
     return 1 if result.fails(args.fail_on) else 0

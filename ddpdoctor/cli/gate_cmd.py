@@ -127,7 +127,7 @@ def run_baseline(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     text = dumps(snapshot)
-    emit(lambda _, stream: stream.write(text), None, args.output)
+    emit(lambda _, stream: stream.write(text), None, args.output, announce=False)  # says more below
     if args.output is not None:
         metrics = sum(v is not None for v in snapshot.metrics.values())
         print(

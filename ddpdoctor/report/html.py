@@ -5,9 +5,11 @@ Everything that comes from a trace, a rule file or the file system is escaped wi
 
 from __future__ import annotations
 
+import re
 from typing import Any, TextIO
 
 from ddpdoctor.diagnosis.findings import Diagnosis, format_ranks
+from ddpdoctor.metrics import catalog
 from ddpdoctor.report import fmt, svg
 from ddpdoctor.report.document import RANK_TABLE_COLUMNS, build, frame, grouped_not_evaluated, rank_table_rows
 from ddpdoctor.report.page import write_page
@@ -23,6 +25,24 @@ _BREAKDOWN = (
 )
 
 
+_CODE_SPAN = re.compile(r"`([^`\n]+)`")
+# Collective table columns: heading, and the tooltip for the ones a heading alone does not explain.
+_COLLECTIVE_COLUMNS = {
+    "rank": ("rank", None),
+    "kind": ("kind", None),
+    "count": ("calls", "calls of this kind over the analysed steps"),
+    "bytes": ("bytes", "bytes sent by these calls over the analysed steps"),
+    "ms": ("time (ms)", "device time in these calls over the analysed steps, waiting for other ranks included"),
+    "algbw_gbps": ("algbw (GB/s)", None),
+    "busbw_gbps": ("busbw (GB/s)", None),
+}
+
+
+def _text(value: Any) -> str:
+    """``value`` escaped for HTML, with the `code spans` that rule messages and reasons use shown as code."""
+    return _CODE_SPAN.sub(r"<code>\1</code>", fmt.esc(value))
+
+
 def _finding_html(i: int, f: Any) -> str:
     evidence = "".join(
         f'<tr><td class="l">{fmt.esc(k)}</td><td>{fmt.esc(fmt.evidence_value(v))}</td></tr>'
@@ -33,8 +53,10 @@ def _finding_html(i: int, f: Any) -> str:
         f'<div class="finding {fmt.esc(f.severity)}">{gain}'
         f'<div><span class="sev">{fmt.esc(f.severity)}</span> {i}. <b>{fmt.esc(f.id)} {fmt.esc(f.name)}</b> '
         f"({fmt.esc(format_ranks(f.ranks))})</div>"
-        f'<p>{fmt.esc(f.message)}</p><p class="rec">&rarr; {fmt.esc(f.recommendation)}</p>'
-        f'<table class="ev">{evidence}</table></div>'
+        f'<p>{_text(f.message)}</p><p class="rec">&rarr; {_text(f.recommendation)}</p>'
+        '<p class="note">the numbers the rule checked (<code>params.*</code>: its thresholds)</p>'
+        '<table class="ev">'
+        f"{evidence}</table></div>"
     )
 
 
@@ -60,7 +82,7 @@ def _collectives_table(metrics: Any) -> str:
     if df is None:
         return '<p class="note">No collectives in this run.</p>'
     cols = [c for c in ("rank", "kind", "count", "bytes", "ms", "algbw_gbps", "busbw_gbps") if c in df.columns]
-    head = "".join(f'<th class="{"l" if c == "kind" else ""}">{fmt.esc(c)}</th>' for c in cols)
+    head = "".join(_collective_heading(c) for c in cols)
     body = []
     for row in df[cols].to_dict("records"):
         cells = []
@@ -74,7 +96,20 @@ def _collectives_table(metrics: Any) -> str:
                 text = "—" if v is None else str(v)
             cells.append(f'<td class="{"l" if c == "kind" else ""}">{fmt.esc(text)}</td>')
         body.append("<tr>" + "".join(cells) + "</tr>")
-    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
+    note = (
+        '<p class="note">Per rank and kind, summed over the analysed steps. algbw = bytes / time; busbw scales it '
+        "by nccl-tests' factor for the collective (all_reduce: 2(n-1)/n) so it compares with the link's speed. "
+        "Time includes waiting for late ranks, so a rank that waits shows a low bandwidth.</p>"
+    )
+    return f"{note}<table><tr>{head}</tr>{''.join(body)}</table>"
+
+
+def _collective_heading(column: str) -> str:
+    label, tip = _COLLECTIVE_COLUMNS.get(column, (column, None))
+    if tip is None and (metric := catalog.describe(column)) is not None:
+        tip = metric.description
+    title = f' title="{fmt.esc(tip)}"' if tip else ""
+    return f'<th class="{"l" if column == "kind" else ""}"{title}>{fmt.esc(label)}</th>'
 
 
 def _rank_table(doc: dict[str, Any]) -> str:
@@ -99,21 +134,24 @@ def _body(result: Diagnosis) -> list[str]:
     ]
     if run["skipped"]:
         out.append(f"<h2>Skipped ({len(run['skipped'])})</h2><ul>")
-        out += [f"<li>{fmt.esc(line)}</li>" for line in run["skipped"]]
+        out += [f"<li>{_text(line)}</li>" for line in run["skipped"]]
         out.append("</ul>")
     if run["notes"]:
         out.append("<h2>Notes</h2><ul>")
-        out += [f"<li>{fmt.esc(line)}</li>" for line in run["notes"]]
+        out += [f"<li>{_text(line)}</li>" for line in run["notes"]]
         out.append("</ul>")
     out.append(f"<h2>Findings ({len(result.findings)})</h2>")
     out += [_finding_html(i, f) for i, f in enumerate(result.findings, 1)] or ["<p>No findings.</p>"]
     out.append("<h2>Step breakdown per rank</h2>")
     bars = [(f"rank {r['rank']}", [(label, r[key]) for label, key in _BREAKDOWN]) for r in doc["ranks"]]
     if any(v for _, parts in bars for _, v in parts):
-        out.append(svg.stacked_bars(bars))
+        out.append(svg.stacked_bars(bars, unit="ms mean"))
         out.append(
-            '<p class="note">ms per step, as measured per component; exposed comm is communication not '
-            "hidden behind computation.</p>"
+            '<p class="note">Each bar: the mean time per step of each component, in ms, and at its end their sum, '
+            "the mean step. exposed comm is communication not hidden behind computation. In the table, step p50 "
+            "and p90 are the median and 90th percentile of the step time (so p50 differs from the bar's mean); "
+            "the other columns are the same per-step means, comm is all communication (hidden or not), overlap "
+            "the share of it hidden behind computation, GIL the share of time threads wait for the GIL.</p>"
         )
     out.append(_rank_table(doc))
     series = _overlap_series(result.metrics)
@@ -132,12 +170,11 @@ def _body(result: Diagnosis) -> list[str]:
     out.append("<h2>Memory per device</h2>")
     out.append(svg.capacity_bars(devices) if devices else '<p class="note">No device memory recorded.</p>')
     out.append("<h2>Collectives</h2>")
-    out.append('<p class="note">Per rank and kind, summed over the analysed steps; bandwidths in GB/s.</p>')
     out.append(_collectives_table(result.metrics))
     if result.not_evaluated:
         out.append(f"<h2>Not evaluated ({len(result.not_evaluated)})</h2><ul>")
         out += [
-            f"<li><b>{fmt.esc(', '.join(names))}</b>: {fmt.esc(reason)}</li>"
+            f"<li><b>{fmt.esc(', '.join(names))}</b>: {_text(reason)}</li>"
             for reason, names in grouped_not_evaluated(result).items()
         ]
         out.append("</ul>")
