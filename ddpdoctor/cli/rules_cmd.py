@@ -36,6 +36,8 @@ def run_list(args: argparse.Namespace) -> int:
                 "name": r.name,
                 "severity": r.severity,
                 "applies_to": r.applies_to,
+                "parallelism": list(r.parallelism),
+                "requires": list(r.requires),
                 "scope": r.scope,
                 "summary": r.summary,
                 "params": r.params,

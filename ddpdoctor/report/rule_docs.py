@@ -13,10 +13,13 @@ def rule_markdown(rule: Rule) -> str:
     """The documentation of ``rule`` (Markdown, readable as plain text)."""
     scope = "decided per rank" if rule.scope == "rank" else "decided for the whole job"
     applies = _APPLIES[rule.applies_to] + (f" using {', '.join(rule.backends)}" if rule.backends else "")
+    parallelism = ", ".join(p for p in rule.parallelism if p != "unknown")
     lines = [
         f"# {rule.name} ({rule.id})",
         "",
         f"Severity: {rule.severity} · applies to: {applies} · {scope}",
+        f"Parallelism it fits: {parallelism} · needs: {', '.join(rule.requires) or 'nothing measured'} "
+        "(without them it is not evaluated, never passed)",
         "",
         rule.summary,
         "",
