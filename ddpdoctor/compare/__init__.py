@@ -13,25 +13,19 @@ I/O).
 
 from __future__ import annotations
 
-from typing import Any
+from ddpdoctor.compare.diff import Comparison, compare
+from ddpdoctor.compare.gate import GateResult, gate
+from ddpdoctor.compare.inputs import read_input
+from ddpdoctor.compare.snapshot import Snapshot
+from ddpdoctor.compare.thresholds import GateConfig, load_config
 
-# Imported on first use (numpy, scipy and the pipeline are not needed to print `gate --help`).
-_EXPORTS = {
-    "Comparison": "diff",
-    "compare": "diff",
-    "GateResult": "gate",
-    "gate": "gate",
-    "read_input": "inputs",
-    "Snapshot": "snapshot",
-    "GateConfig": "thresholds",
-    "load_config": "thresholds",
-}
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        import importlib
-
-        return getattr(importlib.import_module(f"ddpdoctor.compare.{_EXPORTS[name]}"), name)
-    raise AttributeError(f"module 'ddpdoctor.compare' has no attribute {name!r}")
+__all__ = [
+    "Comparison",
+    "GateConfig",
+    "GateResult",
+    "Snapshot",
+    "compare",
+    "gate",
+    "load_config",
+    "read_input",
+]
