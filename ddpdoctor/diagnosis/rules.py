@@ -18,6 +18,9 @@ Keys (required unless marked optional)::
     estimated_gain_ms = "mean(exposed_comm_ms)"  # optional: ms per step a fix could save
     message = "{mean(exposed_comm_ms):.1f} ms ... on {ranks}"   # template filled with the numbers
     recommendation = "..."            # template too
+    [[prescriptions]]                 # optional: knobs `ddpdoctor try --findings` tries (ddpdoctor.knobs)
+    knob = "ddp.bucket_cap_mb"
+    values = [5, 10, 25]              # one trial each
     [[clauses]]                       # optional: sentences appended to the message when their `when` holds
     when = "..."
     message = "..."
@@ -98,6 +101,14 @@ class Clause:
 
 
 @dataclass(frozen=True)
+class Prescription:
+    """A knob a rule prescribes (``ddpdoctor.knobs``) and the values ``ddpdoctor try --findings`` tries, as text."""
+
+    knob: str
+    values: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Rule:
     id: str
     name: str
@@ -118,6 +129,7 @@ class Rule:
     backends: tuple[str, ...] = ()
     parallelism: tuple[str, ...] = PARALLELISMS
     requires: tuple[str, ...] = ()
+    prescriptions: tuple[Prescription, ...] = ()
 
     @property
     def metrics(self) -> frozenset[str]:
@@ -202,6 +214,11 @@ class _ClauseFile(msgspec.Struct, forbid_unknown_fields=True):
     message: str
 
 
+class _PrescriptionFile(msgspec.Struct, forbid_unknown_fields=True):
+    knob: str
+    values: list[bool | int | float | str]
+
+
 class _RuleFile(msgspec.Struct, forbid_unknown_fields=True):
     """The schema of a rule file (module docstring); what it cannot say is checked in ``_build``."""
 
@@ -222,6 +239,7 @@ class _RuleFile(msgspec.Struct, forbid_unknown_fields=True):
     params: dict[str, bool | int | float] = {}
     parallelism: list[Literal[PARALLELISMS]] | None = None  # type: ignore[valid-type]
     requires: list[str] | None = None
+    prescriptions: list[_PrescriptionFile] = []
 
 
 _SECTION = {"$": "", "$.docs": "[docs]", "$.docs.options": "[docs.options]", "$.params": "[params]"}
@@ -326,7 +344,22 @@ def _build(data: Mapping[str, Any], filename: str, where: str) -> Rule:
         backends=tuple(raw.backends),
         parallelism=tuple(parallelism),
         requires=tuple(requires),
+        prescriptions=tuple(_prescription(p) for p in raw.prescriptions),
     )
+
+
+def _prescription(p: _PrescriptionFile) -> Prescription:
+    from ddpdoctor import knobs
+
+    if not p.values:
+        raise _Bad(f"prescriptions {p.knob}: values must list at least one value")
+    texts = tuple(str(v).lower() if isinstance(v, bool) else str(v) for v in p.values)
+    try:
+        for text in texts:
+            knobs.parse_value(p.knob, text)
+    except knobs.KnobError as exc:
+        raise _Bad(f"prescriptions: {exc}") from None
+    return Prescription(p.knob, texts)
 
 
 def _docs(docs: _DocsFile, params: Mapping[str, Any]) -> RuleDocs:

@@ -129,7 +129,9 @@ def prescriptions(rules: Any, findings: Any, nproc_per_node: int) -> list[Prescr
         for p in getattr(rule, "prescriptions", ()) or ():
             for value in p.values:
                 settings = resolve({p.knob: value}, nproc_per_node)
-                out.append(Prescribed(f.name, f.id, f.estimated_gain_ms, settings))
+                tried = Prescribed(f.name, f.id, f.estimated_gain_ms, settings)
+                if tried not in out:  # cpus_per_rank may resolve to a value the list has already
+                    out.append(tried)
     return out
 
 

@@ -39,29 +39,30 @@ SHOWN = (
 
 @dataclass(frozen=True)
 class Change:
-    """One metric, A (control) and B (trial). ``interval``: of B/A - 1 (None: too few samples, or A is 0)."""
+    """One metric, A (control) and B (trial). ``interval``: of B/A - 1, or of B - A for a ratio (0-1) such as
+    overlap, whose B/A from a near-0 A says little (None: too few samples, or A is 0)."""
 
     name: str
     label: str
     a: float | None
     b: float | None
     interval: stats.Interval | None
+    relative: bool = True
 
     @property
     def ratio(self) -> float | None:
         return None if self.a in (None, 0) or self.b is None else self.b / self.a
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "metric": self.name,
-            "a": self.a,
-            "b": self.b,
-            "ratio": self.ratio,
-            "ratio_interval": None
-            if self.interval is None
-            else [1 + self.interval.low, 1 + self.interval.high],
-            "confidence": None if self.interval is None else self.interval.confidence,
-        }
+        interval = None if self.interval is None else [self.interval.low, self.interval.high]
+        out: dict[str, Any] = {"metric": self.name, "a": self.a, "b": self.b, "ratio": self.ratio}
+        if self.relative:
+            out["ratio_interval"] = None if interval is None else [1 + interval[0], 1 + interval[1]]
+        else:
+            out["difference"] = None if self.a is None or self.b is None else self.b - self.a
+            out["difference_interval"] = interval
+        out["confidence"] = None if self.interval is None else self.interval.confidence
+        return out
 
 
 @dataclass(frozen=True)
@@ -112,9 +113,12 @@ def measure(control: snap.Snapshot, trial: snap.Snapshot) -> Measurement:
             continue
         interval = None
         key = spec.samples
+        relative = spec.unit != "ratio"
         if key and key in control.samples and key in trial.samples:
-            interval = stats.change_interval(control.samples[key], trial.samples[key], spec.statistic, relative=True)
-        changes.append(Change(name, spec.label, a, b, interval))
+            interval = stats.change_interval(
+                control.samples[key], trial.samples[key], spec.statistic, relative=relative
+            )
+        changes.append(Change(name, spec.label, a, b, interval, relative))
     step = next((c for c in changes if c.name == "step_ms.median"), None)
     verdict, gain, gain_interval = NO_EFFECT, None, None
     notes = []

@@ -11,19 +11,28 @@ from ddpdoctor.trial import Outcome, Session
 from ddpdoctor.trial import measure as m
 
 
-def _interval(c: m.Change) -> str:
-    if c.interval is None:
+def _change(c: m.Change) -> str:
+    """``x0.74 [0.67, 0.91]`` (B/A) or, for a ratio such as overlap, ``+0.31 [+0.12, +0.52]`` (B - A)."""
+    if c.a is None or c.b is None:
         return "n/a"
-    return f"[{1 + c.interval.low:.2f}, {1 + c.interval.high:.2f}]"
+    if c.relative:
+        text = "—" if c.ratio is None else f"x{c.ratio:.2f}"
+        return text + ("" if c.interval is None else f" [{1 + c.interval.low:.2f}, {1 + c.interval.high:.2f}]")
+    text = f"{c.b - c.a:+.2f}"
+    return text + ("" if c.interval is None else f" [{c.interval.low:+.2f}, {c.interval.high:+.2f}]")
+
+
+def _ms(value: float) -> str:
+    return f"{value:+.2f}" if abs(value) < 1 else f"{value:+.1f}"
 
 
 def _gain(o: Outcome) -> str:
     if o.measurement is None or o.measurement.gain_ms is None:
         return "—"
-    text = f"{o.measurement.gain_ms:+.1f} ms"
+    text = f"{_ms(o.measurement.gain_ms)} ms"
     if o.measurement.gain_interval_ms:
         lo, hi = o.measurement.gain_interval_ms
-        text += f" [{lo:+.1f}, {hi:+.1f}]"
+        text += f" [{_ms(lo)}, {_ms(hi)}]"
     return text
 
 
@@ -71,10 +80,9 @@ def _outcome(o: Outcome, stream: TextIO) -> None:
         if step.interval is not None:
             head += f" ({step.interval.confidence * 100:.0f}% interval)"
     w(head + "\n")
-    rows = [["metric", "A", "B", "B/A", "B/A interval (95%)"]]
+    rows = [["metric", "A", "B", "B/A (B-A for ratios) [95% interval]"]]
     for c in me.changes:
-        ratio = "—" if c.ratio is None else f"{c.ratio:.2f}"
-        rows.append([c.label, units.value(c.name, c.a), units.value(c.name, c.b), ratio, _interval(c)])
+        rows.append([c.label, units.value(c.name, c.a), units.value(c.name, c.b), _change(c)])
     _table(rows, stream, indent="    ")
     if me.went_away:
         w(f"  findings that went away: {', '.join(me.went_away)}\n")

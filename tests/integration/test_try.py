@@ -1,0 +1,197 @@
+"""`ddpdoctor try`: RUN's own command run again with a knob applied by ddpdoctor's hooks, measured against a
+control run of the same steps (CPU, gloo, 2 ranks). The machine is shared and loaded: the tests assert what the
+measurement and its interval say, and that the verdict is the one the interval gives, never a fixed speed-up."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from helpers import SAMPLES, read_json, run_cli, write_script
+
+pytestmark = [pytest.mark.integration]
+
+# One huge bucket: DDP can all-reduce only after backward has finished (samples/ddp_train.py, an ~8 MB model).
+HUGE_BUCKET = [
+    "--wait", "2", "--warmup", "1", "--active", "5", "--max-steps", "16", "--standalone", "--nproc-per-node", "2",
+    str(SAMPLES / "ddp_train.py"), "--steps", "200", "--batch-size", "64", "--width", "512", "--bucket-cap-mb", "500",
+]
+
+
+@pytest.fixture(scope="module")
+def huge_bucket_run(tmp_path_factory):
+    run = tmp_path_factory.mktemp("try") / "run"
+    result = run_cli("trace", "--out", str(run), *HUGE_BUCKET, timeout=240)
+    assert result.returncode == 0, result.stderr
+    return run
+
+
+def _findings(run: Path) -> set[str]:
+    result = run_cli("diagnose", str(run), "--format", "json", timeout=120)
+    return {f["name"] for f in json.loads(result.stdout)["findings"]}
+
+
+def _verdict_from(interval: list[float] | None) -> str:
+    """What the interval of the median step's B/A says."""
+    if interval is None or interval[0] <= 1 <= interval[1]:
+        return "no measurable effect"
+    return "helps" if interval[1] < 1 else "hurts"
+
+
+def _metric(trial: dict, name: str) -> dict:
+    return next(m for m in trial["measurement"]["metrics"] if m["metric"] == name)
+
+
+def _bucket_cap(run_dir: Path) -> set[int]:
+    return {
+        read_json(run_dir / "ranks" / f"rank{r}.json")["ddp"][0]["logging_data"]["bucket_cap_bytes"] for r in (0, 1)
+    }
+
+
+@pytest.mark.timeout(600)
+def test_set_bucket_cap_measures_the_change_truthfully(huge_bucket_run):
+    assert "poor-comm-compute-overlap" in _findings(huge_bucket_run)
+    before = sorted(p.name for p in huge_bucket_run.rglob("*"))
+    result = run_cli("try", str(huge_bucket_run), "--set", "ddp.bucket_cap_mb=2", "--max-steps", "16", timeout=560)
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in huge_bucket_run.rglob("*")) == before  # RUN itself is never written
+    (session,) = sorted((huge_bucket_run.parent / "run.trials").iterdir())
+    results = read_json(session / "results.json")
+    (trial,) = results["trials"]
+    assert trial["error"] is None and trial["knobs"]["ddp.bucket_cap_mb"]["applied"] == 2  # one DDP per rank
+    # the knob reached DDP itself (its own logging data), and the control ran without it
+    assert _bucket_cap(Path(trial["out"])) == {2 * 1024 * 1024}
+    assert _bucket_cap(Path(results["control"]["out"])) == {500 * 1024 * 1024}
+    for r in (0, 1):
+        capture = read_json(Path(trial["out"]) / "ranks" / f"rank{r}.json")
+        assert capture["ddp"][0]["logging_data"]["num_buckets_reduced"] > 1
+        assert capture["steps"]["count"] == 16 and capture["stopped_by"] == "ddpdoctor --max-steps 16"
+    step = _metric(trial, "step_ms.median")
+    assert trial["verdict"] == _verdict_from(step["ratio_interval"])
+    assert trial["measurement"]["measured_gain_ms"] == pytest.approx(step["a"] - step["b"])
+    # several buckets let all-reduce run beside backward: more overlap, and the interval excludes no change
+    overlap = _metric(trial, "overlap_ratio")
+    assert overlap["difference_interval"][0] > 0, overlap
+    # the rule's estimate is set against the measurement
+    (estimate,) = [e for e in trial["rules"] if e["rule"] == "poor-comm-compute-overlap"]
+    assert estimate["estimated_gain_ms"] > 0 and estimate["measured_gain_ms"] == trial["measurement"]["measured_gain_ms"]
+    out = result.stdout
+    assert f"verdict: {trial['verdict']}" in out and "exposed communication" in out and "comm/compute overlap" in out
+    assert "poor-comm-compute-overlap: estimated" in out
+    if trial["verdict"] == "helps":
+        assert "to keep it: DDP(model, ..., bucket_cap_mb=2)" in out
+
+
+@pytest.mark.timeout(900)
+def test_findings_tries_the_rules_prescriptions(huge_bucket_run):
+    result = run_cli(
+        "try", str(huge_bucket_run), "--findings", "--select", "poor-comm-compute-overlap", "--max-steps", "16",
+        timeout=860,
+    )
+    assert result.returncode == 0, result.stderr
+    session = max((huge_bucket_run.parent / "run.trials").iterdir(), key=lambda p: int(p.name))
+    results = read_json(session / "results.json")
+    tried = [t["settings"] for t in results["trials"]]
+    assert tried == [{"ddp.bucket_cap_mb": v} for v in ("1", "5", "25")]  # rules/poor-comm-compute-overlap.toml
+    table = result.stdout.split("Prescriptions tried", 1)[1]
+    for t in results["trials"]:
+        assert t["verdict"] == _verdict_from(_metric(t, "step_ms.median")["ratio_interval"])
+        label = f"ddp.bucket_cap_mb={t['settings']['ddp.bucket_cap_mb']}"
+        line = next(line for line in table.splitlines() if label + " " in line)
+        assert line.split()[0] == "poor-comm-compute-overlap" and line.rstrip().endswith(t["verdict"])
+    helping = [t for t in results["trials"] if t["verdict"] == "helps"]
+    if helping:
+        best = max(helping, key=lambda t: t["measurement"]["measured_gain_ms"])
+        assert results["best"] == [
+            {"rule": "poor-comm-compute-overlap", "settings": best["settings"], "code": best["code"]}
+        ]
+        assert f"DDP(model, ..., bucket_cap_mb={best['settings']['ddp.bucket_cap_mb']})" in table
+    else:
+        assert "none of its settings measurably helped" in table
+
+
+UNUSED = """
+import torch, torch.distributed as dist, torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.used = nn.Linear(16, 16)
+        self.unused = nn.Linear(16, 16)  # never called: DDP needs find_unused_parameters=True
+
+    def forward(self, x):
+        return self.used(x)
+
+dist.init_process_group("gloo")
+model = DDP(Net(), find_unused_parameters=True)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(100):
+    opt.zero_grad()
+    model(torch.randn(8, 16)).sum().backward()
+    opt.step()
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.timeout(400)
+def test_a_knob_that_breaks_the_job_is_reported_failed_with_ddps_error(tmp_path):
+    script = write_script(tmp_path / "unused.py", UNUSED)
+    run = tmp_path / "run"
+    traced = run_cli(
+        "trace", "--out", str(run), "--wait", "1", "--warmup", "1", "--active", "3", "--max-steps", "8",
+        "--standalone", "--nproc-per-node", "2", str(script), cwd=tmp_path, timeout=180,
+    )
+    assert traced.returncode == 0, traced.stderr
+    result = run_cli("try", str(run), "--set", "ddp.find_unused_parameters=false", cwd=tmp_path, timeout=360)
+    assert result.returncode == 0, result.stderr
+    (session,) = sorted((tmp_path / "run.trials").iterdir())
+    (trial,) = read_json(session / "results.json")["trials"]
+    assert trial["verdict"] == "failed" and trial["measurement"] is None
+    # DDP's own words: the reduction of the previous step never finished (unused parameters)
+    assert "Expected to have finished reduction in the prior iteration" in trial["error"]
+    assert "failed: the job failed" in result.stdout
+    assert "Expected to have finished reduction" in result.stdout
+
+
+@pytest.mark.timeout(300)
+def test_a_knob_that_does_not_apply_fails_the_trial_with_the_reason(tmp_path):
+    script = write_script(
+        tmp_path / "single.py",
+        """
+        import torch
+        model = torch.nn.Linear(8, 8)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(40):
+            opt.zero_grad()
+            model(torch.randn(4, 8)).sum().backward()
+            opt.step()
+        """,
+    )
+    run = tmp_path / "run"
+    traced = run_cli("trace", "--out", str(run), "--wait", "1", "--warmup", "1", "--active", "5", str(script), cwd=tmp_path)
+    assert traced.returncode == 0, traced.stderr
+    result = run_cli("try", str(run), "--set", "ddp.bucket_cap_mb=5", cwd=tmp_path, timeout=240)
+    assert result.returncode == 0, result.stderr
+    assert "failed: ddp.bucket_cap_mb does not apply to this job: the job builds no DistributedDataParallel" in result.stdout
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--set", "ddp.bucket_cap_mb=25"], "not a ddpdoctor run directory"),
+        (["--set", "nope=1"], "unknown knob 'nope'"),
+        (["--set", "loader.num_workers=-1"], "loader.num_workers=-1: must be at least 0"),
+        ([], "give --set KNOB=VALUE (one trial) or --findings"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(tmp_path, args, message):
+    not_a_run = tmp_path / "folder"
+    not_a_run.mkdir()
+    result = run_cli("try", str(not_a_run), *args, cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0 and message in result.stderr, result.stderr
+    assert not (tmp_path / "folder.trials").exists()
