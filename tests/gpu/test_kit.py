@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import tarfile
-import textwrap
 import time
 from pathlib import Path
 
@@ -96,48 +96,62 @@ def test_entry_point_refuses_clearly_without_cuda(tmp_path, capsys):
 
 
 # ------------------------------------------------------------------------------------- the CLI, on CPU
-CPU_WORKLOAD = textwrap.dedent(
-    """
-    import json, os, torch, torch.nn as nn
-    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    for _ in range(15):
-        loss = model(torch.randn(32, 64)).square().mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    os.makedirs(os.environ["GPUCHECK_MEASURE"], exist_ok=True)
-    with open(os.path.join(os.environ["GPUCHECK_MEASURE"], "rank0.json"), "w") as f:
-        json.dump({"steps": 15}, f)
-    """
-)
-
-
 @pytest.mark.integration
 @pytest.mark.timeout(180)
-def test_checks_drive_the_cli_and_read_its_outputs(tmp_path, monkeypatch):
-    """The plumbing of every check (trace, diagnose, the rank's summary, the trace counts, the workload's own
-    file) on a CPU workload: the columns and keys the comparisons read are the ones ddpdoctor writes."""
-    (tmp_path / "w").mkdir()
-    (tmp_path / "w" / "cpu.py").write_text(CPU_WORKLOAD)
-    monkeypatch.setattr(gpu_checks, "WORKLOADS", tmp_path / "w")
-    ctx = gpu_checks.Context(work=tmp_path / "work", deadline=time.monotonic() + 150)
-    ctx.work.mkdir()
-    run, measure = gpu_checks.trace(ctx, "cpu", "cpu.py", [])
-    doc = gpu_checks.diagnose(ctx, run)
+def test_check_drives_the_cli_and_reads_its_outputs_on_cpu(tmp_path, monkeypatch):
+    """Check 1 end to end with GPUCHECK_CPU=1 (the workload on the CPU, small): trace and diagnose run, and
+    the columns, keys and files the comparisons read are the ones ddpdoctor writes. On a CPU the comparisons
+    fail (no GPU numbers); nothing may crash before the kit reaches a GPU."""
+    monkeypatch.setenv("GPUCHECK_CPU", "1")
+    check = next(c for c in gpu_checks.CHECKS if c.key == "1-single-process")
+    result, produced = gpu_checks.run_check(check, tmp_path, time.monotonic() + 150)
+    assert result["status"] == "fail", result.get("error")
+    assert [c["rc"] for c in result["commands"]] == [0, 0]
+    assert {i["what"]: i["status"] for i in result["items"]}["analysed steps matched to the workload's steps"] == "pass"
+    run = tmp_path / check.key / "single"
+    assert run in produced and run.with_name("single.diagnose.json") in produced
     summary = gpu_checks.summary(run)
-    counts = gpu_checks.trace_counts(run)
-    assert gpu_checks.measured(measure) == {"steps": 15}
-    assert doc["run"]["mode"] == "single" and "passed" in doc and "not_evaluated" in doc
     rows = gpu_checks.ev.analysed_steps(summary)
-    assert [r["step"] for r in rows] == [8, 9, 10, 11, 12]
+    assert [r["step"] for r in rows] == [8, 9, 10, 11, 12]  # a CPU run: the window's last step is analysed too
     for column in ("gpu_busy_ms", "kernel_ms", "host_sync_ms"):
         assert column in rows[0], column
     for metric in ("comm_ms", "overlap_ratio", "gpu_util_ratio", "host_sync_ms", "dp_scatter_ms", "dp_replicas"):
         assert metric in summary["metrics"], metric
-    assert counts["kernel"] == 0 and counts["files"]  # CPU: a trace without device work
+    doc = json.loads(run.with_name("single.diagnose.json").read_text())
+    assert doc["run"]["mode"] == "single" and {"findings", "passed", "not_evaluated"} <= set(doc)
     assert gpu_checks.ev.rule_state(doc, "host-sync-stalls").startswith("not evaluated")
-    assert [c["rc"] for c in ctx.commands] == [0, 0]
+    assert gpu_checks.trace_counts(run)["kernel"] == 0  # the CPU: a trace without device work
+
+
+WORKLOAD_RUNS = {
+    # name: (command after the interpreter, keys each rank's record must hold for the comparisons)
+    "host-sync": (["single.py", *gpu_checks.HOST_SYNC_ARGS, "--sync-every", "1"], {"item_ms", "item_calls_per_step"}),
+    "dp": (["dp.py", "--steps", "3"], {"device_ids", "max_memory_allocated"}),
+    "ddp-shared": (
+        ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "ddp.py", "--backend", "gloo",
+         "--no-set-device", "--steps", "3"],
+        {"gradient_bytes_per_step", "model_device_uuid", "wall_ms"},
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", WORKLOAD_RUNS)
+def test_workloads_run_on_cpu(name, tmp_path):
+    """Each workload, bare, with the arguments the checks give it (GPUCHECK_CPU=1: small, on the CPU)."""
+    args, keys = WORKLOAD_RUNS[name]
+    args = [str(gpu_checks.WORKLOADS / a) if a.endswith(".py") else a for a in args]
+    ctx = gpu_checks.Context(work=tmp_path, deadline=time.monotonic() + 100)
+    env = {"GPUCHECK_CPU": "1", "GPUCHECK_MEASURE": str(tmp_path / "m")}
+    gpu_checks.run_command(ctx, [sys.executable, *args], env=env, timeout=90)
+    ranks = sorted((tmp_path / "m").glob("rank*.json"))
+    assert len(ranks) == (2 if name == "ddp-shared" else 1)
+    for path in ranks:
+        record = json.loads(path.read_text())
+        assert keys <= set(record), keys - set(record)
+    if name == "host-sync":
+        assert record["item_calls_per_step"] == 4  # .item() after each of the (CPU-sized) 4 layers
 
 
 def test_a_failing_command_is_an_error_of_its_check_not_of_the_run(tmp_path, monkeypatch):
@@ -166,18 +180,3 @@ def test_readme_says_how_to_run_the_gpu_checks():
     timeout = re.search(r'"timeout_s": (\d+)', dev)
     # one call with room for a second in 15 minutes of device time (the machine's start counts too)
     assert timeout and 300 <= int(timeout.group(1)) <= 450
-
-
-@pytest.mark.integration
-@pytest.mark.timeout(300)
-@pytest.mark.parametrize("key", ["1-single-process", "2-ddp", "5-dataparallel"])
-def test_workloads_and_checks_run_through_on_cpu(key, tmp_path, monkeypatch):
-    """GPUCHECK_CPU=1 runs the workloads on the CPU (small sizes): every command of the check completes and
-    every comparison is made -- on a CPU they fail, having no GPU numbers, but nothing may crash before the
-    kit reaches a GPU."""
-    monkeypatch.setenv("GPUCHECK_CPU", "1")
-    check = next(c for c in gpu_checks.CHECKS if c.key == key)
-    result, produced = gpu_checks.run_check(check, tmp_path, time.monotonic() + 240)
-    assert result["status"] in ("pass", "fail"), result.get("error")
-    assert result["items"] and all(c["rc"] == 0 for c in result["commands"])
-    assert any(p.name.endswith(".diagnose.json") for p in produced)
