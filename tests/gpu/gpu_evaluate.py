@@ -612,7 +612,7 @@ def evaluate_dp(
             ranges.get("DataParallel.scatter", 0) >= steps > 0,
             ddpdoctor=steps,
             independent=ranges.get("DataParallel.scatter", 0),
-            expect="at least one per analysed step",
+            expect="at least one range (counted in the trace) per step ddpdoctor analysed",
         ),
         item(
             "scatter time per step",
