@@ -6,7 +6,8 @@ wait (0-1). It runs only during the profiled window, so steps outside it pay not
 The probe's wait alone is no proof of contention: a single busy Python thread makes it wait too (it holds the GIL
 until the switch interval), and contention needs a contender. So each step also records the job's own Python threads
 (ddpdoctor's ``ddpdoctor-*`` threads and the probe excluded), how many of them made progress (each at least 10% of
-the CPU time the job's threads used in the step, from ``/proc/self/task/<tid>/stat``) and their CPU time together against the step's wall time: threads that
+the CPU time the job's threads used in the step, from ``/proc/self/task/<tid>/stat``) and their CPU time together
+against the step's wall time: threads that
 are GIL-bound make progress one at a time (together about one core or less).
 """
 

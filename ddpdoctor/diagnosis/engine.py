@@ -53,7 +53,8 @@ def _missing_reason(
     missing = sorted(m for m in (rule.when.metrics if names is None else names) if _unavailable(m, run, rows))
     if not missing:
         return "its condition is undecidable on this run (a value it needs is missing or divides by zero)"
-    said = run.get("not_measured") if isinstance(run.get("not_measured"), Mapping) else {}
+    noted = run.get("not_measured")
+    said: Mapping[str, Any] = noted if isinstance(noted, Mapping) else {}
     hints: list[str] = []
     for m in missing:
         if isinstance(said.get(m), str) and said[m] not in hints:

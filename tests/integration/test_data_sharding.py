@@ -58,7 +58,8 @@ SCRIPT = """
         loader = DataLoader(Stream(), batch_size=16)
     elif mode == "own_shard_no_labels":  # float-only data: nothing to compare
         g = torch.Generator().manual_seed(rank + 1)
-        loader = DataLoader(TensorDataset(torch.randn(n, width, generator=g)), batch_size=16, shuffle=True, generator=order)
+        floats = TensorDataset(torch.randn(n, width, generator=g))
+        loader = DataLoader(floats, batch_size=16, shuffle=True, generator=order)
     model = DDP(nn.Linear(width, 10))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     for batch in loader:
