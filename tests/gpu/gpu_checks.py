@@ -40,6 +40,7 @@ class Context:
     deadline: float  # time.monotonic() by which every command must have ended
     runs: list[Path] = field(default_factory=list)  # folders worth archiving, in order
     commands: list[dict[str, Any]] = field(default_factory=list)
+    items: list[dict[str, Any]] = field(default_factory=list)  # comparisons made so far (kept on an error)
 
     def remaining(self) -> float:
         return self.deadline - time.monotonic()
@@ -180,7 +181,7 @@ def check_single(ctx: Context) -> list[dict[str, Any]]:
 def check_ddp(ctx: Context) -> list[dict[str, Any]]:
     one = ["--standalone", "--nproc-per-node", "1"]
     run, measure = trace(ctx, "ddp-nccl", "ddp.py", ["--backend", "nccl", "--steps", "16"], torchrun=one)
-    items = ev.evaluate_ddp_nccl(diagnose(ctx, run), summary(run), measured(measure), trace_counts(run))
+    ctx.items += ev.evaluate_ddp_nccl(diagnose(ctx, run), summary(run), measured(measure), trace_counts(run))
     two = ["--standalone", "--nproc-per-node", "2"]
     run, measure = trace(
         ctx,
@@ -189,8 +190,8 @@ def check_ddp(ctx: Context) -> list[dict[str, Any]]:
         ["--backend", "gloo", "--no-set-device", "--steps", "16", "--width", "1024"],
         torchrun=two,
     )
-    items += ev.evaluate_ddp_shared(diagnose(ctx, run), [measured(measure, r) for r in (0, 1)])
-    return items
+    ctx.items += ev.evaluate_ddp_shared(diagnose(ctx, run), [measured(measure, r) for r in (0, 1)])
+    return ctx.items
 
 
 def check_oom(ctx: Context) -> list[dict[str, Any]]:
@@ -280,10 +281,12 @@ def run_check(check: Check, work: Path, deadline: float) -> tuple[dict[str, Any]
             items = check.run(ctx)
             result.update(status=ev.status_of(items), items=items)
         except CheckError as exc:
-            result.update(status="error", error=str(exc), items=[])
+            result.update(status="error", error=str(exc), items=ctx.items)
         except Exception as exc:  # a bug in the check itself: report it and go on with the others
             result.update(
-                status="error", error=f"{type(exc).__name__}: {exc}\n{_tail(traceback.format_exc())}", items=[]
+                status="error",
+                error=f"{type(exc).__name__}: {exc}\n{_tail(traceback.format_exc())}",
+                items=ctx.items,
             )
     result["seconds"] = round(time.monotonic() - t0, 1)
     result["commands"] = [

@@ -156,12 +156,14 @@ def test_workloads_run_on_cpu(name, tmp_path):
 
 def test_a_failing_command_is_an_error_of_its_check_not_of_the_run(tmp_path, monkeypatch):
     def broken(ctx):
+        ctx.items.append(gpu_checks.ev.item("first part", True))
         gpu_checks.run_command(ctx, ["python3", "-c", "import sys; sys.exit('workload broke')"], timeout=30)
-        return []
+        return ctx.items
 
     check = gpu_checks.Check("9-broken", "a check whose command fails", broken, 1)
     result, _ = gpu_checks.run_check(check, tmp_path, time.monotonic() + 60)
     assert result["status"] == "error" and "workload broke" in result["error"]
+    assert [i["what"] for i in result["items"]] == ["first part"]  # what was compared before stays reported
     late, _ = gpu_checks.run_check(check, tmp_path, time.monotonic() + 0.5)
     assert late["status"] == "error" and late["error"].startswith("not started")
 
