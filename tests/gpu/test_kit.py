@@ -157,7 +157,7 @@ def test_workloads_run_on_cpu(name, tmp_path):
 def test_a_failing_command_is_an_error_of_its_check_not_of_the_run(tmp_path, monkeypatch):
     def broken(ctx):
         ctx.items.append(gpu_checks.ev.item("first part", True))
-        gpu_checks.run_command(ctx, ["python3", "-c", "import sys; sys.exit('workload broke')"], timeout=30)
+        gpu_checks.run_command(ctx, [sys.executable, "-c", "import sys; sys.exit('workload broke')"], timeout=30)
         return ctx.items
 
     check = gpu_checks.Check("9-broken", "a check whose command fails", broken, 1)
