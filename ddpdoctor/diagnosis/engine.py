@@ -154,6 +154,13 @@ def _fire(rule: Rule, run: dict[str, Any], rows: list[dict[str, Any]]) -> Findin
     for clause in rule.clauses:
         if eval_expr(clause.when, shown):
             message += " " + clause.message.render(shown, specials)
+    steps = run.get("steps_analyzed")
+    timed = any(m.endswith("_ms") or m.startswith("step_ms") for m in rule.when.metrics)
+    if timed and isinstance(steps, int) and 0 < steps < MIN_STEPS and "Weak evidence" not in message:
+        message += (
+            f" Weak evidence: only {steps} step(s) analysed, so one unusual step decides it; profile more steps"
+            " (--active) to confirm."
+        )
     edges = _threshold_edges(rule, shown)
     if edges:
         message += (
@@ -171,6 +178,8 @@ def _fire(rule: Rule, run: dict[str, Any], rows: list[dict[str, Any]]) -> Findin
     )
 
 
+# Timings from fewer analysed steps than this are weak evidence: the finding says so.
+MIN_STEPS = 3
 # A value within this share of the threshold it was compared with decided the verdict on an edge: the finding says so.
 EDGE_SHARE = 0.1
 

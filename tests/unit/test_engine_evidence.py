@@ -90,3 +90,11 @@ def test_an_edge_in_one_part_of_an_or_does_not_decide_it() -> None:
     # gpu0-oom-risk: 4% headroom (threshold 10%) fires on its own; the 1.37x vs 1.25x comparison is near its edge
     (f,) = _one(_metrics(), "gpu0-oom-risk").findings
     assert "Close to its threshold" not in f.message
+
+
+def test_timings_from_one_step_are_weak_evidence_and_say_so() -> None:
+    m = _metrics(steps_analyzed=1)
+    (f,) = _one(m, "dataloader-bound").findings
+    assert "Weak evidence: only 1 step(s) analysed" in f.message
+    (f,) = _one(_metrics(), "dataloader-bound").findings  # 20 steps
+    assert "Weak evidence" not in f.message
