@@ -212,13 +212,13 @@ def busy_sets(rt: RankTrace) -> tuple[iv.Intervals, iv.Intervals, bool]:
     )
 
 
-def collectives(rt: RankTrace) -> pd.DataFrame:
+def collectives(rt: RankTrace, calls: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per collective call: ``kind, start_us, end_us, dur_us, bytes, group_size, source``.
 
     ``bytes`` is NaN where the trace records no size; ``source`` says what was timed ("kernel" or the call's
     name).
     """
-    calls = _calls(rt)
+    calls = _calls(rt) if calls is None else calls  # ``calls``: collective_calls(rt), when the caller has them
     kernels = comm_kernels(rt)
     if len(kernels):
         rows = _kernel_collectives(rt, kernels, calls)

@@ -61,7 +61,8 @@ def summarize_rank(
         steps["analyzed"] = steps["analyzed"] & in_range
     analysed = steps[steps["analyzed"]]
     world = (rt.distributed_info or {}).get("world_size") or (capture or {}).get("world_size") or 1
-    colls = _assign_steps(collectives(rt), steps)
+    calls = collective_calls(rt)
+    colls = _assign_steps(collectives(rt, calls), steps)
     metrics: dict[str, Any] = {"rank": rt.rank}
     metrics.update(_step_metrics(analysed))
     comm_total = float(analysed["comm_ms"].sum())
@@ -75,7 +76,7 @@ def summarize_rank(
         steps[["step", "span", "analyzed"]], on=["step", "span"], how="inner"
     )
     timed = int(colls["step"].isin(analysed["step"]).sum())
-    metrics.update(parallelism_evidence(rt, hosts, collective_calls(rt), timed))
+    metrics.update(parallelism_evidence(rt, hosts, calls, timed))
     # The GPU the DDP model lives on: a rank that never calls set_device still has current device cuda:0.
     own = compute_device(capture) or own_device(rt, capture)
     devices = device_rows(rt, capture)
