@@ -150,11 +150,37 @@ def _json_default(obj: Any) -> Any:
     return str(obj)
 
 
+# What ddpdoctor writes inside its sub-folders, by name (a hidden "*.tmp"/".*.old" is one of its unfinished writes).
+_TEMP = r"\..+\.(tmp|old)"
+_OWN_INSIDE = {
+    RANKS_DIR: re.compile(rf"^(rank\d+(\.summary)?\.json|{_TEMP})$"),
+    NODES_DIR: re.compile(rf"^(node\d+\.json|{_TEMP})$"),
+    TENSORBOARD_DIR: re.compile(rf"^(rank\d+|{_TEMP})$"),
+}
+_EVENT_FILE = re.compile(r"^events\.out\.tfevents\..+$")
+
+
+def _only_ours(folder: Path, pattern: re.Pattern[str]) -> bool:
+    """Whether every entry of ``folder`` is a name ddpdoctor writes there; its only sub-folders are
+    ``tensorboard/rank<R>/``, holding event files (and hidden unfinished writes)."""
+    for entry in folder.iterdir():
+        if not pattern.match(entry.name):
+            return False
+        if entry.is_dir() and not entry.name.startswith("."):
+            if folder.name != TENSORBOARD_DIR or not all(_EVENT_FILE.match(f.name) for f in entry.iterdir()):
+                return False
+    return True
+
+
 def ddpdoctor_owned(path: Path) -> list[Path]:
-    """The entries of a run directory that ddpdoctor wrote (what ``--force`` may replace); nothing else."""
+    """The entries of a run directory that ddpdoctor wrote (what ``--force`` may replace); nothing else. A
+    sub-folder counts only when everything in it is a file ddpdoctor writes there: a file of the user's inside
+    ``ranks/`` makes the folder not ddpdoctor's, and ``--force`` then refuses instead of deleting it."""
     owned = []
     for entry in path.iterdir():
-        if entry.name in (MANIFEST, RANKS_DIR, NODES_DIR, TENSORBOARD_DIR) or TRACE_FILE_RE.match(entry.name):
+        if entry.name == MANIFEST or TRACE_FILE_RE.match(entry.name):
+            owned.append(entry)
+        elif entry.name in _OWN_INSIDE and entry.is_dir() and _only_ours(entry, _OWN_INSIDE[entry.name]):
             owned.append(entry)
     return owned
 
