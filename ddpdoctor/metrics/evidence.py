@@ -48,6 +48,15 @@ def run_evidence(
             reasons[name] = undecidable_straggler
     reasons.update(_memory_reasons(run_metrics, devices, summaries))
     reasons.update(_older_summaries(summaries))
+    calls = max((r.get("collectives_per_step") or 0.0 for r in ranks), default=0.0)
+    if calls > 0 and all(r.get("overlap_ratio") is None for r in ranks):
+        untimed = (
+            f"the trace records {calls:.0f} collective call(s) per step but no communication kernels or ranges that"
+            " time them (no device activity for them was recorded)"
+        )
+        for name in ("overlap_ratio", "busbw_gbps", "algbw_gbps"):
+            if all(r.get(name) is None for r in ranks):
+                reasons.setdefault(name, untimed)
     return {
         "parallelism": parallelism,
         "parallelism_evidence": why,
