@@ -19,6 +19,7 @@ import os
 from typing import Any
 
 from ddpdoctor import knobs as table
+from ddpdoctor.capture.invisible import invisible
 
 _active: Applier | None = None
 
@@ -83,7 +84,7 @@ class Applier:
                 applier.applied["ddp.comm_hook"] += 1
 
         __init__.__wrapped__ = original  # type: ignore[attr-defined]
-        return __init__
+        return invisible(__init__)
 
     def _ddp_arguments(
         self, signature: inspect.Signature | None, ddp: Any, args: tuple, kwargs: dict
@@ -139,7 +140,7 @@ class Applier:
                 applier.applied[f"loader.{key}"] += 1
 
         __init__.__wrapped__ = original  # type: ignore[attr-defined]
-        return __init__
+        return invisible(__init__)
 
     def _wrap_set_num_threads(self, original: Any) -> Any:
         def set_num_threads(n: int) -> None:  # the knob holds the number of threads for the whole run

@@ -105,3 +105,22 @@ def test_traceback_through_a_wrapper_shows_only_the_users_frames():
         "_first_batch",
         "__getitem__",
     ]
+
+
+def test_knob_wrappers_are_invisible_too():
+    """`trace --set loader.*` wraps DataLoader(...): the user's call of it must read as without ddpdoctor."""
+    from ddpdoctor.capture.knobs import Applier
+
+    applier = Applier({"loader.pin_memory": "true"})
+    applier.install()
+    try:
+        wrapped = DataLoader.__init__
+        with pytest.raises(ValueError) as info:
+            DataLoader(_Items(), batch_size=-1)  # torch refuses it inside __init__
+    finally:
+        applier.uninstall()
+    assert is_own_file(wrapped.__code__.co_filename) and "importlib._bootstrap" in wrapped.__code__.co_filename
+    raw = [f.filename for f in traceback.extract_tb(info.value.__traceback__)]
+    assert any(is_own_file(name) for name in raw), raw
+    stripped = traceback.extract_tb(strip_exception(info.value, info.value.__traceback__))
+    assert not any(is_own_file(f.filename) for f in stripped), stripped
