@@ -20,21 +20,9 @@ from typing import Any
 
 from ddpdoctor.compare import Comparison, compare, stats
 from ddpdoctor.compare import snapshot as snap
-from ddpdoctor.compare.catalog import BY_NAME
+from ddpdoctor.compare.catalog import METRICS
 
 HELPS, HURTS, NO_EFFECT, FAILED = "helps", "hurts", "no measurable effect", "failed"
-# What the trial table shows, in this order (compare's names); each with B/A and its interval.
-SHOWN = (
-    "step_ms.median",
-    "dataloader_ms",
-    "forward_ms",
-    "backward_ms",
-    "optimizer_ms",
-    "comm_ms",
-    "exposed_comm_ms",
-    "overlap_ratio",
-    "max_peak_allocated_bytes",
-)
 
 
 @dataclass(frozen=True)
@@ -104,10 +92,8 @@ def measure(control: snap.Snapshot, trial: snap.Snapshot) -> Measurement:
     """B (``trial``) against A (``control``)."""
     comparison: Comparison = compare(control, trial)
     changes = []
-    for name in SHOWN:
-        spec = BY_NAME.get(name)
-        if spec is None:
-            continue
+    for spec in METRICS:  # what compare shows, in its order
+        name = spec.name
         a, b = control.value(name), trial.value(name)
         if a is None and b is None:
             continue

@@ -53,7 +53,7 @@ class RunCommand:
     def argv(self, out: Path, *, max_steps: int, settings: dict[str, str]) -> list[str]:
         """The trial's command line (run with ``cwd``)."""
         sets = [a for name, value in settings.items() for a in ("--set", f"{name}={value}")]
-        head = [sys.executable, "-m", "ddpdoctor", "trace", *self.own, "--out", str(out), "-q"]
+        head = [sys.executable, "-m", "ddpdoctor", "trace", *self.own, "--out", str(out.resolve()), "-q"]
         head += ["--max-steps", str(max_steps), *sets]
         if self.command is not None:
             return [*head, "--", *self.command]
@@ -121,8 +121,8 @@ def resolve(settings: dict[str, str], nproc_per_node: int) -> dict[str, str]:
 
 def trials_dir(run: Path) -> Path:
     """Where the trials of RUN go: ``<RUN>.trials/`` beside it (RUN itself is never written)."""
-    resolved = run.resolve()
-    return resolved.parent / f"{resolved.name}.trials"
+    named = run if run.name not in ("", ".", "..") else run.resolve()
+    return named.parent / f"{named.name}.trials"
 
 
 def new_session_dir(run: Path) -> Path:
