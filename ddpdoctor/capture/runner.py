@@ -14,8 +14,10 @@ import signal
 import sys
 import threading
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
+from typing import NoReturn
 
 from ddpdoctor.capture import invisible
 from ddpdoctor.capture.config import CaptureConfig
@@ -132,13 +134,45 @@ def _on_sigterm(signum: int, frame: object) -> None:
     raise _Terminated(signum)
 
 
-def run(target: Target, config: CaptureConfig, *, claimed: bool = True) -> int:
+def _record_os_exit(session: Session, on_os_exit: Callable[[int], None] | None) -> Callable[[int], NoReturn]:
+    """Make ``os._exit(n)`` in the script record how the rank ended (status, exit code ``n``) before it ends the
+    process: it skips every exit handler, so nothing else would. Only in this process: a forked child (a
+    DataLoader worker, multiprocessing) ends with ``os._exit`` too, and is not the rank. Returns the real one."""
+    real = os._exit
+    pid = os.getpid()
+
+    def recorded(code: int) -> NoReturn:
+        if os.getpid() == pid:
+            os._exit = real
+            try:
+                n = int(code)
+                session.finish("ok" if n == 0 else "failed", n, None if n == 0 else f"os._exit({n})")
+                if on_os_exit is not None:
+                    on_os_exit(n)
+            except BaseException:  # noqa: BLE001 - the process ends now, whatever went wrong
+                pass
+        real(code)
+
+    os._exit = recorded
+    return real
+
+
+def run(
+    target: Target,
+    config: CaptureConfig,
+    *,
+    claimed: bool = True,
+    on_os_exit: Callable[[int], None] | None = None,
+) -> int:
     """Run the target under a capture session; return the exit code a bare run would have.
 
     ``claimed=False``: the process may turn out to be only the launcher of the ranks (see :class:`Session`).
-    For a signal, the caller must re-raise it with :func:`die_by_signal` after cleaning up.
+    ``on_os_exit``: called with ``n`` when the script ends the process with ``os._exit(n)``, after the session
+    recorded it (the launcher writes its manifest there). For a signal, the caller must re-raise it with
+    :func:`die_by_signal` after cleaning up.
     """
     session = Session(config, claimed=claimed)
+    real_os_exit = _record_os_exit(session, on_os_exit)
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     watch = _watch_signals(session)
     _prepare_sys(target)
@@ -165,6 +199,7 @@ def run(target: Target, config: CaptureConfig, *, claimed: bool = True) -> int:
         status, code, error = "failed", 1, f"{type(exc).__name__}: {exc}"
         exc_info = (type(exc), exc, exc.__traceback__)
     finally:
+        os._exit = real_os_exit
         _settle_background_threads()
         try:
             session.finish(status, 128 + signum if signum else code, error)

@@ -373,14 +373,21 @@ def main(argv: list[str]) -> int:
     started = time.time()
     from ddpdoctor.capture import runner
 
-    if launch == "command":
-        code = launcher.run_command(command or [])
-    elif launch == "torchrun":
-        code = launcher.run_torchrun(tr, target_argv)
-    else:  # direct (this process may only launch the ranks) or scheduler (this process is one rank)
-        assert target is not None  # only -- COMMAND has no target
-        code = runner.run(target, config, claimed=launch == "scheduler")
-    try:
+    def finish(code: int) -> None:
+        """Write the node record and manifest, and tell the user; also from ``os._exit`` in a one-process run."""
+        try:
+            _finish_out(code)
+        except OSError as exc:  # a full or read-only disk: say so, and still end with the script's own exit status
+            print(
+                f"ddpdoctor: error: cannot write the run directory {out}: {exc.strerror or exc} "
+                f"(the script exited with code {code})",
+                file=sys.stderr,
+                flush=True,
+            )
+        else:
+            say.summary(out, rank=who.rank if launch == "scheduler" else None)
+
+    def _finish_out(code: int) -> None:
         if launch == "scheduler":
             launcher.finish_rank(out, command=full_command, config=config)
         else:
@@ -395,15 +402,15 @@ def main(argv: list[str]) -> int:
                 started=started,
                 launch=launch,
             )
-    except OSError as exc:  # a full or read-only disk: say so, and still end with the script's own exit status
-        print(
-            f"ddpdoctor: error: cannot write the run directory {out}: {exc.strerror or exc} "
-            f"(the script exited with code {code})",
-            file=sys.stderr,
-            flush=True,
-        )
-    else:
-        say.summary(out, rank=who.rank if launch == "scheduler" else None)
+
+    if launch == "command":
+        code = launcher.run_command(command or [])
+    elif launch == "torchrun":
+        code = launcher.run_torchrun(tr, target_argv)
+    else:  # direct (this process may only launch the ranks) or scheduler (this process is one rank)
+        assert target is not None  # only -- COMMAND has no target
+        code = runner.run(target, config, claimed=launch == "scheduler", on_os_exit=finish)
+    finish(code)
     if code < 0:
         runner.die_by_signal(-code)
     return code
