@@ -195,3 +195,30 @@ def test_bad_input_is_one_line_exit_2(tmp_path, args, message):
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0 and message in result.stderr, result.stderr
     assert not (tmp_path / "folder.trials").exists()
+
+
+@pytest.mark.timeout(600)
+def test_loader_workers_on_a_data_loading_bound_job_are_reported_as_measured(tmp_path):
+    run = tmp_path / "slow"
+    traced = run_cli(
+        "trace", "--out", str(run), "--wait", "1", "--warmup", "1", "--active", "5", "--max-steps", "12",
+        "--standalone", "--nproc-per-node", "2", str(SAMPLES / "ddp_slow_dataloader.py"), "--steps", "200",
+        timeout=240,
+    )
+    assert traced.returncode == 0, traced.stderr
+    assert "dataloader-bound" in _findings(run)
+    result = run_cli("try", str(run), "--set", "loader.num_workers=2", "--max-steps", "16", timeout=500)
+    assert result.returncode == 0, result.stderr
+    (session,) = sorted((tmp_path / "slow.trials").iterdir())
+    results = read_json(session / "results.json")
+    (trial,) = results["trials"]
+    assert trial["error"] is None
+    for out, workers in ((Path(trial["out"]), 2), (Path(results["control"]["out"]), 0)):
+        for r in (0, 1):
+            loaders = read_json(out / "ranks" / f"rank{r}.json")["setup"]["data_loaders"]
+            assert {entry["num_workers"] for entry in loaders} == {workers}
+    step = _metric(trial, "step_ms.median")
+    assert trial["verdict"] == _verdict_from(step["ratio_interval"])  # helps or not, as the interval says
+    (estimate,) = [e for e in trial["rules"] if e["rule"] == "dataloader-bound"]
+    assert estimate["estimated_gain_ms"] > 0
+    assert f"verdict: {trial['verdict']}" in result.stdout and "data loading" in result.stdout
