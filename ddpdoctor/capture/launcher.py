@@ -219,10 +219,10 @@ class Reporter:
             self._print(
                 f"ddpdoctor:   rank {r['rank']} {r['status']}: {r.get('reason') or 'exit ' + str(r.get('exit_code'))}"
             )
-        for note in man.get("notes", []) if not failed else []:
+        notes = man.get("notes", [])
+        before = [n for n in notes if n.startswith(manifest_mod.BEFORE_WINDOW)]
+        for note in [n for n in notes if n not in before] if not failed else []:
             self._print(f"ddpdoctor: note: {note}; call ddpdoctor.step() at the end of each iteration to mark steps")
-        if ranks and not any(r.get("profiled_steps") for r in ranks) and man.get("steps_detected"):
-            self._print(
-                "ddpdoctor: note: the run ended before the profiled window; lower --wait/--warmup or run more steps"
-            )
+        for note in before:  # a crash too: it happened before anything was profiled
+            self._print(f"ddpdoctor: note: {note}; lower --wait/--warmup or run more steps")
         self._print(f"ddpdoctor: next: ddpdoctor diagnose {out}    (or open it in TensorBoard: ddpdoctor view {out})")

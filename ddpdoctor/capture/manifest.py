@@ -63,6 +63,21 @@ def _rank_entry(
     }
 
 
+BEFORE_WINDOW = "the run ended before the profiled window"
+
+
+def _before_window(entries: list[dict[str, Any]], config: dict[str, Any]) -> str:
+    """The note for a run that recorded no trace because it ended (or crashed) before the window started."""
+    try:
+        first = f" (it starts at step {int(config.get('wait') or 0) + int(config.get('warmup') or 0) + 1})"
+    except (AttributeError, TypeError, ValueError):
+        first = ""
+    ended = [
+        f"rank {e['rank']} {e['status']} after {e.get('steps') or 0} steps" for e in entries if e["status"] != "ok"
+    ]
+    return f"{BEFORE_WINDOW}{first}: no trace was recorded" + (f"; {', '.join(ended)}" if ended else "")
+
+
 def node_record(
     *, node_rank: int, command: list[str], exit_code: int, started_at: float, expected_ranks: list[int] | None
 ) -> dict[str, Any]:
@@ -124,6 +139,8 @@ def build(
             "no training step was detected (no torch.optim optimizer stepped and ddpdoctor.step() was never "
             "called): the trace covers the start of the run instead of chosen steps"
         )
+    if ranks and steps_seen and not any(e.get("profiled_steps") or e.get("trace_files") for e in entries):
+        notes.append(_before_window(entries, config))
     stopped = sorted({str(d["stopped_by"]) for d in ranks.values() if d.get("stopped_by")})
     knobs = _knobs(ranks)
     return {
