@@ -9,10 +9,11 @@ the host phase they were issued in, and whether DDP's or FSDP's own ranges are i
   capture; or, without them, gradient all-reduces issued only during backward (data-parallel gradient sync).
 - ``fsdp``: FSDP's ranges, or all_gather and reduce_scatter in every step (parameter shards gathered for compute,
   gradient shards reduced: FSDP / ZeRO-3).
-- ``tp``: collectives inside tensor-parallel ranges (Megatron-LM's ``_ReduceFromModelParallelRegion``,
-  ``ColumnParallelLinear``..., DTensor redistribution), or all-reduces issued during the forward pass, several per
-  step (tensor-parallel layers reduce their partial outputs in forward and backward; data parallelism never
-  all-reduces in forward).
+- ``tp``: collectives issued inside tensor-parallel ranges (Megatron-LM's ``_ReduceFromModelParallelRegion``,
+  ``ColumnParallelLinear``..., DTensor's ``Redistribute``), or all-reduces issued during the forward pass, several
+  per step (tensor-parallel layers reduce their partial outputs in forward and backward; data parallelism never
+  all-reduces in forward). Collectives are placed where the training thread issues them (``c10d::*`` ops), not
+  where gloo's threads run them.
 - ``pipeline``: point-to-point send/recv between stages.
 
 Several signatures make a mix (``"tp+ddp"``). ``"none"``: several ranks and no collective in the analysed steps;
@@ -37,10 +38,10 @@ _DDP_RANGES = re.compile(
 )
 _FSDP_RANGES = re.compile(r"^FullyShardedDataParallel\.|^FSDP::|^FSDP2?\b|fully_shard")
 # Ranges of tensor-parallel layers and functions: Megatron-LM's mappings and layers, DTensor's redistribution,
-# torch.distributed.tensor.parallel styles.
+# torch.distributed.tensor.parallel styles. Not "DTensor" alone: FSDP2 keeps its parameters as DTensors too.
 _TP_RANGES = re.compile(
     r"ModelParallelRegion|SequenceParallelRegion|(Column|Row|Vocab)Parallel|tensor_parallel|TensorParallel"
-    r"|[Rr]edistribute|DTensor|ColwiseParallel|RowwiseParallel"
+    r"|[Rr]edistribute|ColwiseParallel|RowwiseParallel"
 )
 # DDP rebuilds its buckets and broadcasts buffers in forward; SyncBatchNorm gathers statistics there: those are
 # not tensor parallelism. A model-parallel layer all-reduces its partial output, at least twice per transformer
@@ -72,6 +73,7 @@ def parallelism_evidence(rt: RankTrace, steps: pd.DataFrame, calls: pd.DataFrame
             out[key] = 0.0
         out["collectives_per_step"] = timed / n_steps
         return out
+    calls = _issued(rt, calls)
     ts = calls["ts_us"].to_numpy(dtype=np.float64)
     order = np.argsort(lo, kind="stable")
     i = np.searchsorted(lo[order], ts, side="right") - 1
@@ -91,6 +93,24 @@ def parallelism_evidence(rt: RankTrace, steps: pd.DataFrame, calls: pd.DataFrame
     out["reduce_scatter_per_step"] = float((kinds == "reduce_scatter").sum()) / n_steps
     out["p2p_per_step"] = float(np.isin(kinds, ["send", "recv", "send_recv"]).sum()) / n_steps
     return out
+
+
+def _issued(rt: RankTrace, calls: pd.DataFrame) -> pd.DataFrame:
+    """Where the training threads issue each collective: the ``c10d::*`` dispatcher ops (``c10d::allreduce_``...),
+    which run on the thread that called the collective, inside its layer's ranges and phase -- gloo's own
+    ``gloo:*`` ranges run later on gloo's threads. The calls themselves where a trace has no ``c10d::*`` ops."""
+    from ddpdoctor.metrics.comm import kind_of
+
+    ops = rt.comm_ops
+    if ops is None or len(ops) == 0:
+        return calls
+    names = ops["name"].astype(str)
+    issued = ops[names.str.startswith("c10d::")].copy()
+    if len(issued) == 0:
+        return calls
+    issued["kind"] = issued["name"].astype(str).map(kind_of)
+    issued = issued[issued["kind"].notna()]
+    return issued if len(issued) else calls
 
 
 def detect_parallelism(ranks: list[dict[str, Any]], mode: str | None, world_size: int | None) -> tuple[str, str]:
