@@ -216,6 +216,19 @@ KNOBS: tuple[Knob, ...] = (
         sweep_cpus=True,
     ),
     Knob(
+        "dp.as_ddp",
+        "every nn.DataParallel(...) becomes DistributedDataParallel on the rank's device, each rank running its slice "
+        "of the global batch (outputs gathered back); the process group is created for the script. Needs one "
+        "process per device: what `ddpdoctor try --as-ddp` runs",
+        "no: the same gradient as DataParallel (BatchNorm statistics come from each rank's slice, as from each "
+        "replica's)",
+        "the job builds no nn.DataParallel, or was not started by torchrun",
+        "true",
+        "model = DDP(model.to(local_rank), device_ids=[local_rank])  # torchrun, a DistributedSampler, batch / ranks",
+        "dp",
+        _choice("true"),
+    ),
+    Knob(
         "batchnorm.sync",
         "nn.SyncBatchNorm.convert_sync_batchnorm() on the model handed to DDP: BatchNorm statistics over all ranks",
         "yes: batch statistics are computed over the global batch, not each rank's",

@@ -50,6 +50,10 @@ class Applier:
             torch.set_num_threads(int(self.values["torch.intra_op_threads"]))
             self.applied["torch.intra_op_threads"] = 1
             self._patch(torch, "set_num_threads", self._wrap_set_num_threads)
+        if "dp.as_ddp" in self.values:
+            from ddpdoctor.capture import as_ddp
+
+            as_ddp.install()
         for name, value in self.values.items():
             if name.startswith("env."):
                 var = name.split(".", 1)[1]
@@ -59,6 +63,10 @@ class Applier:
                     self.reasons[name] = f"{var} is {os.environ.get(var)!r} in this rank, not {value!r}"
 
     def uninstall(self) -> None:
+        if "dp.as_ddp" in self.values:
+            from ddpdoctor.capture import as_ddp
+
+            as_ddp.uninstall()
         for owner, name, original in reversed(self._patches):
             setattr(owner, name, original)
         self._patches.clear()
@@ -153,6 +161,10 @@ class Applier:
     def to_json(self) -> dict[str, Any]:
         """knob -> {"value": as given, "applied": how many objects it changed, "reason": why none (or None)}."""
         out = {}
+        if "dp.as_ddp" in self.values:
+            from ddpdoctor.capture import as_ddp
+
+            self.applied["dp.as_ddp"] = as_ddp.built
         for name, text in self.settings.items():
             applied = self.applied.get(name, 0)
             reason = None

@@ -38,6 +38,18 @@ def register(subparsers: Any, name: str, help_text: str) -> None:
         help="try every setting the rules of RUN's findings prescribe, one trial each, and print one table",
     )
     p.add_argument(
+        "--as-ddp",
+        action="store_true",
+        help="run a DataParallel RUN as DDP, one process per device (torchrun), no code change, and compare",
+    )
+    p.add_argument(
+        "--nproc-per-node",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --as-ddp: ranks (default: the GPUs DataParallel used, 2 on a CPU)",
+    )
+    p.add_argument(
         "--max-steps",
         type=int,
         default=None,
@@ -63,8 +75,12 @@ def run(args: argparse.Namespace) -> int:
     from ddpdoctor.trial import plan
     from ddpdoctor.trial.render import render
 
-    if bool(args.set) == bool(args.findings):
-        raise UsageError("give --set KNOB=VALUE (one trial) or --findings (the rules' prescriptions), not both")
+    if sum((bool(args.set), args.findings, args.as_ddp)) != 1:
+        raise UsageError(
+            "give one of --set KNOB=VALUE (one trial), --findings (the rules' prescriptions) or --as-ddp"
+        )
+    if args.nproc_per_node is not None and (not args.as_ddp or args.nproc_per_node < 1):
+        raise UsageError("--nproc-per-node goes with --as-ddp and must be at least 1")
     if args.max_steps is not None and args.max_steps < 1:
         raise UsageError("--max-steps must be at least 1")
     if args.timeout is not None and args.timeout <= 0:
@@ -74,7 +90,12 @@ def run(args: argparse.Namespace) -> int:
     rules = resolve_rules(rule_options(args))
     analysis = analyze_run(cmd.run, rules=rules, traces_optional=True)
     findings = list(analysis.diagnosis.findings) if analysis.diagnosis is not None else []
-    if args.findings:
+    trial_cmd = None
+    if args.as_ddp:
+        trial_cmd = plan.as_ddp(cmd, analysis, args.nproc_per_node)
+        prescribed = trial_mod.for_settings(rules, findings, {"dp.as_ddp": "true"})
+        settings_list = [{"dp.as_ddp": "true"}]
+    elif args.findings:
         prescribed = trial_mod.prescriptions(rules, findings, cmd.nproc_per_node)
         settings_list = list({plan.setting_label(p.settings): p.settings for p in prescribed}.values())
         if not settings_list:
@@ -102,6 +123,7 @@ def run(args: argparse.Namespace) -> int:
         prescribed=prescribed,
         run_findings=findings,
         progress=progress,
+        trial_cmd=trial_cmd,
     )
     render(session, sys.stdout, findings_table=args.findings)
     return 0 if session.control.ok else 1

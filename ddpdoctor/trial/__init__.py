@@ -158,8 +158,10 @@ def run_session(
     prescribed: list[Prescribed] | None = None,
     run_findings: list[Any] | None = None,
     progress: Any = None,
+    trial_cmd: RunCommand | None = None,
 ) -> Session:
-    """The control, then every setting; each measured against the control."""
+    """The control, then every setting; each measured against the control. ``trial_cmd``: the command the
+    settings run with when it is not RUN's own (``--as-ddp``: torchrun with one process per device)."""
     say = progress or (lambda _text: None)
     say(f"control: {setting_label({})} ({max_steps} steps, no knob)")
     control = run_trial(cmd, folder, {}, max_steps=max_steps, timeout_s=timeout_s)
@@ -172,7 +174,7 @@ def run_session(
         say(f"trial: {label}")
         if control_snapshot is None:
             break
-        run = run_trial(cmd, folder, settings, max_steps=max_steps, timeout_s=timeout_s)
+        run = run_trial(trial_cmd or cmd, folder, settings, max_steps=max_steps, timeout_s=timeout_s)
         measurement = None
         if run.ok:
             trial_snapshot, _ = measure_mod.read(run.out, rules)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -147,3 +147,18 @@ def new_session_dir(run: Path) -> Path:
 def setting_label(settings: dict[str, str]) -> str:
     """``ddp.bucket_cap_mb=25`` (several joined by ``,``); ``control`` for none. Also the trial's folder name."""
     return ",".join(f"{k}={v}" for k, v in settings.items()) or "control"
+
+
+def as_ddp(cmd: RunCommand, analysis: Any, nproc_per_node: int | None) -> RunCommand:
+    """RUN's command as a DDP job: torchrun, ``nproc_per_node`` ranks (default: the devices DataParallel used, 2
+    on a CPU); ``UsageError`` when RUN is not a one-process DataParallel run."""
+    captures = list(getattr(analysis, "captures", {}).values())
+    dp = [entry for c in captures for entry in c.get("dp") or []]
+    if not dp or len(captures) != 1 or cmd.torchrun or cmd.command is not None:
+        raise UsageError(
+            f"{cmd.run}: not a DataParallel run (--as-ddp converts a one-process job that builds nn.DataParallel)"
+        )
+    if nproc_per_node is None:
+        devices = max((len(entry.get("device_ids") or []) for entry in dp), default=0)
+        nproc_per_node = devices if devices > 1 else 2
+    return replace(cmd, torchrun=("--standalone", "--nproc-per-node", str(nproc_per_node)))

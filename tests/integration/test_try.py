@@ -222,3 +222,66 @@ def test_loader_workers_on_a_data_loading_bound_job_are_reported_as_measured(tmp
     (estimate,) = [e for e in trial["rules"] if e["rule"] == "dataloader-bound"]
     assert estimate["estimated_gain_ms"] > 0
     assert f"verdict: {trial['verdict']}" in result.stdout and "data loading" in result.stdout
+
+
+def _first_linear_batch(run_dir: Path, rank: int) -> int:
+    """The batch dimension of the first aten::linear input in rank ``rank``'s trace (shapes are recorded)."""
+    import gzip
+
+    (trace_file,) = read_json(run_dir / "ranks" / f"rank{rank}.json")["trace_files"]
+    with gzip.open(run_dir / trace_file, "rt") as f:
+        events = json.load(f)["traceEvents"]
+    dims = next(e["args"]["Input Dims"] for e in events if e.get("name") == "aten::linear" and "args" in e)
+    return dims[0][0]
+
+
+DP = [str(SAMPLES / "dp_train.py"), "--steps", "60", "--batch-size", "64", "--width", "256"]
+
+
+@pytest.mark.timeout(400)
+def test_as_ddp_runs_a_dataparallel_run_as_two_ddp_ranks_with_half_the_batch(tmp_path):
+    run = tmp_path / "dp"
+    traced = run_cli("trace", "--out", str(run), "--wait", "1", "--warmup", "1", "--active", "5", *DP, timeout=150)
+    assert traced.returncode == 0, traced.stderr
+    result = run_cli("try", str(run), "--as-ddp", timeout=300)
+    assert result.returncode == 0, result.stderr
+    (session,) = sorted((tmp_path / "dp.trials").iterdir())
+    results = read_json(session / "results.json")
+    control, (trial,) = Path(results["control"]["out"]), results["trials"]
+    assert trial["error"] is None and trial["knobs"]["dp.as_ddp"]["applied"] == 2  # one DDP per rank
+    manifest = read_json(Path(trial["out"]) / "manifest.json")
+    assert manifest["world_size"] == 2 and manifest["launch"] == "torchrun"
+    for r in (0, 1):
+        capture = read_json(Path(trial["out"]) / "ranks" / f"rank{r}.json")
+        assert capture["ddp"][0]["logging_data"]["world_size"] == 2 and capture["backend"] == "gloo"
+        assert _first_linear_batch(Path(trial["out"]), r) == 32  # each rank: half of the global batch of 64
+    assert _first_linear_batch(control, 0) == 64 and read_json(control / "manifest.json")["world_size"] == 1
+    assert trial["verdict"] == _verdict_from(_metric(trial, "step_ms.median")["ratio_interval"])
+    assert "Different set-ups: A is DataParallel (one process)" in result.stdout
+
+
+@pytest.mark.timeout(300)
+def test_as_ddp_gives_dataparallels_numbers(tmp_path):
+    """The same script, bare (DataParallel) and as 2 DDP ranks: the same final loss (the same gradients)."""
+    import subprocess
+    import sys
+
+    bare = subprocess.run([sys.executable, *DP[:1], "--steps", "10", *DP[3:]], capture_output=True, text=True, timeout=120)
+    assert bare.returncode == 0, bare.stderr
+    converted = run_cli(
+        "trace", "--out", str(tmp_path / "run"), "--set", "dp.as_ddp=true", "--standalone", "--nproc-per-node", "2",
+        *DP[:1], "--steps", "10", *DP[3:], timeout=200,
+    )
+    assert converted.returncode == 0, converted.stderr
+    (loss,) = [line for line in bare.stdout.splitlines() if "final loss" in line]
+    assert converted.stdout.count(loss) == 2, (loss, converted.stdout)  # both ranks, the same loss
+
+
+@pytest.mark.timeout(120)
+def test_as_ddp_refuses_a_run_that_is_not_dataparallel(tmp_path):
+    script = write_script(tmp_path / "single.py", "import torch\nprint(torch.ones(1))\n")
+    run = tmp_path / "run"
+    assert run_cli("trace", "--out", str(run), str(script), cwd=tmp_path).returncode == 0
+    result = run_cli("try", str(run), "--as-ddp", cwd=tmp_path)
+    assert result.returncode == 2 and "not a DataParallel run" in result.stderr, result.stderr
+    assert not (tmp_path / "run.trials").exists()
