@@ -151,6 +151,8 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "gpu0_memory": ("gpu0_peak_reserved_bytes", "gpu0_capacity_bytes", "gpu0_headroom_ratio", "gpu0_vs_others_ratio"),
     # per-rank metrics that need every peer in the data: a rank's own collective time mixes transfer and waiting
     "need_all_peers": ("busbw_gbps", "algbw_gbps", "exposed_transfer_ms"),
+    # what needs the collectives to be timed (kernels or gloo ranges), not only called
+    "timed_comm": ("overlap_ratio", "busbw_gbps", "algbw_gbps"),
     "slow_ranks": ("last_arrival_share", "last_arrival_p_value", "slow_rank", "wait_caused_ms"),
     # the GIL probe's view of the job's own Python threads (ddpdoctor.capture.gil)
     "gil_threads": ("active_python_threads", "python_cpu_cores", "gil_contention_spread"),

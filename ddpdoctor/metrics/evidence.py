@@ -54,7 +54,7 @@ def run_evidence(
             f"the trace records {calls:.0f} collective call(s) per step but no communication kernels or ranges that"
             " time them (no device activity for them was recorded)"
         )
-        for name in ("overlap_ratio", "busbw_gbps", "algbw_gbps"):
+        for name in catalog.group("timed_comm"):
             if all(r.get(name) is None for r in ranks):
                 reasons.setdefault(name, untimed)
     return {
