@@ -66,6 +66,8 @@ def test_ranks_that_never_synchronise_lead_the_report() -> None:
     m = _metrics(parallelism="none")
     for row in m.ranks:
         row["collectives_per_step"] = 0.0
+        row["ddp_bucket_count"] = None  # no DDP model anywhere
+        row["ddp_ranges"] = False
     result = evaluate(load_rules(), m)
     errors = [f.name for f in result.findings if f.severity == "error"]
     assert [f.name for f in result.findings[: len(errors)]] == errors  # errors lead, before costlier warnings
@@ -98,3 +100,13 @@ def test_timings_from_one_step_are_weak_evidence_and_say_so() -> None:
     assert "Weak evidence: only 1 step(s) analysed" in f.message
     (f,) = _one(_metrics(), "dataloader-bound").findings  # 20 steps
     assert "Weak evidence" not in f.message
+
+
+def test_a_ddp_model_inside_no_sync_is_not_called_unsynchronised() -> None:
+    # gradient accumulation longer than the profiled window: no collective in it, but DDP is there
+    m = _metrics(parallelism="none")
+    for row in m.ranks:
+        row["collectives_per_step"] = 0.0
+        row["ddp_ranges"] = True
+    result = _one(m, "ranks-never-synchronize")
+    assert result.findings == () and result.passed == ("ranks-never-synchronize",)
