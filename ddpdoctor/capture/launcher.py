@@ -6,6 +6,7 @@ Ranks print nothing of their own; hints are printed once, here.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -129,6 +130,37 @@ def finish_run(
     )
     manifest_mod.write(out, man)
     return man
+
+
+_WRITE_ERROR = re.compile(r"\[Errno (?:28|30|122)\] ([^:'\"]+)")  # ENOSPC, EROFS, EDQUOT
+
+
+PROBE_BYTES = 256 << 10  # a test write when ranks did not finish their files: a small trace's size
+
+
+def rank_write_error(out: Path, man: dict[str, Any]) -> str | None:
+    """The disk error the ranks met writing their files in ``out`` (``No space left on device``...): under
+    torchrun the ranks, not this process, write the traces. From the rank files' capture errors; when a rank
+    did not finish its files at all (its last write failed too), from a test write of ``PROBE_BYTES``."""
+    for rank in manifest_mod.read_rank_files(out).values():
+        for error in rank.get("capture_errors") or []:
+            match = _WRITE_ERROR.search(str(error))
+            if match:
+                return match.group(1).strip()
+    reasons = [str(r.get("reason")) for r in man.get("ranks") or []]
+    if not any("died without finishing" in why or why.startswith("no data") for why in reasons):
+        return None
+    probe = out / f".ddpdoctor-space-probe-{os.getpid()}"
+    try:
+        with open(probe, "wb") as f:
+            f.write(bytes(PROBE_BYTES))
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    finally:
+        probe.unlink(missing_ok=True)
+    return None
 
 
 def finish_rank(out: Path, *, command: list[str], config: CaptureConfig) -> dict[str, Any]:

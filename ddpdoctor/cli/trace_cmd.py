@@ -376,7 +376,7 @@ def main(argv: list[str]) -> int:
     def finish(code: int) -> None:
         """Write the node record and manifest, and tell the user; also from ``os._exit`` in a one-process run."""
         try:
-            _finish_out(code)
+            man = _finish_out(code)
         except OSError as exc:  # a full or read-only disk: say so, and still end with the script's own exit status
             print(
                 f"ddpdoctor: error: cannot write the run directory {out}: {exc.strerror or exc} "
@@ -386,13 +386,20 @@ def main(argv: list[str]) -> int:
             )
         else:
             say.summary(out, rank=who.rank if launch == "scheduler" else None)
+            disk = launcher.rank_write_error(out, man) if launch != "direct" else None  # direct: raised above
+            if disk is not None:  # the ranks met it writing their traces: the same line as in one-process mode
+                print(
+                    f"ddpdoctor: error: cannot write the run directory {out}: {disk} (the job exited with code {code})",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
-    def _finish_out(code: int) -> None:
+    def _finish_out(code: int) -> dict[str, Any]:
         if launch == "scheduler":
-            launcher.finish_rank(out, command=full_command, config=config)
+            return launcher.finish_rank(out, command=full_command, config=config)
         else:
             mode = {"direct": "single"}.get(launch, launch)
-            launcher.finish_run(
+            return launcher.finish_run(
                 out,
                 mode=mode,
                 command=full_command,
