@@ -83,3 +83,16 @@ def test_bad_max_steps_and_knobs_are_one_line_exit_2(tmp_path, args, message):
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0 and message in result.stderr, result.stderr
     assert "ran" not in result.stdout and not (tmp_path / "run").exists()
+
+
+@pytest.mark.timeout(180)
+def test_ranks_started_by_mp_spawn_stop_at_the_same_step(tmp_path):
+    out = tmp_path / "run"
+    result = run_cli(
+        "trace", "--out", str(out), *FAST, "--max-steps", "7", str(SAMPLES / "ddp_spawn.py"), "--nprocs", "2",
+        timeout=160,
+    )
+    assert result.returncode == 0, result.stderr
+    manifest = read_json(out / "manifest.json")
+    assert manifest["launch"] == "spawn" and manifest["stopped_by"] == "ddpdoctor --max-steps 7"
+    assert [(r["rank"], r["status"], r["steps"]) for r in manifest["ranks"]] == [(0, "ok", 7), (1, "ok", 7)]
