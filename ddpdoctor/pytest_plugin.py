@@ -61,7 +61,7 @@ class GateHelper:
         """Gate ``run`` against ``baseline``; ``pytest.fail`` with the report on a regression. Returns the
         ``GateResult`` (or None when the baseline was written)."""
         from ddpdoctor.compare import gate, load_config
-        from ddpdoctor.compare.snapshot import dumps
+        from ddpdoctor.compare.baseline_file import dumps
         from ddpdoctor.report import gate_text
         from ddpdoctor.rundir import atomic_write_bytes
 

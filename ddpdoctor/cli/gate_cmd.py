@@ -118,7 +118,8 @@ def register(subparsers: Any, name: str, help_text: str) -> None:
 
 def run_baseline(args: argparse.Namespace) -> int:
     from ddpdoctor.compare import read_input
-    from ddpdoctor.compare.snapshot import combine, dumps
+    from ddpdoctor.compare.baseline_file import dumps
+    from ddpdoctor.compare.snapshot import combine
     from ddpdoctor.errors import UsageError
 
     rules = resolve_rules(rule_options(args))

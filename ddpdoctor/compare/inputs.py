@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ddpdoctor.compare import snapshot as snap
+from ddpdoctor.compare.baseline_file import from_json
 from ddpdoctor.errors import UsageError
 from ddpdoctor.pipeline import RuleOptions, analyze_run
 
@@ -42,7 +43,7 @@ def read_baseline(path: Path) -> snap.Snapshot:
     if not isinstance(data, dict):
         raise UsageError(f"{path}: not a ddpdoctor baseline (a JSON object is expected)")
     try:
-        return snap.from_json(data, str(path))
+        return from_json(data, str(path))
     except ValueError as exc:
         raise UsageError(f"{path}: {exc}") from None
 

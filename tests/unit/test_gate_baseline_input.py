@@ -8,7 +8,7 @@ import json
 import pytest
 
 from ddpdoctor.cli import main
-from ddpdoctor.compare.snapshot import from_json
+from ddpdoctor.compare.baseline_file import from_json
 
 GOOD = {
     "schema_version": 1,

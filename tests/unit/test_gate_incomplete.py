@@ -10,9 +10,10 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
+from ddpdoctor.compare.baseline_file import dumps, from_json
 from ddpdoctor.compare.gate import gate
+from ddpdoctor.compare.snapshot import build
 from ddpdoctor.compare.thresholds import load_config
-from ddpdoctor.compare.snapshot import build, dumps, from_json
 from ddpdoctor.report import Document, OutputFormat, github, junit, renderer
 
 

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from ddpdoctor.compare import gate, load_config
-from ddpdoctor.compare.snapshot import Snapshot, dumps, from_json
+from ddpdoctor.compare.baseline_file import dumps, from_json
+from ddpdoctor.compare.snapshot import Snapshot
 from ddpdoctor.report import RENDERERS, Document, OutputFormat, github, junit, renderer
 
 ENV = {

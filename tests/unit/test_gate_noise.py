@@ -10,9 +10,10 @@ import json
 import numpy as np
 import pytest
 
+from ddpdoctor.compare.baseline_file import dumps, from_json
 from ddpdoctor.compare.gate import gate
+from ddpdoctor.compare.snapshot import Snapshot, combine
 from ddpdoctor.compare.thresholds import load_config
-from ddpdoctor.compare.snapshot import Snapshot, combine, dumps, from_json
 
 ENV = {"mode": "ddp", "world_size": 2, "backend": "gloo", "devices": ["cpu"], "torch_version": "2.13.0"}
 
