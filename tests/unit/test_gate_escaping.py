@@ -16,8 +16,8 @@ from markdown_it import MarkdownIt
 
 from ddpdoctor import escape
 from ddpdoctor.compare.gate import gate
-from ddpdoctor.compare.thresholds import load_config
 from ddpdoctor.compare.snapshot import Snapshot
+from ddpdoctor.compare.thresholds import load_config
 from ddpdoctor.report import Document, OutputFormat, github, junit, renderer
 
 INJECT = "x\n::error title=pwned::injected\r::add-mask::secret"
