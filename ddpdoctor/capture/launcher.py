@@ -28,7 +28,7 @@ def run_torchrun(torchrun_args: list[str], target_argv: list[str]) -> int:
     cmd = [
         sys.executable,
         "-m",
-        "torch.distributed.run",
+        "ddpdoctor.capture.torchrun_main",  # torch.distributed.run, ending quietly by a signal
         *torchrun_args,
         "-m",
         "ddpdoctor.capture.rank_main",

@@ -20,7 +20,7 @@ def main(argv: list[str]) -> int:
         target = runner.Target("module", argv[1], tuple(argv[2:]))
     else:
         target = runner.Target("script", argv[0], tuple(argv[1:]))
-    code = runner.run(target, config)
+    code = runner.run(target, config, quiet_interrupt=True)  # the launcher reports how each rank ended
     if code < 0:
         runner.die_by_signal(-code)
     return code

@@ -130,8 +130,29 @@ def _settle_background_threads() -> None:
     time.sleep(0.2)
 
 
+_late_signals: list[int] = []  # SIGTERMs after the first stop signal: recorded, never raised again
+
+
+def _record_late(signum: int, frame: object) -> None:
+    _late_signals.append(signum)
+
+
+def _stopping() -> None:
+    """The first stop signal was seen: later SIGTERMs (torchrun sends them while the rank ends) and Ctrl-Cs are
+    only recorded, so that the rank writes its files instead of dying halfway with a traceback."""
+    signal.signal(signal.SIGTERM, _record_late)
+    if signal.getsignal(signal.SIGINT) is _on_sigint:
+        signal.signal(signal.SIGINT, _record_late)
+
+
 def _on_sigterm(signum: int, frame: object) -> None:
+    _stopping()
     raise _Terminated(signum)
+
+
+def _on_sigint(signum: int, frame: object) -> None:
+    _stopping()
+    raise KeyboardInterrupt
 
 
 def _record_os_exit(session: Session, on_os_exit: Callable[[int], None] | None) -> Callable[[int], NoReturn]:
@@ -163,17 +184,23 @@ def run(
     *,
     claimed: bool = True,
     on_os_exit: Callable[[int], None] | None = None,
+    quiet_interrupt: bool = False,
 ) -> int:
     """Run the target under a capture session; return the exit code a bare run would have.
 
     ``claimed=False``: the process may turn out to be only the launcher of the ranks (see :class:`Session`).
     ``on_os_exit``: called with ``n`` when the script ends the process with ``os._exit(n)``, after the session
-    recorded it (the launcher writes its manifest there). For a signal, the caller must re-raise it with
+    recorded it (the launcher writes its manifest there). ``quiet_interrupt``: no KeyboardInterrupt traceback (a
+    rank under torchrun: the launcher says how each rank ended). For a signal, the caller must re-raise it with
     :func:`die_by_signal` after cleaning up.
     """
     session = Session(config, claimed=claimed)
     real_os_exit = _record_os_exit(session, on_os_exit)
+    _late_signals.clear()
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    previous_int = signal.getsignal(signal.SIGINT)
+    if previous_int is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _on_sigint)
     watch = _watch_signals(session)
     _prepare_sys(target)
     status, code, error, signum = "ok", 0, None, None
@@ -189,7 +216,7 @@ def run(
         status = "ok" if code == 0 else "failed"
     except KeyboardInterrupt as exc:
         status, signum, error = "interrupted", signal.SIGINT, "KeyboardInterrupt"
-        exc_info = (type(exc), exc, exc.__traceback__)
+        exc_info = None if quiet_interrupt else (type(exc), exc, exc.__traceback__)
     except _Terminated as exc:
         if session.status == "hung":  # our own watchdog ended it: keep its diagnosis
             status, signum, error = "hung", exc.signum, session.error
@@ -200,6 +227,7 @@ def run(
         exc_info = (type(exc), exc, exc.__traceback__)
     finally:
         os._exit = real_os_exit
+        _stopping()  # a signal now: finish the files first, then end by it
         _settle_background_threads()
         try:
             session.finish(status, 128 + signum if signum else code, error)
@@ -209,6 +237,10 @@ def run(
                 for fd in watch:
                     os.close(fd)
             signal.signal(signal.SIGTERM, previous)
+            if signal.getsignal(signal.SIGINT) in (_on_sigint, _record_late):
+                signal.signal(signal.SIGINT, previous_int)
+    if _late_signals and signum is None:
+        signum = _late_signals[0]
     if exc_info is not None:
         etype, value, tb = exc_info
         sys.stderr.flush()
