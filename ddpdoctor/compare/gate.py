@@ -128,13 +128,7 @@ def check_metric(
     spec = catalog.spec(t.metric)
     base, cur = baseline.value(t.metric), current.value(t.metric)
     if base is None or cur is None:
-        missing = (
-            "either run"
-            if base is None and cur is None
-            else "the current run"
-            if cur is None
-            else "the baseline"
-        )
+        missing = "either run" if base is None and cur is None else "the current run" if cur is None else "the baseline"
         outcome = WARN if base is not None else OK  # a metric that stopped being measured deserves a look
         return MetricCheck(
             t.metric,
@@ -206,9 +200,7 @@ def _verdict(
     if worse:
         if interval is not None:
             if interval.excludes_zero():
-                return MetricCheck(
-                    t.metric, t, base, cur, change, interval, "regression", FAIL, f"{shown}: regression"
-                )
+                return MetricCheck(t.metric, t, base, cur, change, interval, "regression", FAIL, f"{shown}: regression")
             return MetricCheck(
                 t.metric,
                 t,
@@ -239,9 +231,7 @@ def _verdict(
     return MetricCheck(t.metric, t, base, cur, change, interval, "ok", OK, f"{shown}: ok")
 
 
-def check_rules(
-    baseline: Snapshot, current: Snapshot, fail_on: str | None
-) -> tuple[list[RuleCheck], list[str]]:
+def check_rules(baseline: Snapshot, current: Snapshot, fail_on: str | None) -> tuple[list[RuleCheck], list[str]]:
     if current.findings is None:
         return [], ["rules not checked: the current run has no diagnosis (trace metrics unavailable)"]
     if baseline.findings is None:
@@ -333,6 +323,5 @@ def gate(current: Snapshot, baseline: Snapshot, config: GateConfig) -> GateResul
         tuple(rules),
         tuple(env_diffs(baseline, current)),
         tuple(notes),
-        tuple(f"current run: {r}" for r in current.incomplete)
-        + tuple(f"baseline: {r}" for r in baseline.incomplete),
+        tuple(f"current run: {r}" for r in current.incomplete) + tuple(f"baseline: {r}" for r in baseline.incomplete),
     )

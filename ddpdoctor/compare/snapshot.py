@@ -247,9 +247,7 @@ def _from_metrics(metrics: Any, values: dict[str, float | None], samples: dict[s
     if per_step is None or len(per_step) == 0:
         return
     df = per_step.copy()
-    if (
-        "analyzed" in df.columns
-    ):  # steps the metrics leave out (a window's last step on a GPU) stay out here too
+    if "analyzed" in df.columns:  # steps the metrics leave out (a window's last step on a GPU) stay out here too
         df = df[df["analyzed"].astype(bool)]
     for m in METRICS:
         key = m.samples
@@ -313,10 +311,7 @@ def _capture_devices(captures: Sequence[Mapping[str, Any]]) -> list[dict[str, An
                     "device": d.get("device"),
                     "index": d.get("index"),
                     "name": d.get("name"),
-                    **{
-                        k: _num(d.get(k))
-                        for k in group("device_memory")
-                    },
+                    **{k: _num(d.get(k)) for k in group("device_memory")},
                 }
             )
     return out
@@ -337,10 +332,7 @@ def _metrics_devices(metrics: Any) -> list[dict[str, Any]]:
                 "device": device,
                 "index": index,
                 "name": None,
-                **{
-                    k: _num(row.get(k))
-                    for k in group("device_memory")
-                },
+                **{k: _num(row.get(k)) for k in group("device_memory")},
             }
         )
     return out
@@ -356,9 +348,7 @@ def _memory(devices: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
         reserved[key] = reserved.get(key, 0.0) + float(d["peak_reserved_bytes"])
     gpu0 = max((v for (_, i), v in reserved.items() if i == 0), default=None)
     others = max((v for (_, i), v in reserved.items() if i != 0), default=None)
-    allocated = [
-        float(d["peak_allocated_bytes"]) for d in devices if d.get("peak_allocated_bytes") is not None
-    ]
+    allocated = [float(d["peak_allocated_bytes"]) for d in devices if d.get("peak_allocated_bytes") is not None]
     return {
         "gpu0_peak_reserved_bytes": gpu0,
         "others_max_peak_reserved_bytes": others,

@@ -30,8 +30,13 @@ def _capture(rank: int) -> dict:
         "device": "cpu",
         "torch_version": "2.13.0",
         "schedule": {"wait": 1, "warmup": 1, "active": 3, "repeat": 2},
-        "steps": {"source": "optimizer", "count": 20, "first": 1, "wall_ms": [30.0 + i % 3 for i in range(20)],
-                  "profiled": [[3, 5], [9, 11]]},
+        "steps": {
+            "source": "optimizer",
+            "count": 20,
+            "first": 1,
+            "wall_ms": [30.0 + i % 3 for i in range(20)],
+            "profiled": [[3, 5], [9, 11]],
+        },
         "memory": {"devices": []},
         "gil": {"per_step": {"step": [3, 4, 5], "contention": [0.1, 0.2, 0.1]}},
     }
