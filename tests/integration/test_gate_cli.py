@@ -128,7 +128,7 @@ def test_baseline_file_is_small_and_reviewable(runs):
     assert len(doc["samples"]["step_ms"]) == 21
     assert 25 < doc["metrics"]["step_ms.median"] < 100
     assert doc["metrics"]["exposed_comm_ms"] is not None and doc["metrics"]["overlap_ratio"] is not None
-    assert doc["findings"] is not None and "rank-straggler" in doc["rules_evaluated"]
+    assert doc["findings"] is not None and "poor-comm-compute-overlap" in doc["rules_evaluated"]
     assert len(text) < 8000 and len(text.splitlines()) < 120
 
 
@@ -155,7 +155,7 @@ def test_slowdown_gates_red_naming_the_metric(runs, tmp_path):
     failure = cases["step_ms.median"].find("failure")
     assert failure is not None and "regression" in failure.get("message")
     assert int(root.get("failures")) >= 1 and int(root.get("tests")) == len(cases)
-    assert "rank-straggler" in cases and "environment" in cases
+    assert "poor-comm-compute-overlap" in cases and "environment" in cases
     assert not list(junit.parent.glob(".*.tmp"))  # written atomically: no temporary file left
 
 
