@@ -31,6 +31,7 @@ def install() -> None:
     import torch.distributed as dist
     import torch.nn as nn
     import torch.nn.parallel as parallel
+
     data_parallel = importlib.import_module("torch.nn.parallel.data_parallel")  # the module, not the function
 
     if not dist.is_initialized():

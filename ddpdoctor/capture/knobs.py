@@ -130,9 +130,7 @@ class Applier:
     def _wrap_loader_init(self, original: Any) -> Any:
         signature = _signature(original)
         applier = self
-        overrides = {
-            name.split(".", 1)[1]: value for name, value in self.values.items() if name.startswith("loader.")
-        }
+        overrides = {name.split(".", 1)[1]: value for name, value in self.values.items() if name.startswith("loader.")}
 
         def __init__(loader: Any, *args: Any, **kwargs: Any) -> None:
             if signature is None:

@@ -76,9 +76,7 @@ def run(args: argparse.Namespace) -> int:
     from ddpdoctor.trial.render import render
 
     if sum((bool(args.set), args.findings, args.as_ddp)) != 1:
-        raise UsageError(
-            "give one of --set KNOB=VALUE (one trial), --findings (the rules' prescriptions) or --as-ddp"
-        )
+        raise UsageError("give one of --set KNOB=VALUE (one trial), --findings (the rules' prescriptions) or --as-ddp")
     if args.nproc_per_node is not None and (not args.as_ddp or args.nproc_per_node < 1):
         raise UsageError("--nproc-per-node goes with --as-ddp and must be at least 1")
     if args.max_steps is not None and args.max_steps < 1:

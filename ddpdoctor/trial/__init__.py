@@ -53,8 +53,9 @@ class Session:
     cmd: RunCommand
     folder: Path
     max_steps: int
-    control: TrialRun
+    control: TrialRun  # before the trials
     outcomes: list[Outcome] = field(default_factory=list)
+    control_after: TrialRun | None = None  # the same control, after the trials
     run_findings: list[Any] = field(default_factory=list)  # RUN's findings (ddpdoctor.diagnosis.Finding)
 
     def best(self) -> list[tuple[str, Outcome]]:
@@ -62,9 +63,7 @@ class Session:
         out = []
         for rule in dict.fromkeys(p.rule for o in self.outcomes for p in o.prescribed):
             helping = [
-                o
-                for o in self.outcomes
-                if o.verdict == measure_mod.HELPS and any(p.rule == rule for p in o.prescribed)
+                o for o in self.outcomes if o.verdict == measure_mod.HELPS and any(p.rule == rule for p in o.prescribed)
             ]
             if helping:
                 out.append((rule, max(helping, key=lambda o: o.measurement.gain_ms or 0.0)))  # type: ignore[union-attr]
@@ -97,6 +96,7 @@ class Session:
             "cwd": str(self.cmd.cwd),
             "max_steps": self.max_steps,
             "control": run_json(self.control),
+            "control_after": run_json(self.control_after) if self.control_after else None,
             "trials": trials,
             "best": [{"rule": r, "settings": o.run.settings, "code": o.code_lines()} for r, o in self.best()],
         }
@@ -163,25 +163,27 @@ def run_session(
     """The control, then every setting; each measured against the control. ``trial_cmd``: the command the
     settings run with when it is not RUN's own (``--as-ddp``: torchrun with one process per device)."""
     say = progress or (lambda _text: None)
-    say(f"control: {setting_label({})} ({max_steps} steps, no knob)")
+    say(f"control, before the trials ({max_steps} steps, no knob)")
     control = run_trial(cmd, folder, {}, max_steps=max_steps, timeout_s=timeout_s)
     session = Session(cmd, folder, max_steps, control, run_findings=list(run_findings or []))
-    control_snapshot = None
-    if control.ok:
-        control_snapshot, _ = measure_mod.read(control.out, rules)
-    for settings in settings_list:
-        label = setting_label(settings)
-        say(f"trial: {label}")
-        if control_snapshot is None:
-            break
-        run = run_trial(trial_cmd or cmd, folder, settings, max_steps=max_steps, timeout_s=timeout_s)
-        measurement = None
-        if run.ok:
-            trial_snapshot, _ = measure_mod.read(run.out, rules)
-            measurement = measure_mod.measure(control_snapshot, trial_snapshot)
-        tried_for = [p for p in prescribed or [] if p.settings == settings]
-        session.outcomes.append(Outcome(run, measurement, tried_for))
+    if not control.ok:
         write_results(session)
+        return session
+    runs = []
+    for settings in settings_list:
+        say(f"trial: {setting_label(settings)}")
+        runs.append(run_trial(trial_cmd or cmd, folder, settings, max_steps=max_steps, timeout_s=timeout_s))
+        session.outcomes.append(Outcome(runs[-1], None, [p for p in prescribed or [] if p.settings == settings]))
+        write_results(session)
+    # A second control after the trials: load that changed meanwhile shows as a drift between the two.
+    say("control, after the trials")
+    session.control_after = run_trial(cmd, folder, {}, max_steps=max_steps, timeout_s=timeout_s, label="control-after")
+    controls = [measure_mod.read(control.out, rules)[0]]
+    if session.control_after.ok:
+        controls.append(measure_mod.read(session.control_after.out, rules)[0])
+    for outcome in session.outcomes:
+        if outcome.run.ok:
+            outcome.measurement = measure_mod.measure(controls, measure_mod.read(outcome.run.out, rules)[0])
     write_results(session)
     return session
 

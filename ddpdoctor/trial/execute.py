@@ -35,10 +35,17 @@ class TrialRun:
 
 
 def run_trial(
-    cmd: RunCommand, session: Path, settings: dict[str, str], *, max_steps: int, timeout_s: float
+    cmd: RunCommand,
+    session: Path,
+    settings: dict[str, str],
+    *,
+    max_steps: int,
+    timeout_s: float,
+    label: str | None = None,
 ) -> TrialRun:
-    """Run RUN's command into ``session/<label>/`` with ``settings``; never raises for the job's own failure."""
-    label = setting_label(settings)
+    """Run RUN's command into ``session/<label>/`` (label: the settings') with ``settings``; never raises for the
+    job's own failure."""
+    label = label or setting_label(settings)
     out = session / label
     log = session / f"{label}.log"
     argv = cmd.argv(out, max_steps=max_steps, settings=settings)
@@ -92,7 +99,7 @@ def _failure(trial: TrialRun, timed_out: bool, timeout_s: float) -> str | None:
             reason = _last_error_line(trial.log) or reason
         where = f"rank {failed[0]['rank']}: " if failed else ""
         return f"the job failed (exit code {trial.exit_code}): {where}{reason or 'see ' + str(trial.log)}"
-    for name, value in trial.settings.items():
+    for name in trial.settings:
         entry = trial.knobs.get(name) or {}
         if not entry.get("applied"):
             return f"{name} does not apply to this job: {entry.get('reason') or 'it changed nothing'}"

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ddpdoctor.compare import Comparison, compare, stats
+from ddpdoctor.compare import Comparison, compare, stats, units
 from ddpdoctor.compare import snapshot as snap
 from ddpdoctor.compare.catalog import METRICS
 
@@ -62,6 +62,9 @@ class Measurement:
     appeared: tuple[str, ...]  # findings B has and A has not
     went_away: tuple[str, ...]
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # B/A interval of the median step against each control run on its own (before, after), and their medians
+    step_vs_each_control: tuple[tuple[float, float] | None, ...] = ()
+    control_step_ms: tuple[float | None, ...] = ()
 
     def change(self, name: str) -> Change | None:
         return next((c for c in self.changes if c.name == name), None)
@@ -72,6 +75,8 @@ class Measurement:
             "measured_gain_ms": self.gain_ms,
             "measured_gain_interval_ms": list(self.gain_interval_ms) if self.gain_interval_ms else None,
             "metrics": [c.to_json() for c in self.changes],
+            "step_ratio_interval_vs_each_control": [list(i) if i else None for i in self.step_vs_each_control],
+            "control_step_ms_median": list(self.control_step_ms),
             "findings_appeared": list(self.appeared),
             "findings_went_away": list(self.went_away),
             "notes": list(self.notes),
@@ -88,8 +93,18 @@ def read(run_dir: Path, rules: Any) -> tuple[snap.Snapshot, Any]:
     return snap.build(str(run_dir), captures, analysis.metrics, analysis.diagnosis, notes), analysis
 
 
-def measure(control: snap.Snapshot, trial: snap.Snapshot) -> Measurement:
-    """B (``trial``) against A (``control``)."""
+def _step_interval(control: snap.Snapshot, trial: snap.Snapshot) -> stats.Interval | None:
+    a, b = control.samples.get("step_ms"), trial.samples.get("step_ms")
+    return None if not a or not b else stats.change_interval(a, b, "median", relative=True)
+
+
+def measure(controls: list[snap.Snapshot], trial: snap.Snapshot) -> Measurement:
+    """B (``trial``) against A: the control runs made before and after the trials, pooled (``snapshot.combine``).
+
+    The verdict needs the median step's change to exclude no change against the pooled controls *and* against
+    each control run on its own: load that changed between the runs (a busy machine) moves the two controls
+    apart, and then a change no bigger than that drift is "no measurable effect", never a gain."""
+    control = snap.combine(controls)
     comparison: Comparison = compare(control, trial)
     changes = []
     for spec in METRICS:  # what compare shows, in its order
@@ -106,14 +121,24 @@ def measure(control: snap.Snapshot, trial: snap.Snapshot) -> Measurement:
             )
         changes.append(Change(name, spec.label, a, b, interval, relative))
     step = next((c for c in changes if c.name == "step_ms.median"), None)
+    each = [_step_interval(c, trial) for c in controls]
     verdict, gain, gain_interval = NO_EFFECT, None, None
     notes = []
     if step is not None and step.a is not None and step.b is not None:
         gain = step.a - step.b
-        if step.interval is not None:
+        if step.interval is not None and all(i is not None for i in each):
             gain_interval = (-step.interval.high * step.a, -step.interval.low * step.a)
-            if step.interval.excludes_zero():
-                verdict = HELPS if step.interval.high < 0 else HURTS
+            intervals = [step.interval, *each]
+            if all(i.high < 0 for i in intervals):  # type: ignore[union-attr]
+                verdict = HELPS
+            elif all(i.low > 0 for i in intervals):  # type: ignore[union-attr]
+                verdict = HURTS
+            elif step.interval.excludes_zero():
+                medians = ", ".join(units.value("step_ms.median", c.value("step_ms.median")) for c in controls)
+                notes.append(
+                    f"the change is within the drift between the control runs (median step {medians}): the "
+                    "machine's load changed between the runs, so no verdict"
+                )
         else:
             notes.append(f"too few steps for an interval (at least {stats.MIN_SAMPLES} per run): no verdict")
     else:
@@ -127,4 +152,6 @@ def measure(control: snap.Snapshot, trial: snap.Snapshot) -> Measurement:
         appeared=tuple(f["name"] for f in comparison.only_b),
         went_away=tuple(f["name"] for f in comparison.only_a),
         notes=tuple(notes),
+        step_vs_each_control=tuple(None if i is None else (1 + i.low, 1 + i.high) for i in each),
+        control_step_ms=tuple(c.value("step_ms.median") for c in controls),
     )

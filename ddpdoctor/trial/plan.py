@@ -69,7 +69,9 @@ def read_run(path: str) -> RunCommand:
     if not manifest:
         raise UsageError(f"{path}: {notes[0] if notes else 'no manifest.json'}: cannot tell which command to run")
     command = manifest.get("command")
-    if not (isinstance(command, list) and command[:2] == ["ddpdoctor", "trace"] and all(isinstance(a, str) for a in command)):
+    if not (
+        isinstance(command, list) and command[:2] == ["ddpdoctor", "trace"] and all(isinstance(a, str) for a in command)
+    ):
         raise UsageError(f"{path}: its manifest holds no `ddpdoctor trace` command to run again")
     if manifest.get("launch") == "scheduler" or manifest.get("mode") == "scheduler":
         raise UsageError(
@@ -81,7 +83,7 @@ def read_run(path: str) -> RunCommand:
     own, tr, target, after = split_argv(command[2:])
     kept: list[str] = []
     skip = False
-    for i, tok in enumerate(own):
+    for tok in own:
         if skip:
             skip = False
             continue
@@ -114,9 +116,7 @@ def read_run(path: str) -> RunCommand:
 def resolve(settings: dict[str, str], nproc_per_node: int) -> dict[str, str]:
     """``cpus_per_rank`` replaced by the number (a trial's settings are numbers in its results)."""
     cpus = knobs.cpus_per_rank(nproc_per_node)
-    return {
-        name: str(cpus) if value == knobs.CPUS_PER_RANK else value for name, value in settings.items()
-    }
+    return {name: str(cpus) if value == knobs.CPUS_PER_RANK else value for name, value in settings.items()}
 
 
 def trials_dir(run: Path) -> Path:

@@ -44,18 +44,24 @@ def _short(text: str | None, width: int = 300) -> str:
 def _table(rows: list[list[str]], stream: TextIO, indent: str = "  ") -> None:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
-        cells = [r[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(r[1:], widths[1:])]
+        cells = [r[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(r[1:], widths[1:], strict=True)]
         stream.write(indent + "  ".join(cells).rstrip() + "\n")
 
 
 def render(session: Session, stream: TextIO, *, findings_table: bool = False) -> None:
     w = stream.write
     w(f"ddpdoctor try {session.cmd.run}\n")
-    w(f"A: control: the same command, {session.max_steps} steps, no knob ({session.control.out})\n")
+    w(
+        f"A: control: the same command, {session.max_steps} steps, no knob, run before and after the trials "
+        f"({session.control.out}, -after)\n"
+    )
     if not session.control.ok:
         w(f"\nThe control run failed, so nothing can be measured: {_short(session.control.error)}\n")
         w(f"Its output: {session.control.log}\n")
         return
+    after = session.control_after
+    if after is not None and not after.ok:
+        w(f"note: the control run after the trials failed ({_short(after.error, 120)}): A is the first one alone\n")
     for o in session.outcomes:
         w("\n")
         _outcome(o, stream)
@@ -80,6 +86,12 @@ def _outcome(o: Outcome, stream: TextIO) -> None:
         if step.interval is not None:
             head += f" ({step.interval.confidence * 100:.0f}% interval)"
     w(head + "\n")
+    if len(me.control_step_ms) > 1:
+        each = "; ".join(
+            f"{when} {units.value('step_ms.median', ms)}" + ("" if i is None else f" (B/A [{i[0]:.2f}, {i[1]:.2f}])")
+            for when, ms, i in zip(("before", "after"), me.control_step_ms, me.step_vs_each_control, strict=False)
+        )
+        w(f"  control runs, median step: {each}\n")
     rows = [["metric", "A", "B", "B/A (B-A for ratios) [95% interval]"]]
     for c in me.changes:
         rows.append([c.label, units.value(c.name, c.a), units.value(c.name, c.b), _change(c)])
@@ -92,7 +104,10 @@ def _outcome(o: Outcome, stream: TextIO) -> None:
         w("  findings: the same in A and B\n")
     for p in o.prescribed:
         est = "no estimate" if p.estimated_gain_ms is None else f"estimated {p.estimated_gain_ms:.1f} ms"
-        w(f"  {p.rule}: {est}, measured {_gain(o)} per step\n")
+        ratio = ""
+        if p.estimated_gain_ms and me.gain_ms is not None:
+            ratio = f" (measured / estimated: {me.gain_ms / p.estimated_gain_ms:.2f})"
+        w(f"  {p.rule}: {est}, measured {_gain(o)} per step{ratio}\n")
     for note in me.notes:
         w(f"  note: {_short(note, 240)}\n")
     if me.verdict == m.HELPS:

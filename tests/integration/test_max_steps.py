@@ -17,8 +17,22 @@ FAST = ["--wait", "1", "--warmup", "1", "--active", "3"]
 def test_torchrun_ranks_stop_at_the_same_step(tmp_path):
     out = tmp_path / "run"
     result = run_cli(
-        "trace", "--out", str(out), *FAST, "--max-steps", "6", "--standalone", "--nproc-per-node", "2",
-        str(SAMPLES / "ddp_train.py"), "--steps", "40", "--batch-size", "32", "--width", "128",
+        "trace",
+        "--out",
+        str(out),
+        *FAST,
+        "--max-steps",
+        "6",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(SAMPLES / "ddp_train.py"),
+        "--steps",
+        "40",
+        "--batch-size",
+        "32",
+        "--width",
+        "128",
         timeout=200,
     )
     assert result.returncode == 0, result.stderr
@@ -89,7 +103,15 @@ def test_bad_max_steps_and_knobs_are_one_line_exit_2(tmp_path, args, message):
 def test_ranks_started_by_mp_spawn_stop_at_the_same_step(tmp_path):
     out = tmp_path / "run"
     result = run_cli(
-        "trace", "--out", str(out), *FAST, "--max-steps", "7", str(SAMPLES / "ddp_spawn.py"), "--nprocs", "2",
+        "trace",
+        "--out",
+        str(out),
+        *FAST,
+        "--max-steps",
+        "7",
+        str(SAMPLES / "ddp_spawn.py"),
+        "--nprocs",
+        "2",
         timeout=160,
     )
     assert result.returncode == 0, result.stderr

@@ -14,8 +14,26 @@ pytestmark = [pytest.mark.integration]
 
 # One huge bucket: DDP can all-reduce only after backward has finished (samples/ddp_train.py, an ~8 MB model).
 HUGE_BUCKET = [
-    "--wait", "2", "--warmup", "1", "--active", "5", "--max-steps", "16", "--standalone", "--nproc-per-node", "2",
-    str(SAMPLES / "ddp_train.py"), "--steps", "200", "--batch-size", "64", "--width", "512", "--bucket-cap-mb", "500",
+    "--wait",
+    "2",
+    "--warmup",
+    "1",
+    "--active",
+    "5",
+    "--max-steps",
+    "16",
+    "--standalone",
+    "--nproc-per-node",
+    "2",
+    str(SAMPLES / "ddp_train.py"),
+    "--steps",
+    "200",
+    "--batch-size",
+    "64",
+    "--width",
+    "512",
+    "--bucket-cap-mb",
+    "500",
 ]
 
 
@@ -32,11 +50,20 @@ def _findings(run: Path) -> set[str]:
     return {f["name"] for f in json.loads(result.stdout)["findings"]}
 
 
-def _verdict_from(interval: list[float] | None) -> str:
-    """What the interval of the median step's B/A says."""
-    if interval is None or interval[0] <= 1 <= interval[1]:
+def _verdict(trial: dict) -> str:
+    """What the intervals of the median step's B/A say: against the pooled controls and against each control run
+    (before and after the trials) on its own, all on the same side of no change."""
+    measurement = trial["measurement"]
+    step = next(m for m in measurement["metrics"] if m["metric"] == "step_ms.median")
+    intervals = [step["ratio_interval"], *measurement["step_ratio_interval_vs_each_control"]]
+    assert len(intervals) == 3  # pooled, before, after
+    if any(i is None for i in intervals):
         return "no measurable effect"
-    return "helps" if interval[1] < 1 else "hurts"
+    if all(i[1] < 1 for i in intervals):
+        return "helps"
+    if all(i[0] > 1 for i in intervals):
+        return "hurts"
+    return "no measurable effect"
 
 
 def _metric(trial: dict, name: str) -> dict:
@@ -68,14 +95,16 @@ def test_set_bucket_cap_measures_the_change_truthfully(huge_bucket_run):
         assert capture["ddp"][0]["logging_data"]["num_buckets_reduced"] > 1
         assert capture["steps"]["count"] == 16 and capture["stopped_by"] == "ddpdoctor --max-steps 16"
     step = _metric(trial, "step_ms.median")
-    assert trial["verdict"] == _verdict_from(step["ratio_interval"])
+    assert trial["verdict"] == _verdict(trial)
     assert trial["measurement"]["measured_gain_ms"] == pytest.approx(step["a"] - step["b"])
     # several buckets let all-reduce run beside backward: more overlap, and the interval excludes no change
     overlap = _metric(trial, "overlap_ratio")
     assert overlap["difference_interval"][0] > 0, overlap
     # the rule's estimate is set against the measurement
     (estimate,) = [e for e in trial["rules"] if e["rule"] == "poor-comm-compute-overlap"]
-    assert estimate["estimated_gain_ms"] > 0 and estimate["measured_gain_ms"] == trial["measurement"]["measured_gain_ms"]
+    assert (
+        estimate["estimated_gain_ms"] > 0 and estimate["measured_gain_ms"] == trial["measurement"]["measured_gain_ms"]
+    )
     out = result.stdout
     assert f"verdict: {trial['verdict']}" in out and "exposed communication" in out and "comm/compute overlap" in out
     assert "poor-comm-compute-overlap: estimated" in out
@@ -86,7 +115,13 @@ def test_set_bucket_cap_measures_the_change_truthfully(huge_bucket_run):
 @pytest.mark.timeout(900)
 def test_findings_tries_the_rules_prescriptions(huge_bucket_run):
     result = run_cli(
-        "try", str(huge_bucket_run), "--findings", "--select", "poor-comm-compute-overlap", "--max-steps", "16",
+        "try",
+        str(huge_bucket_run),
+        "--findings",
+        "--select",
+        "poor-comm-compute-overlap",
+        "--max-steps",
+        "16",
         timeout=860,
     )
     assert result.returncode == 0, result.stderr
@@ -96,7 +131,7 @@ def test_findings_tries_the_rules_prescriptions(huge_bucket_run):
     assert tried == [{"ddp.bucket_cap_mb": v} for v in ("1", "5", "25")]  # rules/poor-comm-compute-overlap.toml
     table = result.stdout.split("Prescriptions tried", 1)[1]
     for t in results["trials"]:
-        assert t["verdict"] == _verdict_from(_metric(t, "step_ms.median")["ratio_interval"])
+        assert t["verdict"] == _verdict(t)
         label = f"ddp.bucket_cap_mb={t['settings']['ddp.bucket_cap_mb']}"
         line = next(line for line in table.splitlines() if label + " " in line)
         assert line.split()[0] == "poor-comm-compute-overlap" and line.rstrip().endswith(t["verdict"])
@@ -141,8 +176,23 @@ def test_a_knob_that_breaks_the_job_is_reported_failed_with_ddps_error(tmp_path)
     script = write_script(tmp_path / "unused.py", UNUSED)
     run = tmp_path / "run"
     traced = run_cli(
-        "trace", "--out", str(run), "--wait", "1", "--warmup", "1", "--active", "3", "--max-steps", "8",
-        "--standalone", "--nproc-per-node", "2", str(script), cwd=tmp_path, timeout=180,
+        "trace",
+        "--out",
+        str(run),
+        "--wait",
+        "1",
+        "--warmup",
+        "1",
+        "--active",
+        "3",
+        "--max-steps",
+        "8",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(script),
+        cwd=tmp_path,
+        timeout=180,
     )
     assert traced.returncode == 0, traced.stderr
     result = run_cli("try", str(run), "--set", "ddp.find_unused_parameters=false", cwd=tmp_path, timeout=360)
@@ -171,11 +221,16 @@ def test_a_knob_that_does_not_apply_fails_the_trial_with_the_reason(tmp_path):
         """,
     )
     run = tmp_path / "run"
-    traced = run_cli("trace", "--out", str(run), "--wait", "1", "--warmup", "1", "--active", "5", str(script), cwd=tmp_path)
+    traced = run_cli(
+        "trace", "--out", str(run), "--wait", "1", "--warmup", "1", "--active", "5", str(script), cwd=tmp_path
+    )
     assert traced.returncode == 0, traced.stderr
     result = run_cli("try", str(run), "--set", "ddp.bucket_cap_mb=5", cwd=tmp_path, timeout=240)
     assert result.returncode == 0, result.stderr
-    assert "failed: ddp.bucket_cap_mb does not apply to this job: the job builds no DistributedDataParallel" in result.stdout
+    assert (
+        "failed: ddp.bucket_cap_mb does not apply to this job: the job builds no DistributedDataParallel"
+        in result.stdout
+    )
 
 
 @pytest.mark.timeout(120)
@@ -185,7 +240,7 @@ def test_a_knob_that_does_not_apply_fails_the_trial_with_the_reason(tmp_path):
         (["--set", "ddp.bucket_cap_mb=25"], "not a ddpdoctor run directory"),
         (["--set", "nope=1"], "unknown knob 'nope'"),
         (["--set", "loader.num_workers=-1"], "loader.num_workers=-1: must be at least 0"),
-        ([], "give --set KNOB=VALUE (one trial) or --findings"),
+        ([], "give one of --set KNOB=VALUE (one trial), --findings"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(tmp_path, args, message):
@@ -201,8 +256,23 @@ def test_bad_input_is_one_line_exit_2(tmp_path, args, message):
 def test_loader_workers_on_a_data_loading_bound_job_are_reported_as_measured(tmp_path):
     run = tmp_path / "slow"
     traced = run_cli(
-        "trace", "--out", str(run), "--wait", "1", "--warmup", "1", "--active", "5", "--max-steps", "12",
-        "--standalone", "--nproc-per-node", "2", str(SAMPLES / "ddp_slow_dataloader.py"), "--steps", "200",
+        "trace",
+        "--out",
+        str(run),
+        "--wait",
+        "1",
+        "--warmup",
+        "1",
+        "--active",
+        "5",
+        "--max-steps",
+        "12",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(SAMPLES / "ddp_slow_dataloader.py"),
+        "--steps",
+        "200",
         timeout=240,
     )
     assert traced.returncode == 0, traced.stderr
@@ -217,8 +287,7 @@ def test_loader_workers_on_a_data_loading_bound_job_are_reported_as_measured(tmp
         for r in (0, 1):
             loaders = read_json(out / "ranks" / f"rank{r}.json")["setup"]["data_loaders"]
             assert {entry["num_workers"] for entry in loaders} == {workers}
-    step = _metric(trial, "step_ms.median")
-    assert trial["verdict"] == _verdict_from(step["ratio_interval"])  # helps or not, as the interval says
+    assert trial["verdict"] == _verdict(trial)  # helps or not, as the interval says
     (estimate,) = [e for e in trial["rules"] if e["rule"] == "dataloader-bound"]
     assert estimate["estimated_gain_ms"] > 0
     assert f"verdict: {trial['verdict']}" in result.stdout and "data loading" in result.stdout
@@ -256,7 +325,7 @@ def test_as_ddp_runs_a_dataparallel_run_as_two_ddp_ranks_with_half_the_batch(tmp
         assert capture["ddp"][0]["logging_data"]["world_size"] == 2 and capture["backend"] == "gloo"
         assert _first_linear_batch(Path(trial["out"]), r) == 32  # each rank: half of the global batch of 64
     assert _first_linear_batch(control, 0) == 64 and read_json(control / "manifest.json")["world_size"] == 1
-    assert trial["verdict"] == _verdict_from(_metric(trial, "step_ms.median")["ratio_interval"])
+    assert trial["verdict"] == _verdict(trial)
     assert "Different set-ups: A is DataParallel (one process)" in result.stdout
 
 
@@ -266,11 +335,24 @@ def test_as_ddp_gives_dataparallels_numbers(tmp_path):
     import subprocess
     import sys
 
-    bare = subprocess.run([sys.executable, *DP[:1], "--steps", "10", *DP[3:]], capture_output=True, text=True, timeout=120)
+    bare = subprocess.run(
+        [sys.executable, *DP[:1], "--steps", "10", *DP[3:]], capture_output=True, text=True, timeout=120
+    )
     assert bare.returncode == 0, bare.stderr
     converted = run_cli(
-        "trace", "--out", str(tmp_path / "run"), "--set", "dp.as_ddp=true", "--standalone", "--nproc-per-node", "2",
-        *DP[:1], "--steps", "10", *DP[3:], timeout=200,
+        "trace",
+        "--out",
+        str(tmp_path / "run"),
+        "--set",
+        "dp.as_ddp=true",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        *DP[:1],
+        "--steps",
+        "10",
+        *DP[3:],
+        timeout=200,
     )
     assert converted.returncode == 0, converted.stderr
     (loss,) = [line for line in bare.stdout.splitlines() if "final loss" in line]

@@ -59,7 +59,9 @@ def test_capture_applies_loader_and_thread_knobs_in_process():
     from ddpdoctor.capture import knobs as capture_knobs
 
     threads = torch.get_num_threads()
-    applier = capture_knobs.install({"loader.pin_memory": "true", "torch.intra_op_threads": "1", "ddp.static_graph": "true"})
+    applier = capture_knobs.install(
+        {"loader.pin_memory": "true", "torch.intra_op_threads": "1", "ddp.static_graph": "true"}
+    )
     try:
         loader = DataLoader(list(range(8)), batch_size=2, pin_memory=False)
         assert loader.pin_memory is True
