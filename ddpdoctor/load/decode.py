@@ -8,11 +8,7 @@ is the JSON text plus the columns plus one chunk, instead of one Python dict per
 
 from __future__ import annotations
 
-import gzip
-import os
 import re
-import struct
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,15 +20,10 @@ import pandas as pd
 from ddpdoctor.errors import TraceError
 from ddpdoctor.load.categories import canonical
 from ddpdoctor.load.discover import shown
+from ddpdoctor.load.readfile import read_bytes
 from ddpdoctor.load.schema import Args, Event, Header, LooseEvent, clean_distributed_info, loosen
 
 CHUNK_BYTES = 1 << 20
-GZIP_MIN_BYTES = 18  # 10-byte header + 8-byte trailer
-# A gzipped trace never decompresses to more than GZIP_MAX_RATIO times its size (real Kineto traces: 13-28x,
-# synthetic ones at level 9 up to ~28x), or GZIP_MIN_LIMIT for small files: a gzip bomb stops there.
-GZIP_MAX_RATIO = 128
-GZIP_MIN_LIMIT = 64 << 20
-_JSON_START = (b"{", b"[")
 _EVENT_GAP = re.compile(rb"\}\s*,\s*\{")
 _ARRAY_START = re.compile(rb"\s*\[")
 _STREAM_TID = re.compile(r"^\s*stream\s+([0-9]{1,18})\s*$", re.IGNORECASE)
@@ -106,83 +97,6 @@ class FileColumns:
     def column(self, group: str, key: str, dtype: Any) -> np.ndarray:
         parts = getattr(self, group).get(key, [])
         return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
-
-
-def read_bytes(path: Path) -> bytes | bytearray:
-    """The (decompressed) bytes of a trace file; TraceError naming the file when it is empty or corrupt."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(2)
-            if not head:
-                raise TraceError(f"{shown(path)}: empty file")
-            if head != b"\x1f\x8b":
-                return _read_plain(f)
-            return _gunzip(f)
-    except TraceError:
-        raise
-    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
-        raise TraceError(f"{shown(path)}: truncated or corrupt gzip file ({exc})") from None
-    except OSError as exc:
-        raise TraceError(f"{shown(path)}: cannot read ({exc.strerror or exc})") from None
-    except MemoryError:
-        raise TraceError(f"{shown(path)}: too large to read into memory") from None
-
-
-def _read_plain(f: Any) -> bytearray:
-    # read into a buffer of the file's size: f.read() may briefly hold the file twice
-    size = os.fstat(f.fileno()).st_size
-    f.seek(0)
-    return _fill(f, size)
-
-
-def _gunzip(f: Any) -> bytes | bytearray:
-    # The gzip trailer holds the uncompressed size (mod 4 GiB): decompress straight into a buffer of that size
-    # instead of growing one (which briefly needs twice the memory). A corrupt trailer must not make us
-    # allocate 4 GiB: the buffer is never larger than what deflate can expand the file to.
-    compressed = os.fstat(f.fileno()).st_size
-    if compressed < GZIP_MIN_BYTES:
-        raise EOFError(f"only {compressed} bytes, shorter than a gzip header and trailer")
-    limit = max(compressed * GZIP_MAX_RATIO, GZIP_MIN_LIMIT)
-    f.seek(-4, 2)
-    size = min(struct.unpack("<I", f.read(4))[0], limit)
-    f.seek(0)
-    with gzip.GzipFile(fileobj=f) as gz:
-        head = gz.read(min(size, 4096))
-        start = head.lstrip(b" \t\r\n").removeprefix(b"\xef\xbb\xbf")[:1]
-        if head and start not in _JSON_START:  # JSON or not, told before the rest is decompressed
-            raise TraceError(f"{shown(Path(f.name))}: not valid JSON (it starts with {head[:8]!r})")
-        buf = _fill(gz, size - len(head), bytearray(head))
-        parts, total = [], len(buf)  # what the trailer did not count (> 4 GiB, several members), bounded
-        while total <= limit and (part := gz.read(CHUNK_BYTES)):
-            parts.append(part)
-            total += len(part)
-        rest = b"".join(parts)
-    if total > limit:
-        raise TraceError(
-            f"{shown(Path(f.name))}: decompresses to more than {GZIP_MAX_RATIO} times its size "
-            f"(over {limit >> 20} MiB): not a trace (a gzip bomb?)"
-        )
-    return bytes(buf) + rest if rest else buf  # > 4 GiB or several gzip members
-
-
-def _fill(f: Any, size: int, head: bytearray | None = None) -> bytearray:
-    """``head`` then up to ``size`` more bytes from ``f`` in one buffer, 1 MiB at a time (no full-size
-    temporaries)."""
-    got = len(head) if head else 0
-    size += got
-    buf = bytearray(size)
-    if head:
-        buf[:got] = head
-    view = memoryview(buf)
-    while got < size:
-        n = f.readinto(view[got : got + CHUNK_BYTES])
-        if not n:
-            break
-        got += n
-    view.release()
-    if got < size:
-        del buf[got:]
-    return buf
 
 
 @dataclass

@@ -15,7 +15,7 @@ from test_bad_traces import TRACES, copy_fixture, doc, one_error_line, report, w
 
 from ddpdoctor.cli import main
 from ddpdoctor.errors import TraceError
-from ddpdoctor.load import decode, load
+from ddpdoctor.load import load, readfile
 
 DEEP = b'{"traceEvents": [' + b"[" * 10_000 + b"]" * 10_000 + b"]}"
 RANK1 = [p for p in TRACES if p.name.startswith("rank1")][0]
@@ -123,9 +123,9 @@ def test_a_gzip_bomb_that_starts_like_json_is_bounded(tmp_path) -> None:
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert peak < 2 * max(128 * path.stat().st_size, decode.GZIP_MIN_LIMIT) + 64 * 2**20
+    assert peak < 2 * max(128 * path.stat().st_size, readfile.GZIP_MIN_LIMIT) + 64 * 2**20
 
 
 def test_real_traces_are_well_under_the_bound() -> None:
     for p in TRACES:
-        assert len(gzip.decompress(p.read_bytes())) < decode.GZIP_MAX_RATIO * p.stat().st_size / 4
+        assert len(gzip.decompress(p.read_bytes())) < readfile.GZIP_MAX_RATIO * p.stat().st_size / 4
