@@ -47,6 +47,9 @@ def rule_markdown(rule: Rule) -> str:
         lines += [f"- `{clause.when.source}`" for clause in rule.clauses]
     if rule.estimated_gain is not None:
         lines += ["", f"Estimated gain (ms per step): `{rule.estimated_gain.source}`"]
+    if rule.prescriptions:
+        lines += ["", "Tried by `ddpdoctor try RUN --findings` (applied by ddpdoctor, no code change), one each:", ""]
+        lines += [f"- `{p.knob}` = {', '.join(p.values)}" for p in rule.prescriptions]
     lines += ["", "## Options", ""]
     if rule.params:
         lines.append(f"Set in `[tool.ddpdoctor.rules.{rule.name}]` (pyproject.toml) or a `--config` file.")

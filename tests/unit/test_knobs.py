@@ -75,3 +75,11 @@ def test_capture_applies_loader_and_thread_knobs_in_process():
     assert report["ddp.static_graph"]["applied"] == 0
     assert report["ddp.static_graph"]["reason"] == "the job builds no DistributedDataParallel"
     assert DataLoader(list(range(4)), pin_memory=False).pin_memory is False  # uninstalled
+
+
+def test_explain_names_the_prescriptions():
+    from ddpdoctor.diagnosis import find_rule
+    from ddpdoctor.report.rule_docs import rule_markdown
+
+    text = rule_markdown(find_rule(load_rules(), "poor-comm-compute-overlap"))
+    assert "Tried by `ddpdoctor try RUN --findings`" in text and "- `ddp.bucket_cap_mb` = 1, 5, 25" in text
