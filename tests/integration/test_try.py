@@ -367,3 +367,15 @@ def test_as_ddp_refuses_a_run_that_is_not_dataparallel(tmp_path):
     result = run_cli("try", str(run), "--as-ddp", cwd=tmp_path)
     assert result.returncode == 2 and "not a DataParallel run" in result.stderr, result.stderr
     assert not (tmp_path / "run.trials").exists()
+
+
+@pytest.mark.timeout(200)
+def test_a_control_run_that_fails_is_exit_1_with_its_error(tmp_path):
+    script = write_script(tmp_path / "job.py", "import torch\nprint(torch.ones(1))\n")
+    run = tmp_path / "run"
+    assert run_cli("trace", "--out", str(run), str(script), cwd=tmp_path).returncode == 0
+    script.write_text("raise RuntimeError('the job is broken now')\n")  # the command no longer runs
+    result = run_cli("try", str(run), "--set", "loader.num_workers=1", cwd=tmp_path, timeout=150)
+    assert result.returncode == 1, result.stderr
+    assert "The control run failed, so nothing can be measured" in result.stdout
+    assert "RuntimeError: the job is broken now" in result.stdout
