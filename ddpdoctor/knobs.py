@@ -124,7 +124,8 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         "ddp.broadcast_buffers",
-        "broadcast_buffers= of every DDP: rank 0's buffers (BatchNorm statistics) sent to all at each forward",
+        "broadcast_buffers= of every DDP (forward_sync_buffers= where torch has it): rank 0's buffers (BatchNorm "
+        "statistics) sent to all at each forward",
         "yes when false and the model has buffers: each rank keeps its own running statistics",
         _NO_DDP,
         "true | false",

@@ -22,6 +22,7 @@ from ddpdoctor import knobs as table
 from ddpdoctor.capture.invisible import invisible
 
 _active: Applier | None = None
+_KNOB_OF = {"forward_sync_buffers": "broadcast_buffers"}  # DDP argument -> the knob that sets it
 
 
 class Applier:
@@ -105,12 +106,17 @@ class Applier:
         if signature is None:  # cannot bind: keyword arguments only
             return args, {**kwargs, **overrides}
         bound = signature.bind(ddp, *args, **kwargs)
+        if "broadcast_buffers" in overrides and "forward_sync_buffers" in signature.parameters:
+            # torch >= 2.13 spells the per-forward buffer sync forward_sync_buffers (broadcast_buffers is deprecated)
+            overrides["forward_sync_buffers"] = overrides.pop("broadcast_buffers")
         for key, value in overrides.items():
             if key not in signature.parameters:
-                self.reasons[f"ddp.{key}"] = f"this torch's DistributedDataParallel has no {key} argument"
+                self.reasons[f"ddp.{_KNOB_OF.get(key, key)}"] = (
+                    f"this torch's DistributedDataParallel has no {key} argument"
+                )
                 continue
             bound.arguments[key] = value
-            self.applied[f"ddp.{key}"] += 1
+            self.applied[f"ddp.{_KNOB_OF.get(key, key)}"] += 1
         if self.values.get("batchnorm.sync") and "module" in bound.arguments:
             import torch.nn as nn
 
