@@ -63,6 +63,12 @@ def register(subparsers: Any, name: str, help_text: str) -> None:
         metavar="SECONDS",
         help="stop a trial that runs longer (default: 4x RUN's duration, at least 180 s)",
     )
+    p.add_argument(
+        "--format",
+        choices=("text", "json"),
+        default="text",
+        help="text (default), or json: the session's results.json on stdout",
+    )
     add_rule_selection(p)
     add_rule_options(p)
     p.set_defaults(func=run)
@@ -123,7 +129,13 @@ def run(args: argparse.Namespace) -> int:
         progress=progress,
         trial_cmd=trial_cmd,
     )
-    render(session, sys.stdout, findings_table=args.findings)
+    if args.format == "json":
+        import json
+
+        json.dump(session.to_json(), sys.stdout, indent=1, default=str)
+        sys.stdout.write("\n")
+    else:
+        render(session, sys.stdout, findings_table=args.findings)
     return 0 if session.control.ok else 1
 
 

@@ -231,6 +231,10 @@ def test_a_knob_that_does_not_apply_fails_the_trial_with_the_reason(tmp_path):
         "failed: ddp.bucket_cap_mb does not apply to this job: the job builds no DistributedDataParallel"
         in result.stdout
     )
+    as_json = run_cli("try", str(run), "--set", "ddp.bucket_cap_mb=5", "--format", "json", cwd=tmp_path, timeout=240)
+    (trial,) = json.loads(as_json.stdout)["trials"]  # the session's results.json, on stdout
+    assert trial["verdict"] == "failed" and "builds no DistributedDataParallel" in trial["error"]
+    assert sorted(p.name for p in (tmp_path / "run.trials").iterdir()) == ["1", "2"]  # one folder per try
 
 
 @pytest.mark.timeout(120)
