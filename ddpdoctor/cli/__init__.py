@@ -33,7 +33,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "baseline": ("ddpdoctor.cli.gate_cmd", "write a run's metrics as a baseline file to commit"),
     "gate": ("ddpdoctor.cli.gate_cmd", "fail CI when a run regresses against a baseline"),
     "view": ("ddpdoctor.cli.view_cmd", "open a run in TensorBoard with the ddpdoctor dashboard"),
-    "try": ("ddpdoctor.cli.try_cmd", "run a traced job again with a knob applied (no code change) and measure the gain"),
+    "try": (
+        "ddpdoctor.cli.try_cmd",
+        "run a traced job again with a knob applied (no code change) and measure the gain",
+    ),
 }
 
 

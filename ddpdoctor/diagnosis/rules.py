@@ -33,7 +33,6 @@ Keys (required unless marked optional)::
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import importlib.resources
 import math
 import re
@@ -41,12 +40,12 @@ import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 import msgspec
 
 from ddpdoctor.diagnosis.expr import Expr, ExprError, Scope, compile_expr
-from ddpdoctor.diagnosis.findings import SEVERITIES
+from ddpdoctor.diagnosis.rule_schema import PARALLELISMS, DocsFile, PrescriptionFile, RuleFile, schema_message
 from ddpdoctor.diagnosis.template import Template, compile_template
 from ddpdoctor.errors import DDPDoctorError
 from ddpdoctor.metrics import catalog
@@ -56,15 +55,11 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-APPLIES_TO = ("dp", "ddp", "any")
-# What ddpdoctor.metrics.parallelism detects; a run's parallelism is one of these or several joined by "+".
-PARALLELISMS = ("dp", "ddp", "fsdp", "tp", "pipeline", "unknown", "none", "single")
 _DEFAULT_PARALLELISM = {
     "dp": ("dp",),
     "ddp": ("ddp", "unknown"),
     "any": PARALLELISMS,
 }
-SCOPES = ("run", "rank")
 DOC_SECTIONS = ("what_it_does", "why_is_this_bad", "example", "fix", "references")
 _ID_RE = re.compile(r"^[A-Z]{2,}[0-9]{3,}$")
 _NAME_RE = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
@@ -200,81 +195,6 @@ class _Bad(ValueError):
     pass
 
 
-class _DocsFile(msgspec.Struct, forbid_unknown_fields=True):
-    what_it_does: str
-    why_is_this_bad: str
-    example: str
-    fix: str
-    references: list[str]
-    options: dict[str, str] = {}
-
-
-class _ClauseFile(msgspec.Struct, forbid_unknown_fields=True):
-    when: str
-    message: str
-
-
-class _PrescriptionFile(msgspec.Struct, forbid_unknown_fields=True):
-    knob: str
-    values: list[bool | int | float | str]
-
-
-class _RuleFile(msgspec.Struct, forbid_unknown_fields=True):
-    """The schema of a rule file (module docstring); what it cannot say is checked in ``_build``."""
-
-    id: str
-    name: str
-    severity: Literal[SEVERITIES]  # type: ignore[valid-type]
-    applies_to: Literal[APPLIES_TO]  # type: ignore[valid-type]
-    scope: Literal[SCOPES]  # type: ignore[valid-type]
-    summary: str
-    when: str
-    message: str
-    recommendation: str
-    docs: _DocsFile
-    backends: list[str] = []
-    ranks_where: str | None = None
-    estimated_gain_ms: str | None = None
-    clauses: list[_ClauseFile] = []
-    params: dict[str, bool | int | float] = {}
-    parallelism: list[Literal[PARALLELISMS]] | None = None  # type: ignore[valid-type]
-    requires: list[str] | None = None
-    prescriptions: list[_PrescriptionFile] = []
-
-
-_SECTION = {"$": "", "$.docs": "[docs]", "$.docs.options": "[docs.options]", "$.params": "[params]"}
-_FIELDS = {"": _RuleFile, "[docs]": _DocsFile}
-_CHOICES = {"severity": SEVERITIES, "applies_to": APPLIES_TO, "scope": SCOPES, "parallelism": PARALLELISMS}
-
-
-def _schema_message(exc: msgspec.ValidationError) -> str:
-    """msgspec's message in the words of a rule file: ``missing [docs] fix``, ``unknown key(s) whne; did you
-    mean when?``, ``severity must be one of info, warning, error, not 'fatal'``."""
-    text = str(exc)
-    where = text.rsplit(" - at `", 1)[1].rstrip("`") if " - at `" in text else "$"
-    what = text.split(" - at `", 1)[0]
-    section = _SECTION.get(re.sub(r"\[\d+\]$", "", where), "")
-    key = where.rsplit(".", 1)[-1] if where != "$" else ""
-    label = re.sub(r"\$\.?", "", where).replace(".", " ") or "the rule file"
-    if match := re.match(r"Object missing required field `(.+)`", what):
-        return f"missing {(section + ' ') if section else ''}{match.group(1)}"
-    if match := re.match(r"Object contains unknown field `(.+)`", what):
-        field = match.group(1)
-        allowed = list(msgspec.structs.fields(_FIELDS.get(section, _ClauseFile)))
-        names = [f.name for f in allowed]
-        close = difflib.get_close_matches(field, names, n=1)
-        hint = f"; did you mean {close[0]}?" if close else ""
-        kind = "key(s)" if not section else f"{section} section(s)" if section == "[docs]" else "key(s)"
-        place = "" if kind.startswith("[") or not section else f" in {section}"
-        return f"unknown {kind} {field}{place}{hint} (allowed: {', '.join(names)})"
-    if match := re.match(r"Invalid enum value (.+)", what):
-        choices = _CHOICES.get(re.sub(r"\[\d+\]$", "", key), ())
-        return f"{label} must be one of {', '.join(choices)}, not {match.group(1)}"
-    if where == "$" and what.startswith("Expected `object`"):
-        return "a rule file is a TOML table of keys"
-    return f"{label}: {what[0].lower()}{what[1:]}".replace("`", "")
-
-
 def _text(value: str, label: str) -> str:
     if not value.strip():
         raise _Bad(f"{label} must be a non-empty string")
@@ -283,9 +203,9 @@ def _text(value: str, label: str) -> str:
 
 def _build(data: Mapping[str, Any], filename: str, where: str) -> Rule:
     try:
-        raw = msgspec.convert(data, _RuleFile)
+        raw = msgspec.convert(data, RuleFile)
     except msgspec.ValidationError as exc:
-        raise _Bad(_schema_message(exc)) from None
+        raise _Bad(schema_message(exc)) from None
     rule_id, name = _text(raw.id, "id"), _text(raw.name, "name")
     if not _ID_RE.match(rule_id):
         raise _Bad(f"id {rule_id!r} must be capital letters then digits, e.g. DDP012")
@@ -348,7 +268,7 @@ def _build(data: Mapping[str, Any], filename: str, where: str) -> Rule:
     )
 
 
-def _prescription(p: _PrescriptionFile) -> Prescription:
+def _prescription(p: PrescriptionFile) -> Prescription:
     from ddpdoctor import knobs
 
     if not p.values:
@@ -362,7 +282,7 @@ def _prescription(p: _PrescriptionFile) -> Prescription:
     return Prescription(p.knob, texts)
 
 
-def _docs(docs: _DocsFile, params: Mapping[str, Any]) -> RuleDocs:
+def _docs(docs: DocsFile, params: Mapping[str, Any]) -> RuleDocs:
     texts = {key: _text(getattr(docs, key), f"[docs] {key}") for key in DOC_SECTIONS if key != "references"}
     if not docs.references or not all(r.strip() for r in docs.references):
         raise _Bad("missing [docs] references (a non-empty list of strings)")
