@@ -78,7 +78,7 @@ def read_run(path: str) -> RunCommand:
             f"{path}: each rank of this run was started by a scheduler; `ddpdoctor try` cannot start them again "
             "(trace with torchrun or `--` COMMAND to try knobs)"
         )
-    from ddpdoctor.cli.trace_cmd import split_argv
+    from ddpdoctor.cli.trace_args import split_argv
 
     own, tr, target, after = split_argv(command[2:])
     kept: list[str] = []

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ddpdoctor.cli import COMMANDS, build_parser, trace_cmd
+from ddpdoctor.cli import COMMANDS, build_parser, trace_args, trace_cmd
 
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
 
@@ -29,7 +29,7 @@ def _section_of(command: str) -> str:
 def _parsers() -> dict[str, argparse.ArgumentParser]:
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     parsers = dict(sub.choices)
-    parsers["trace"] = trace_cmd._own_parser()  # trace parses its own argv; this is what `trace --help` prints
+    parsers["trace"] = trace_args._own_parser()  # trace parses its own argv; this is what `trace --help` prints
     return parsers
 
 

@@ -1,0 +1,170 @@
+"""The command line of ``ddpdoctor trace``: its own options, torchrun's options (taken from torchrun's own parser),
+and where the script and its arguments begin. ``trace`` parses its argv itself: everything after the script
+belongs to the script."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from ddpdoctor.errors import UsageError
+
+_TORCHRUN_SKIP = {"-h", "--help", "-m", "--module", "--no-python", "--no_python", "--run-path", "--run_path"}
+
+
+def _own_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="ddpdoctor trace",
+        usage="ddpdoctor trace [OPTIONS] [TORCHRUN OPTIONS] (SCRIPT | -m MODULE) [ARGS...]\n"
+        "       ddpdoctor trace [OPTIONS] -- COMMAND [ARGS...]",
+        description="Run an unmodified training script under torch.profiler and write a run directory. "
+        "With any torchrun option (e.g. --nproc-per-node 4) the script is launched by torchrun, one traced "
+        "process per rank. Ranks the script starts itself (mp.spawn, Lightning) are traced too. Started by a "
+        "scheduler as one rank (RANK/WORLD_SIZE or SLURM variables set), it traces that rank into the shared --out. "
+        "After --, any launcher command (accelerate launch, python -m torch.distributed.launch, bash run.sh, ...) runs "
+        "with every rank it starts traced.",
+        add_help=False,
+    )
+    g = p.add_argument_group("ddpdoctor options")
+    g.add_argument("-h", "--help", action="store_true", help="show this help and exit")
+    g.add_argument("--out", "-o", metavar="DIR", help="run directory (default: ddpdoctor-runs/<script>-<time>)")
+    g.add_argument("--force", action="store_true", help="replace ddpdoctor's files in an existing run directory")
+    g.add_argument("--wait", type=int, default=5, metavar="N", help="steps to skip before profiling (default 5)")
+    g.add_argument("--warmup", type=int, default=2, metavar="N", help="profiler warm-up steps (default 2)")
+    g.add_argument("--active", type=int, default=5, metavar="N", help="steps recorded per window (default 5)")
+    g.add_argument(
+        "--repeat", type=int, default=1, metavar="N", help="number of windows, 0 = until the end (default 1)"
+    )
+    g.add_argument("--with-stack", action="store_true", help="record Python stacks (larger traces)")
+    g.add_argument("--no-record-shapes", action="store_true", help="do not record operator input shapes")
+    g.add_argument("--no-profile-memory", action="store_true", help="do not record allocator events")
+    g.add_argument(
+        "--all-threads",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="record every thread (auto: in one-process runs, for DataParallel's replica threads; torch 2.13 then "
+        "leaves allocator events out of the trace)",
+    )
+    g.add_argument("--no-gil", action="store_true", help="do not measure GIL contention")
+    g.add_argument(
+        "--no-step-limit",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="when no step is ever seen, record the run's first SECONDS (default 60)",
+    )
+    g.add_argument(
+        "--hang-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="end a rank that makes no step for SECONDS (after its first), recording where it was stuck",
+    )
+    g.add_argument(
+        "--max-steps",
+        type=int,
+        default=None,
+        metavar="N",
+        help="end the job cleanly after N training steps, every rank at the same step (exit 0)",
+    )
+    g.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KNOB=VALUE",
+        help="apply a knob through ddpdoctor's hooks, no code change (e.g. ddp.bucket_cap_mb=25; "
+        "the table: README 'Try the prescription')",
+    )
+    g.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
+    return p
+
+
+def _torchrun_options() -> dict[str, bool]:
+    """Option string -> takes a value, from torchrun's own parser (so every torchrun flag passes through)."""
+    from torch.distributed.run import get_args_parser
+
+    options: dict[str, bool] = {}
+    for action in get_args_parser()._actions:
+        for opt in action.option_strings:
+            if opt not in _TORCHRUN_SKIP:
+                options[opt] = action.nargs != 0
+    return options
+
+
+def split_argv(argv: list[str]) -> tuple[list[str], list[str], list[str], list[str] | None]:
+    """Split into (ddpdoctor options, torchrun options, target, command): target is [SCRIPT, args] or
+    [-m, MOD, args]; command is what follows ``--`` (None without one). ``-- train.py`` (a Python file) and
+    ``-- -m MOD`` still name the target."""
+    own_takes_value = {}
+    for action in _own_parser()._actions:
+        for opt in action.option_strings:
+            own_takes_value[opt] = action.nargs != 0
+    torchrun = _torchrun_options()
+    own: list[str] = []
+    tr: list[str] = []
+    i = 0
+    while i < len(argv):
+        tok = argv[i]
+        if tok == "--":
+            rest = argv[i + 1 :]
+            if not rest:
+                raise UsageError("no command after --: ddpdoctor trace [OPTIONS] -- COMMAND [ARGS...]")
+            if rest[0] in ("-m", "--module") or (rest[0].endswith(".py") and os.path.isfile(rest[0])):
+                return own, tr, ["-m", *rest[1:]] if rest[0] == "--module" else rest, None
+            return own, tr, [], rest
+        if tok in ("-m", "--module"):
+            if i + 1 >= len(argv):
+                raise UsageError("-m needs a module name")
+            return own, tr, ["-m", *argv[i + 1 :]], None
+        if not tok.startswith("-") or tok == "-":
+            return own, tr, argv[i:], None
+        name = tok.split("=", 1)[0]
+        if name in own_takes_value:
+            bucket, takes_value = own, own_takes_value[name]
+        elif name in torchrun:
+            bucket, takes_value = tr, torchrun[name]
+        else:
+            raise UsageError(
+                f"unknown option {name!r} (ddpdoctor and torchrun options go before the script; "
+                "see `ddpdoctor trace --help`)"
+            )
+        bucket.append(tok)
+        if takes_value and "=" not in tok:
+            if i + 1 >= len(argv):
+                raise UsageError(f"option {name} needs a value")
+            bucket.append(argv[i + 1])
+            i += 1
+        i += 1
+    return own, tr, [], None
+
+
+def _parse_own(own: list[str]) -> argparse.Namespace:
+    parser = _own_parser()
+    try:
+        args = parser.parse_args(own)
+    except SystemExit as exc:
+        raise UsageError("invalid ddpdoctor option (see `ddpdoctor trace --help`)") from exc
+    for name in ("wait", "warmup", "repeat"):
+        if getattr(args, name) < 0:
+            raise UsageError(f"--{name} must be 0 or more")
+    if args.active < 1:
+        raise UsageError("--active must be at least 1")
+    if args.hang_timeout is not None and args.hang_timeout <= 0:
+        raise UsageError("--hang-timeout must be positive")
+    if args.no_step_limit <= 0:
+        raise UsageError("--no-step-limit must be positive")
+    if args.max_steps is not None and args.max_steps < 1:
+        raise UsageError("--max-steps must be at least 1")
+    from ddpdoctor import knobs
+
+    args.knobs = knobs.parse_settings(args.set)
+    return args
+
+
+def _print_help() -> None:
+    _own_parser().print_help()
+    import textwrap
+
+    names = " ".join(sorted(o for o in _torchrun_options() if o.startswith("--") and "_" not in o))
+    print("\ntorchrun options (passed to torch.distributed.run unchanged):")
+    print(textwrap.fill(names, width=100, initial_indent="  ", subsequent_indent="  ", break_on_hyphens=False))
