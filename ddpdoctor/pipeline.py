@@ -98,4 +98,11 @@ def analyze_run(
     # The files the loader skipped and its notes on the rest go into every report (run.skipped, run.notes).
     metrics.run.setdefault("skipped", list(run.skipped))
     metrics.run.setdefault("notes", list(run.notes))
+    if path.is_dir():  # the trials `ddpdoctor try` ran of this run, shown next to it in every report
+        from ddpdoctor.trial.history import read_trials
+
+        trials, trial_notes = read_trials(path)
+        if trials:
+            metrics.run["trials"] = trials
+        metrics.run["skipped"] += trial_notes
     return Analysis(path, metrics, evaluate(resolved, metrics), dict(run.capture), dict(run.manifest or {}))

@@ -5,7 +5,9 @@ Shape (schema_version 1; keys are relied on by users, add but never rename)::
     {"schema_version": 1,
      "run": {"path", "mode", "world_size", "backend", "steps_analyzed",
              "skipped": ["<file>: <why it could not be used>", ...],
-             "notes": ["<what else to know about the input: missing ranks, no ProfilerStep, ...>", ...]},
+             "notes": ["<what else to know about the input: missing ranks, no ProfilerStep, ...>", ...],
+             "trials": [{"session", "settings", "verdict", "step_ratio", "gain_ms", "gain_interval_ms",
+                         "went_away", "appeared", "estimates", "error"}]},   # only when `ddpdoctor try` ran
      "ranks": [{"rank", "step_ms": {"median", "p90"}, "comm_ms", "exposed_comm_ms", "overlap_ratio",
                 "dataloader_ms", "gil_contention", "forward_ms", "backward_ms", "optimizer_ms", "other_ms",
                 "devices": [{"device", "peak_allocated_bytes", "peak_reserved_bytes", "capacity_bytes"}]}],
@@ -83,6 +85,7 @@ def build(result: Diagnosis) -> dict[str, Any]:
             "steps_analyzed": jsonable(run.get("steps_analyzed")),
             "skipped": _lines(run.get("skipped")),
             "notes": _lines(run.get("notes")),
+            **({"trials": jsonable(run["trials"])} if run.get("trials") else {}),
         },
         "ranks": ranks,
         "findings": [jsonable(f.to_json()) for f in result.findings],
@@ -133,3 +136,31 @@ def rank_table_rows(doc: dict[str, Any]) -> list[list[str]]:
         + [fmt.ratio_pct(r["overlap_ratio"]), fmt.ms(r["other_ms"]), fmt.ratio_pct(r["gil_contention"])]
         for r in doc["ranks"]
     ]
+
+
+def trial_lines(doc: dict[str, Any]) -> list[str]:
+    """One line per trial `ddpdoctor try` ran of this run (the text and Markdown reports show them)."""
+    out = []
+    for t in doc["run"].get("trials") or []:
+        if t.get("error"):
+            out.append(f"{t['settings']}: failed: {t['error']}")
+            continue
+        gain = t.get("gain_ms")
+        interval = t.get("gain_interval_ms")
+        parts = [f"{t['settings']}: {t['verdict']}"]
+        if t.get("step_ratio") is not None:
+            parts.append(f"median step B/A {t['step_ratio']:.2f}")
+        if gain is not None:
+            shown = f"measured gain {gain:+.1f} ms/step"
+            if interval and None not in interval:
+                shown += f" (interval {interval[0]:+.1f} to {interval[1]:+.1f})"
+            parts.append(shown)
+        for e in t.get("estimates") or []:
+            if e.get("estimated_gain_ms") is not None:
+                parts.append(f"{e['rule']} estimated {e['estimated_gain_ms']:.1f} ms")
+        if t.get("went_away"):
+            parts.append("gone: " + ", ".join(t["went_away"]))
+        if t.get("appeared"):
+            parts.append("new: " + ", ".join(t["appeared"]))
+        out.append("; ".join(parts))
+    return out

@@ -142,6 +142,7 @@ def _body(result: Diagnosis) -> list[str]:
         out.append("</ul>")
     out.append(f"<h2>Findings ({len(result.findings)})</h2>")
     out += [_finding_html(i, f) for i, f in enumerate(result.findings, 1)] or ["<p>No findings.</p>"]
+    out += _trials_html(doc)
     out.append("<h2>Step breakdown per rank</h2>")
     bars = [(f"rank {r['rank']}", [(label, r[key]) for label, key in _BREAKDOWN]) for r in doc["ranks"]]
     if any(v for _, parts in bars for _, v in parts):
@@ -181,6 +182,47 @@ def _body(result: Diagnosis) -> list[str]:
     if result.passed:
         out.append(f'<p class="note">Passed: {fmt.esc(", ".join(result.passed))}</p>')
     return out
+
+
+def _trials_html(doc: dict[str, Any]) -> list[str]:
+    """The trials `ddpdoctor try` ran of this run: setting, verdict, B/A of the median step, measured gain with
+    its interval, the rules' estimates, findings gone or new."""
+    trials = doc["run"].get("trials") or []
+    if not trials:
+        return []
+    head = ["setting", "verdict", "median step B/A", "measured gain (ms/step)", "estimated", "findings"]
+    rows = []
+    for t in trials:
+        interval = t.get("gain_interval_ms")
+        gain = "" if t.get("gain_ms") is None else f"{t['gain_ms']:+.1f}"
+        if gain and interval and None not in interval:
+            gain += f" [{interval[0]:+.1f}, {interval[1]:+.1f}]"
+        estimates = "; ".join(
+            f"{e['rule']} {e['estimated_gain_ms']:.1f}"
+            for e in t.get("estimates") or []
+            if e.get("estimated_gain_ms") is not None
+        )
+        changes = [f"gone: {', '.join(t['went_away'])}"] if t.get("went_away") else []
+        changes += [f"new: {', '.join(t['appeared'])}"] if t.get("appeared") else []
+        cells = [
+            t["settings"],
+            f"failed: {t['error']}" if t.get("error") else t["verdict"],
+            "" if t.get("step_ratio") is None else f"{t['step_ratio']:.2f}",
+            gain,
+            estimates,
+            "; ".join(changes),
+        ]
+        rows.append("<tr>" + "".join(f'<td class="l">{fmt.esc(c)}</td>' for c in cells) + "</tr>")
+    return [
+        f"<h2>Trials of this run ({len(trials)})</h2>",
+        '<p class="note">Knobs <code>ddpdoctor try</code> applied, each measured against control runs of the same '
+        "steps; the interval is the bootstrap interval of the gain (it contains 0: no measurable effect).</p>",
+        "<table><tr>"
+        + "".join(f'<th class="l">{fmt.esc(h)}</th>' for h in head)
+        + "</tr>"
+        + "".join(rows)
+        + "</table>",
+    ]
 
 
 def render(result: Diagnosis, stream: TextIO) -> None:

@@ -6,7 +6,7 @@ from typing import Any, TextIO
 
 from ddpdoctor.diagnosis.findings import Diagnosis, format_ranks
 from ddpdoctor.report import fmt
-from ddpdoctor.report.document import RANK_TABLE_COLUMNS, build, grouped_not_evaluated, rank_table_rows
+from ddpdoctor.report.document import RANK_TABLE_COLUMNS, build, grouped_not_evaluated, rank_table_rows, trial_lines
 
 _ICON = {"error": "🛑", "warning": "⚠️", "info": "ℹ️"}
 
@@ -54,6 +54,10 @@ def _lines(result: Diagnosis) -> list[str]:
             "Evidence: " + "; ".join(f"{fmt.md(k)} = {fmt.md(fmt.evidence_value(v))}" for k, v in f.evidence.items()),
             "",
         ]
+    trials = trial_lines(doc)
+    if trials:
+        out += [f"## Trials of this run ({len(trials)}, `ddpdoctor try`)", ""]
+        out += [f"- {fmt.md(line)}" for line in trials] + [""]
     out += ["## Per-rank step breakdown (ms per step)", ""]
     rows = rank_table_rows(doc)
     header = [long for long, _ in RANK_TABLE_COLUMNS]

@@ -15,7 +15,7 @@ from rich.text import Text
 from ddpdoctor.diagnosis.findings import Diagnosis, format_ranks
 from ddpdoctor.report import console as report_console
 from ddpdoctor.report import fmt
-from ddpdoctor.report.document import RANK_TABLE_COLUMNS, build, grouped_not_evaluated, rank_table_rows
+from ddpdoctor.report.document import RANK_TABLE_COLUMNS, build, grouped_not_evaluated, rank_table_rows, trial_lines
 
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 WIDTH_NOT_A_TERMINAL = 100
@@ -132,6 +132,12 @@ def render(result: Diagnosis, stream: TextIO) -> None:
     console.print()
     _input(console, doc)
     _findings(console, result)
+    trials = trial_lines(doc)
+    if trials:
+        console.print(Text(f"Trials of this run ({len(trials)}, ddpdoctor try)", style="bold"))
+        for line in trials:
+            console.print(_t("  " + line), overflow="fold")
+        console.print()
     console.print(_rank_table(doc))
     memory = _memory_table(doc)
     if memory is not None:

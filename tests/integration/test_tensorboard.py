@@ -24,6 +24,8 @@ from pathlib import Path
 import pytest
 from helpers import CHROMIUM, chromium, read_json, run_cli, write_script
 
+TRY_RESULTS = Path(__file__).resolve().parents[1] / "fixtures" / "try_results" / "results.json"
+
 pytestmark = [pytest.mark.integration]
 
 # A real user mistake the capture files alone reveal: find_unused_parameters=True with every parameter used
@@ -154,6 +156,9 @@ def run_dir(tmp_path_factory):
         "trace", "--out", str(out), *FAST, "--standalone", "--nproc-per-node", "2", str(script), timeout=180
     )
     assert result.returncode == 0, result.stderr
+    # a trial of this run, as `ddpdoctor try` leaves it beside the run (real output, tests/fixtures/try_results)
+    (root / f"{RUN_NAME}.trials" / "1").mkdir(parents=True)
+    shutil.copy(TRY_RESULTS, root / f"{RUN_NAME}.trials" / "1" / "results.json")
     return out
 
 
@@ -262,6 +267,8 @@ def _assert_dashboard(dom: str, report: dict) -> None:
     charts = set(re.findall(r'<figure class="chart" data-chart="([\w-]+)"', dom))
     assert {"breakdown", "step-time", "overlap", "busbw", "skew"} <= charts
     assert dom.count("<svg") >= len(charts) and dom.count('class="bar"') >= 6
+    # the trial of this run is shown next to it
+    assert 'data-section="trials"' in dom and "ddp.bucket_cap_mb=1" in dom
     # the run's name is text, not markup
     assert "<img" not in dom and "&lt;img src=x onerror=alert(1)&gt;" in dom
 

@@ -167,3 +167,20 @@ export function gil(report) {
   return section("gil", "GIL contention", "Share of time Python threads waited for the GIL, per step (gilknocker).",
     figure("gil", "contention (0-100%)", lineChart({ series, fmt: fmtRatio }), series.map((s) => [s.name, s.color])));
 }
+
+export function trials(report) {
+  const rows = (report.run || {}).trials || [];
+  if (!rows.length) return null;
+  const signed = (v) => (isNum(v) ? `${v >= 0 ? "+" : ""}${v.toFixed(1)}` : "–");
+  const gain = (t) => (isNum(t.gain_ms) ? `${signed(t.gain_ms)} ms/step` + (t.gain_interval_ms && t.gain_interval_ms.every(isNum)
+    ? ` [${signed(t.gain_interval_ms[0])}, ${signed(t.gain_interval_ms[1])}]` : "") : "–");
+  const estimates = (t) => (t.estimates || []).filter((e) => isNum(e.estimated_gain_ms))
+    .map((e) => `${e.rule} ${e.estimated_gain_ms.toFixed(1)} ms`).join("; ");
+  const changes = (t) => [t.went_away && t.went_away.length ? `gone: ${t.went_away.join(", ")}` : "",
+    t.appeared && t.appeared.length ? `new: ${t.appeared.join(", ")}` : ""].filter(Boolean).join("; ");
+  return section("trials", `Trials of this run (${rows.length})`,
+    "Knobs `ddpdoctor try` applied, each measured against control runs of the same steps; an interval that holds 0 is no measurable effect.",
+    table(["setting", "verdict", "median step B/A", "measured gain", "estimated", "findings"], rows.map((t) => [
+      String(t.settings), t.error ? `failed: ${t.error}` : String(t.verdict), isNum(t.step_ratio) ? t.step_ratio.toFixed(2) : "–",
+      gain(t), estimates(t), changes(t)])));
+}
