@@ -11,9 +11,8 @@ from ddpdoctor.capture.gil import GilProbe
 from ddpdoctor.metrics.capture import thread_metrics
 
 
-def _spin(seconds: float) -> None:
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
+def _spin_until(done: threading.Event) -> None:
+    while not done.is_set():
         sum(range(200))  # pure Python: holds the GIL
 
 
@@ -25,11 +24,15 @@ def test_three_python_threads_take_turns_and_ddpdoctors_thread_is_not_counted() 
     ours = threading.Thread(target=stop.wait, name="ddpdoctor-test-helper", daemon=True)
     ours.start()
     probe.start()
-    workers = [threading.Thread(target=_spin, args=(0.8,)) for _ in range(3)]
+    # the workers spin until the sample is taken: on a loaded machine the main thread may get the GIL back long
+    # after its sleep, and workers on a fixed timer would have ended by then
+    done = threading.Event()
+    workers = [threading.Thread(target=_spin_until, args=(done,)) for _ in range(3)]
     for w in workers:
         w.start()
     time.sleep(0.6)
     probe.sample(1)
+    done.set()
     for w in workers:
         w.join()
     probe.stop()
