@@ -154,11 +154,11 @@ def record(session: Session) -> dict[str, Any]:
 def write(session: Session) -> None:
     """Write (replace) ``ranks/rank<R>.json``; a failure is noted in the session, never raised."""
     try:
-        data = rundir.to_plain(record(session))
-        why = rundir.check(data, rundir.RankCapture)
-        if why:  # a bug of ddpdoctor's: say so in the file, keep what was measured
+        path, data = rundir.rank_file(session.out, session.rank), record(session)
+        why = rundir.write_rank_capture(path, data)
+        if why:  # a bug of ddpdoctor's (the file is written all the same): say so in the file
             data["capture_errors"] = [*data["capture_errors"], f"rank file does not fit its schema: {why}"]
-        rundir.write_rank_capture(rundir.rank_file(session.out, session.rank), data)
+            rundir.write_rank_capture(path, data)
     except Exception as exc:
         session.capture_errors.append(f"writing rank file failed: {type(exc).__name__}: {exc}")
 

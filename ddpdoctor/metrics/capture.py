@@ -31,12 +31,18 @@ def _bool(value: Any) -> bool | None:
     return None
 
 
+def _ddp_logging_data(capture: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``_get_ddp_logging_data()`` of the first DDP module the capture recorded, or None."""
+    modules = (capture or {}).get("ddp") or []
+    data = next((m.get("logging_data") for m in modules if isinstance(m, dict) and m.get("logging_data")), None)
+    return data if isinstance(data, dict) else None
+
+
 def ddp_metrics(capture: dict[str, Any] | None) -> dict[str, Any]:
     """``ddp_*`` configuration metrics and ``ddp_reported_overlap_ratio`` (0-1) of the first DDP module."""
     out: dict[str, Any] = dict.fromkeys(catalog.group("ddp_config"))
-    modules = (capture or {}).get("ddp") or []
-    data = next((m.get("logging_data") for m in modules if isinstance(m, dict) and m.get("logging_data")), None)
-    if not isinstance(data, dict):
+    data = _ddp_logging_data(capture)
+    if data is None:
         return out
     buckets = _ints(data.get("rebuilt_bucket_sizes")) or _ints(data.get("bucket_sizes"))
     out["ddp_bucket_count"] = len(buckets) or None
@@ -77,9 +83,8 @@ def ddp_timers(capture: dict[str, Any] | None) -> dict[str, Any]:
     """DDP's own averages of forward, backward, backward communication and their overlap (ms per step) of
     the first DDP module, as its logging data reports them (None when not logged)."""
     out: dict[str, Any] = dict.fromkeys(catalog.group("ddp_timers"))
-    modules = (capture or {}).get("ddp") or []
-    data = next((m.get("logging_data") for m in modules if isinstance(m, dict) and m.get("logging_data")), None)
-    if not isinstance(data, dict):
+    data = _ddp_logging_data(capture)
+    if data is None:
         return out
     for key, name in _DDP_TIMERS.items():
         value = data.get(key)
