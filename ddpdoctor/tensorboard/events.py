@@ -26,7 +26,7 @@ from typing import Any
 
 from ddpdoctor import rundir
 from ddpdoctor.metrics import catalog
-from ddpdoctor.tensorboard.report import STACK_ORDER, build_report
+from ddpdoctor.tensorboard.report import STACK_ORDER, analyze_for_dashboard, build_report
 
 # Trace metric -> scalar tag; other per-step columns (offsets, the profiler plugin's figures) are left out.
 TAGS = {
@@ -125,9 +125,10 @@ def write_events(run_dir: str | Path, *, rules: Any = None) -> Path:
 
     run_dir = Path(run_dir)
     out = run_dir / rundir.TENSORBOARD_DIR
-    report = build_report(run_dir, rules=rules)
+    analysis = analyze_for_dashboard(run_dir, rules)  # read once: the report and the per-rank files
+    report = build_report(run_dir, analysis=analysis)
     out.mkdir(parents=True, exist_ok=True)
-    for rank, capture in rundir.read_rank_captures(run_dir)[0].items():
+    for rank, capture in analysis.captures.items():
         tmp = out / f".rank{rank}.{os.getpid()}.tmp"  # mkdir, not mkdtemp: the umask's permissions
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()

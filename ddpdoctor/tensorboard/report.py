@@ -67,17 +67,28 @@ def _document(analysis: Analysis) -> dict[str, Any]:
     }
 
 
-def build_report(
-    run_dir: Path, *, name: str | None = None, rules: RuleOptions | Sequence[Any] | None = None
-) -> dict[str, Any]:
-    """The dashboard document of ``run_dir`` (module docstring); ``name`` replaces the absolute path."""
-    from ddpdoctor.metrics.capture import device_rows, step_rows
-
+def analyze_for_dashboard(run_dir: Path, rules: RuleOptions | Sequence[Any] | None = None) -> Analysis:
+    """The run through the one pipeline, traces optional; a run with nothing to read yet is an Analysis that says
+    so (the dashboard still shows why it is empty)."""
     try:
         chosen = rules if rules is not None else DEFAULT_RULES
-        analysis = analyze_run(Path(run_dir), rules=chosen, traces_optional=True)
-    except TraceError as exc:  # no trace and no capture file yet: the dashboard still says why it is empty
-        analysis = Analysis(Path(run_dir), None, None, notes=[f"nothing to show yet: {exc}"])
+        return analyze_run(Path(run_dir), rules=chosen, traces_optional=True)
+    except TraceError as exc:
+        return Analysis(Path(run_dir), None, None, notes=[f"nothing to show yet: {exc}"])
+
+
+def build_report(
+    run_dir: Path,
+    *,
+    name: str | None = None,
+    rules: RuleOptions | Sequence[Any] | None = None,
+    analysis: Analysis | None = None,
+) -> dict[str, Any]:
+    """The dashboard document of ``run_dir`` (module docstring); ``name`` replaces the absolute path.
+    ``analysis``: the run already through ``analyze_for_dashboard`` (not read again)."""
+    from ddpdoctor.metrics.capture import device_rows, step_rows
+
+    analysis = analysis if analysis is not None else analyze_for_dashboard(Path(run_dir), rules)
     metrics = analysis.metrics
     doc = _document(analysis)
     steps = [row for rank, capture in analysis.captures.items() for row in step_rows(rank, capture)]
