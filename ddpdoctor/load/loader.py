@@ -13,8 +13,6 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-
 from ddpdoctor import rundir
 from ddpdoctor._version import __version__
 from ddpdoctor.errors import TraceError
@@ -164,6 +162,8 @@ def _assign_ranks(
 
 def _merge(a: RankTrace, b: RankTrace) -> RankTrace:
     """Two workers that report the same rank: their files are spans of one rank."""
+    import pandas as pd
+
     spans = len(a.files)
     for attr in ("ops", "kernels", "memory", "steps", "comm_ops"):
         fa, fb = getattr(a, attr), getattr(b, attr).assign(span=lambda d: d["span"] + spans)
