@@ -3,8 +3,10 @@ themselves are only meaningful from `python benchmarks/run.py`."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -13,8 +15,6 @@ import pytest
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "ddp_gloo_2rank"
 sys.path.insert(0, str(BENCH))
-
-pytest.importorskip("orjson")
 
 import bench_common  # noqa: E402
 import bench_floor  # noqa: E402
@@ -37,10 +37,35 @@ def test_a_line_says_pass_or_miss_against_its_target() -> None:
     assert report.skip("d", "no traces").status == "SKIP"
 
 
-def test_diagnose_and_the_orjson_floor_are_timed_on_a_real_run() -> None:
+def test_diagnose_and_the_floor_process_are_timed_on_a_real_run() -> None:
     result = bench_floor.compare(FIXTURE, reps=1, warm=False)
     assert result["files"] == 4 and result["largest_rank_mb"] > 0
-    assert all(result[k] > 0 for k in ("diagnose_s", "floor_s", "floor_gc_off_s"))
+    assert all(result[k] > 0 for k in ("diagnose_s", "floor_s"))
+
+
+def test_the_floor_decodes_the_fields_ddpdoctor_reads() -> None:
+    """The floor process must decode what ddpdoctor's schema decodes, no less (or it is no floor), no more."""
+    import floor_process
+
+    from ddpdoctor.load import schema
+
+    for ours, floor in ((schema.Event, floor_process.Event), (schema.Args, floor_process.Args)):
+        assert floor.__struct_fields__ == ours.__struct_fields__
+        assert floor.__struct_encode_fields__ == ours.__struct_encode_fields__
+        assert [str(t) for t in floor.__annotations__.values()] == [str(t) for t in ours.__annotations__.values()]
+    header = set(schema.Header.__struct_fields__)
+    assert header == set(floor_process.Trace.__struct_fields__)
+
+
+def test_the_floor_process_counts_the_events_of_a_real_trace() -> None:
+    files = sorted(FIXTURE.glob("*.pt.trace.json*"))
+    out = subprocess.run([sys.executable, str(bench_floor.FLOOR), *map(str, files)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    n = sum(
+        len(json.loads(gzip.decompress(p.read_bytes()) if p.suffix == ".gz" else p.read_bytes())["traceEvents"])
+        for p in files
+    )
+    assert int(out.stdout) == n > 0
 
 
 def test_a_synthetic_run_from_real_summaries_is_diagnosed_in_a_child(tmp_path: Path) -> None:
