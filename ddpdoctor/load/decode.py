@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from itertools import compress
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import numpy as np
-import pandas as pd
 
 from ddpdoctor.errors import TraceError
 from ddpdoctor.load.categories import canonical
@@ -38,6 +38,13 @@ _HEADER = msgspec.json.Decoder(Header)
 _RAW_LIST = msgspec.json.Decoder(list[msgspec.Raw])
 
 
+def factorize(values: list[Any] | tuple[Any, ...]) -> tuple[np.ndarray, list[Any]]:
+    """Codes (int32) of ``values`` into their distinct values in order of first appearance (C-level loops)."""
+    uniques = list(dict.fromkeys(values))
+    index = dict(zip(uniques, range(len(uniques)), strict=True))
+    return np.fromiter(map(index.__getitem__, values), dtype=np.int32, count=len(values)), uniques
+
+
 class NameTable:
     """Interns strings into int codes shared by all spans of a rank; ``flags[code]`` marks names matching
     ``flag``."""
@@ -47,10 +54,9 @@ class NameTable:
         self.flag = flag
         self.flags: list[bool] = []
 
-    def codes(self, values: list[str]) -> np.ndarray:
-        if not values:
-            return np.zeros(0, dtype=np.int32)
-        local, uniques = pd.factorize(pd.Series(values, dtype=object), use_na_sentinel=False)
+    def codes(self, values: list[str] | tuple[str, ...]) -> np.ndarray:
+        """The code of each value; new values are added in the order they first appear."""
+        local, uniques = factorize(values)
         table = np.fromiter((self._code(u) for u in uniques), dtype=np.int32, count=len(uniques))
         return table[local]
 
@@ -216,8 +222,8 @@ def _in_int64(value: int) -> int:
     return value if _I64_MIN <= value <= _I64_MAX else -1
 
 
-def _ids(values: list[int | str], strings: dict[str, int]) -> np.ndarray:
-    if all(v.__class__ is int for v in values):
+def _ids(values: list[int | str] | tuple[int | str, ...], strings: dict[str, int]) -> np.ndarray:
+    if set(map(type, values)) == {int}:
         try:
             return np.array(values, dtype=np.int64)
         except OverflowError:
@@ -241,71 +247,118 @@ def _append(group: dict[str, list[np.ndarray]], key: str, values: np.ndarray) ->
 
 
 def _add_chunk(out: FileColumns, events: list[Event], tables: RankTables) -> None:
-    names, cats, strings = tables.names, tables.cats, tables.strings
     out.n_events += len(events)
-    xs = _timed([e for e in events if e.ph == "X"], out, duration=True)
-    memory = _timed([e for e in events if e.name == "[memory]" and (e.ph == "i" or e.ph == "I")], out)
-    meta = [e for e in events if e.ph == "M"]
-    for e in meta:
-        _add_meta(out, e, strings)
+    for e in [e for e in events if e.ph == "M"]:
+        _add_meta(out, e, tables.strings)
+    xs = [e for e in events if e.ph == "X"]
     if xs:
-        cat_names = [canonical(e.cat) for e in xs]
-        traces = [i for i, c in enumerate(cat_names) if c == "trace"]
-        for i in traces:
-            e = xs[i]
-            if out.window is None and "PyTorch Profiler" in e.name:
-                out.window = (e.ts, e.ts + e.dur)
-        if traces:
-            keep = set(traces)
-            xs = [e for i, e in enumerate(xs) if i not in keep]
-            cat_names = [c for i, c in enumerate(cat_names) if i not in keep]
-        args = [e.args or _NO_ARGS for e in xs]
-        x = out.x
-        name_codes = names.codes([e.name for e in xs])
-        _append(x, "name", name_codes)
-        _append(x, "cat", cats.codes(cat_names))
-        _append(x, "ts", np.array([e.ts for e in xs], dtype=np.float64))
-        _append(x, "dur", np.array([e.dur for e in xs], dtype=np.float64))
-        _append(x, "pid", _ids([e.pid for e in xs], strings))
-        _append(x, "tid", _ids([e.tid for e in xs], strings))
-        ext = _int64([a.external_id for a in args])
-        ext_v1 = _int64([a.external_id_v1 for a in args])
-        _append(x, "external_id", np.where(ext >= 0, ext, ext_v1))
-        _append(x, "correlation", _int64([a.correlation for a in args]))
-        _append(x, "device", _int64([a.device for a in args]))
-        _append(x, "stream", _int64([a.stream for a in args]))
-        _add_comm_rows(out, args, name_codes, names)
-        out.n_x += len(xs)
+        _add_x(out, xs, tables)
+    memory = [e for e in events if e.name == "[memory]" and (e.ph == "i" or e.ph == "I")]
     if memory:
-        args = [e.args or _NO_ARGS for e in memory]
-        m = out.mem
-        _append(m, "ts", np.array([e.ts for e in memory], dtype=np.float64))
-        _append(m, "pid", _ids([e.pid for e in memory], strings))
-        _append(m, "tid", _ids([e.tid for e in memory], strings))
-        _append(m, "bytes", _int64([a.bytes for a in args], 0))
-        _append(m, "total_allocated", np.array([a.total_allocated for a in args], dtype=np.float64))
-        _append(m, "total_reserved", np.array([a.total_reserved for a in args], dtype=np.float64))
-        _append(m, "device_type", _int64([a.device_type for a in args]))
-        _append(m, "device_id", _int64([a.device_id for a in args]))
+        _add_memory(out, memory, tables)
 
 
-def _timed(events: list[Event], out: FileColumns, duration: bool = False) -> list[Event]:
-    """``events`` without those whose timestamp (or duration) is not a finite number or is negative: a step
-    of 0 or -66.9 ms is no measurement. The count of each kind goes into ``out.bad_times``."""
-    good = [e for e in events if e.ts == e.ts and (not duration or e.dur >= 0)]  # NaN != NaN; NaN >= 0 False
-    if len(good) == len(events):
-        return events
-    for e in events:
-        if e.ts != e.ts:
-            why = "timestamp (ts) not a number"
-        elif duration and e.dur != e.dur:
-            why = "duration (dur) not a number"
-        elif duration and e.dur < 0:
-            why = "negative duration (dur)"
-        else:
-            continue
-        out.bad_times[why] = out.bad_times.get(why, 0) + 1
-    return good
+def _columns(events: list[Event], mask: np.ndarray | None = None) -> tuple[list[Any], ...]:
+    """name, cat, ts, dur, pid, tid and args of ``events`` (the rows where ``mask``), one list each. Plain list
+    comprehensions: faster here than attrgetter/zip transposes, which make a tuple per event."""
+    if mask is not None:
+        events = list(compress(events, mask.tolist()))
+    return (
+        [e.name for e in events],
+        [e.cat for e in events],
+        [e.ts for e in events],
+        [e.dur for e in events],
+        [e.pid for e in events],
+        [e.tid for e in events],
+        [e.args or _NO_ARGS for e in events],
+    )
+
+
+def _add_x(out: FileColumns, xs: list[Event], tables: RankTables) -> None:
+    """Complete events, less those without a usable time and the profiler's own "trace" ranges (the first
+    "PyTorch Profiler" one gives the file's window)."""
+    names, cats, ts, dur, pids, tids, args = _columns(xs)
+    ts, dur = np.array(ts, dtype=np.float64), np.array(dur, dtype=np.float64)
+    keep = _timed(ts, dur, out)
+    raw_codes, raw_cats = factorize(cats)
+    canon_of = [canonical(c) for c in raw_cats]
+    if "trace" in canon_of:
+        trace = np.array([c == "trace" for c in canon_of], dtype=bool)[raw_codes]
+        for i in np.flatnonzero(trace & (keep if keep is not None else True)).tolist():
+            if out.window is None and "PyTorch Profiler" in names[i]:
+                out.window = (float(ts[i]), float(ts[i] + dur[i]))
+        keep = ~trace if keep is None else keep & ~trace
+    if keep is not None:
+        if not keep.any():
+            return
+        names, cats, ts, dur, pids, tids, args = _columns(xs, keep)
+        ts, dur = np.array(ts, dtype=np.float64), np.array(dur, dtype=np.float64)
+        raw_codes, raw_cats = factorize(cats)
+        canon_of = [canonical(c) for c in raw_cats]
+    # canonical categories interned in the order they first appear
+    canon_local, canon_uniques = factorize(canon_of)
+    local = canon_local[raw_codes]
+    cat_codes = tables.cats.codes(canon_uniques)[local] if len(canon_uniques) == 1 else None
+    if cat_codes is None:
+        order, seen = np.unique(local, return_index=True)
+        firsts = order[np.argsort(seen, kind="stable")].tolist()
+        interned = np.zeros(len(canon_uniques), dtype=np.int32)
+        interned[firsts] = tables.cats.codes([canon_uniques[i] for i in firsts])
+        cat_codes = interned[local]
+    codes = tables.names.codes(names)
+    x = out.x
+    _append(x, "name", codes)
+    _append(x, "cat", cat_codes)
+    _append(x, "ts", ts)
+    _append(x, "dur", dur)
+    _append(x, "pid", _ids(pids, tables.strings))
+    _append(x, "tid", _ids(tids, tables.strings))
+    ext = _int64([a.external_id for a in args])
+    _append(x, "external_id", np.where(ext >= 0, ext, _int64([a.external_id_v1 for a in args])))
+    _append(x, "correlation", _int64([a.correlation for a in args]))
+    _append(x, "device", _int64([a.device for a in args]))
+    _append(x, "stream", _int64([a.stream for a in args]))
+    _add_comm_rows(out, args, codes, tables.names)
+    out.n_x += len(ts)
+
+
+def _add_memory(out: FileColumns, memory: list[Event], tables: RankTables) -> None:
+    _, _, ts, _, pids, tids, args = _columns(memory)
+    ts = np.array(ts, dtype=np.float64)
+    keep = _timed(ts, None, out)
+    if keep is not None:
+        if not keep.any():
+            return
+        _, _, ts, _, pids, tids, args = _columns(memory, keep)
+        ts = np.array(ts, dtype=np.float64)
+    m = out.mem
+    _append(m, "ts", ts)
+    _append(m, "pid", _ids(pids, tables.strings))
+    _append(m, "tid", _ids(tids, tables.strings))
+    _append(m, "bytes", _int64([a.bytes for a in args], 0))
+    _append(m, "total_allocated", np.array([a.total_allocated for a in args], dtype=np.float64))
+    _append(m, "total_reserved", np.array([a.total_reserved for a in args], dtype=np.float64))
+    _append(m, "device_type", _int64([a.device_type for a in args]))
+    _append(m, "device_id", _int64([a.device_id for a in args]))
+
+
+def _timed(ts: np.ndarray, dur: np.ndarray | None, out: FileColumns) -> np.ndarray | None:
+    """Which events to keep (None: all): not those whose timestamp (or duration) is not a finite number or is
+    negative; a step of 0 or -66.9 ms is no measurement. The count of each kind goes into ``out.bad_times``."""
+    bad_ts = np.isnan(ts)
+    reasons = [("timestamp (ts) not a number", bad_ts)]
+    if dur is not None:
+        reasons += [
+            ("duration (dur) not a number", ~bad_ts & np.isnan(dur)),
+            ("negative duration (dur)", ~bad_ts & (dur < 0)),
+        ]
+    bad = None
+    for why, rows in reasons:
+        n = int(rows.sum())
+        if n:
+            out.bad_times[why] = out.bad_times.get(why, 0) + n
+            bad = rows if bad is None else bad | rows
+    return None if bad is None else ~bad
 
 
 def _add_meta(out: FileColumns, e: Event, strings: dict[str, int]) -> None:
