@@ -30,6 +30,14 @@ class Codes:
         self.categories = list(categories)
 
     @classmethod
+    def shared(cls, codes: np.ndarray, categories: list[str]) -> Codes:
+        """Codes over the list ``categories`` itself (not a copy: columns of one rank share their names)."""
+        out = cls.__new__(cls)
+        out.codes = np.asarray(codes, dtype=np.int32)
+        out.categories = categories
+        return out
+
+    @classmethod
     def from_values(cls, values: Iterable[str]) -> Codes:
         index: dict[str, int] = {}
         codes = np.fromiter((index.setdefault(v, len(index)) for v in values), dtype=np.int32)
@@ -39,7 +47,7 @@ class Codes:
         return len(self.codes)
 
     def __getitem__(self, rows: Any) -> Codes:
-        return Codes(self.codes[rows], self.categories)
+        return Codes.shared(self.codes[rows], self.categories)
 
     def _table(self, wanted: Iterable[bool]) -> np.ndarray:
         # one flag per category, plus a False for code -1 (indexed from the end)

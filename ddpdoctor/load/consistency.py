@@ -18,6 +18,9 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from ddpdoctor.errors import TraceError
 from ddpdoctor.load.decode import FileColumns
@@ -48,10 +51,16 @@ def file_range(f: FileColumns) -> tuple[float, float] | None:
 
 def rank_range(rt: RankTrace) -> tuple[float, float] | None:
     """The absolute time span (µs) a worker's trace covers, from its CPU-side events."""
-    if rt.ops is None or not len(rt.ops):
+    ops = rt.tables.ops if rt.tables is not None else None
+    if ops is None or not len(ops):
         return None
     base = _base_us(rt.base_time_ns)
-    return base + float(rt.ops["ts_us"].min()), base + float(rt.ops["end_us"].max())
+    return base + _nan_extreme(ops["ts_us"], np.nanmin), base + _nan_extreme(ops["end_us"], np.nanmax)
+
+
+def _nan_extreme(values: np.ndarray, fn: Any) -> float:
+    """min/max over the values that are not NaN (NaN when none), as pandas' ``Series.min``/``max``."""
+    return float(fn(values)) if not np.isnan(values).all() else float("nan")
 
 
 def overlap(a: tuple[float, float] | None, b: tuple[float, float] | None) -> bool:
@@ -139,7 +148,7 @@ def run_notes(ranks: list[RankTrace], world_size: int, source: str) -> list[str]
         notes.append(
             f"rank(s) {_ranks_text(beyond)} lie outside the world size {world_size} the traces state"
         )
-    no_steps = [rt.rank for rt in ranks if rt.steps is not None and len(rt.steps) == 0]
+    no_steps = [rt.rank for rt in ranks if rt.tables is not None and len(rt.tables.steps) == 0]
     if no_steps:
         notes.append(
             f"rank(s) {_ranks_text(no_steps)}: no ProfilerStep#N ranges in the trace (the profiler was not "

@@ -1,15 +1,15 @@
-"""Assemble the decoded columns of one rank's files (spans) into the ``RankTrace`` frames of ``model``."""
+"""Assemble the decoded columns of one rank's files (spans) into the ``RankTrace`` tables of ``model``."""
 
 from __future__ import annotations
 
 import re
 
 import numpy as np
-import pandas as pd
 
 from ddpdoctor.load.categories import DEVICE_CATS
 from ddpdoctor.load.decode import FileColumns, RankTables
-from ddpdoctor.load.model import RankTrace
+from ddpdoctor.load.model import EventTables, RankTrace
+from ddpdoctor.table import Codes, Table
 
 _STEP = re.compile(r"^ProfilerStep\s*#\s*(\d{1,18})$")  # a longer number is no step a profiler counted
 _COMM_ARG_COLUMNS = (
@@ -28,32 +28,34 @@ _COMM_ARG_COLUMNS = (
 def build_rank_trace(rank: int, files: list[FileColumns], tables: RankTables) -> RankTrace:
     """One ``RankTrace`` from the columns of its files, spans ordered by start time."""
     files = sorted(files, key=_file_start)
-    names = pd.Index(_table(tables.names.index), dtype=object)
-    cats = pd.Index(_table(tables.cats.index), dtype=object)
+    names = _table(tables.names.index)
+    cats = _table(tables.cats.index)
 
     x, comm_rows = _concat_x(files)
     cat_codes = x["cat"]
-    device_cat_codes = [i for i, c in enumerate(cats) if c in DEVICE_CATS]
-    on_device = np.isin(cat_codes, device_cat_codes)
+    device_cat = np.array([c in DEVICE_CATS for c in cats] + [False], dtype=bool)
+    on_device = device_cat[cat_codes] if len(cat_codes) else np.zeros(0, dtype=bool)
 
-    def frame(mask: np.ndarray, extra: tuple[str, ...]) -> pd.DataFrame:
-        cols = {
-            "name": pd.Categorical.from_codes(x["name"][mask], categories=names),
-            "cat": pd.Categorical.from_codes(cat_codes[mask], categories=cats),
-            "ts_us": x["ts"][mask],
-            "dur_us": x["dur"][mask],
+    def table(mask: np.ndarray, extra: tuple[str, ...]) -> Table:
+        ts = x["ts"][mask]
+        dur = x["dur"][mask]
+        cols: dict[str, np.ndarray | Codes] = {
+            "name": Codes.shared(x["name"][mask], names),
+            "cat": Codes.shared(cat_codes[mask], cats),
+            "ts_us": ts,
+            "dur_us": dur,
+            "end_us": ts + dur,
+            "pid": x["pid"][mask],
+            "tid": x["tid"][mask],
         }
-        cols["end_us"] = cols["ts_us"] + cols["dur_us"]
-        cols["pid"] = x["pid"][mask]
-        cols["tid"] = x["tid"][mask]
         for key in extra:
             cols[key] = x[key][mask]
         cols["span"] = x["span"][mask]
-        return pd.DataFrame(cols, copy=False)
+        return Table(cols)
 
-    ops = frame(~on_device, ("external_id", "correlation"))
-    kernels = frame(on_device, ("device", "stream", "correlation", "external_id"))
-    memory = _memory_frame(files, names, cats)
+    ops = table(~on_device, ("external_id", "correlation"))
+    kernels = table(on_device, ("device", "stream", "correlation", "external_id"))
+    memory = _memory_table(files)
 
     row_to_op = np.cumsum(~on_device) - 1
     steps = _steps(ops)
@@ -72,11 +74,7 @@ def build_rank_trace(rank: int, files: list[FileColumns], tables: RankTables) ->
         files=[f.path for f in files],
         distributed_info=next((f.distributed_info for f in files if f.distributed_info), None),
         device_properties=first.device_properties if first else [],
-        ops=ops,
-        kernels=kernels,
-        memory=memory,
-        steps=steps,
-        comm_ops=comm_ops,
+        tables=EventTables(ops=ops, kernels=kernels, memory=memory, steps=steps, comm_ops=comm_ops),
         thread_names=thread_names,
         process_labels=process_labels,
         windows=[f.window for f in files if f.window is not None],
@@ -131,7 +129,7 @@ def _concat_x(files: list[FileColumns]) -> tuple[dict[str, np.ndarray], list[dic
     return x, comm_rows
 
 
-def _memory_frame(files: list[FileColumns], names: pd.Index, cats: pd.Index) -> pd.DataFrame:
+def _memory_table(files: list[FileColumns]) -> Table:
     cols: dict[str, np.ndarray] = {}
     for key, dtype in (
         ("ts", np.float64),
@@ -153,10 +151,10 @@ def _memory_frame(files: list[FileColumns], names: pd.Index, cats: pd.Index) -> 
         if files
         else np.zeros(0, dtype=np.int32)
     )
-    return pd.DataFrame(
+    return Table(
         {
-            "name": pd.Categorical(["[memory]"] * n, categories=["[memory]"]),
-            "cat": pd.Categorical(["cpu_instant_event"] * n, categories=["cpu_instant_event"]),
+            "name": Codes(np.zeros(n, dtype=np.int32), ["[memory]"]),
+            "cat": Codes(np.zeros(n, dtype=np.int32), ["cpu_instant_event"]),
             "ts_us": cols["ts"],
             "dur_us": np.zeros(n),
             "end_us": cols["ts"].copy(),
@@ -172,29 +170,34 @@ def _memory_frame(files: list[FileColumns], names: pd.Index, cats: pd.Index) -> 
     )
 
 
-def _steps(ops: pd.DataFrame) -> pd.DataFrame:
+def _steps(ops: Table) -> Table:
     """``ProfilerStep#N`` ranges recorded on the CPU (not their GPU-side copies), sorted by start."""
-    step_names = {n: int(m.group(1)) for n in ops["name"].cat.categories if (m := _STEP.match(n))}
+    name = ops["name"]
+    step_names = {n: int(m.group(1)) for n in name.categories if (m := _STEP.match(n))}
     if not step_names:
-        return ops.iloc[0:0].assign(step=np.zeros(0, dtype=np.int64))
-    mask = ops["name"].isin(list(step_names)) & ops["cat"].isin(["user_annotation", "cpu_op"])
-    steps = ops[mask].copy()
-    steps["step"] = steps["name"].map(step_names).astype(np.int64)
-    return steps.sort_values("ts_us", kind="stable").reset_index(drop=True)
+        return ops[0:0].assign(step=np.zeros(0, dtype=np.int64))
+    mask = name.isin(step_names) & ops["cat"].isin(["user_annotation", "cpu_op"])
+    steps = ops[mask]
+    steps["step"] = steps["name"].map(step_names, default=0, dtype=np.int64)
+    return steps.sort("ts_us")
 
 
-def _comm_ops(
-    ops: pd.DataFrame, rows: list[dict], row_to_op: np.ndarray, on_device: np.ndarray
-) -> pd.DataFrame:
+_OBJECT_ARGS = ("dtype", "collective_name", "pg_name", "input_dims", "input_type")
+
+
+def _comm_ops(ops: Table, rows: list[dict], row_to_op: np.ndarray, on_device: np.ndarray) -> Table:
     keep = [r for r in rows if not on_device[r["row"]]]
     idx = np.array([row_to_op[r["row"]] for r in keep], dtype=np.int64)
-    out = ops.iloc[idx].reset_index(drop=True)
+    out = ops[idx]
     for key in _COMM_ARG_COLUMNS:
         values = [r[key] for r in keep]
-        out[key] = pd.Series(
-            values,
-            dtype=object
-            if key in ("dtype", "collective_name", "pg_name", "input_dims", "input_type")
-            else np.int64,
-        )
+        out[key] = objects(values) if key in _OBJECT_ARGS else np.array(values, dtype=np.int64)
+    return out
+
+
+def objects(values: list) -> np.ndarray:
+    """A 1-d object array of ``values`` (lists stay elements, not a second dimension)."""
+    out = np.empty(len(values), dtype=object)
+    for i, v in enumerate(values):
+        out[i] = v
     return out

@@ -27,9 +27,10 @@ from ddpdoctor.load.consistency import (
 from ddpdoctor.load.decode import FileColumns, RankTables, decode_file
 from ddpdoctor.load.discover import group_by_worker, rank_from_name, shown, trace_files
 from ddpdoctor.load.frames import build_rank_trace
-from ddpdoctor.load.model import RankTrace, Run
+from ddpdoctor.load.model import TABLES, EventTables, RankTrace, Run
 from ddpdoctor.load.schema import valid_rank, valid_world_size
 from ddpdoctor.rundir import is_run_dir
+from ddpdoctor.table import Table
 
 Progress = Callable[[int, int, str], None]
 
@@ -185,18 +186,14 @@ def _assign_ranks(
 
 def _merge(a: RankTrace, b: RankTrace) -> RankTrace:
     """Two workers that report the same rank: their files are spans of one rank."""
-    import pandas as pd
-
+    assert a.tables is not None and b.tables is not None
     spans = len(a.files)
-    for attr in ("ops", "kernels", "memory", "steps", "comm_ops"):
-        fa, fb = getattr(a, attr), getattr(b, attr).assign(span=lambda d: d["span"] + spans)
-        merged = pd.concat([fa, fb], ignore_index=True)
-        for col in ("name", "cat"):
-            if col in fa and isinstance(fa[col].dtype, pd.CategoricalDtype):
-                union = pd.api.types.union_categoricals([fa[col], fb[col]]).categories
-                merged[col] = pd.Categorical(merged[col].astype(object), categories=union)
-        setattr(a, attr, merged)
-    a.steps = a.steps.sort_values("ts_us", kind="stable").reset_index(drop=True)
+    merged = {}
+    for attr in TABLES:
+        ta, tb = getattr(a.tables, attr), getattr(b.tables, attr)
+        merged[attr] = Table.concat([ta, tb.assign(span=tb["span"] + spans)])
+    merged["steps"] = merged["steps"].sort("ts_us")
+    a.set_tables(EventTables(**merged))
     a.files += b.files
     a.windows += b.windows
     a.thread_names.update(b.thread_names)
@@ -232,9 +229,9 @@ def _make_run(
 
 
 def _names(rt: RankTrace) -> list[str]:
-    if rt.ops is None:
+    if rt.tables is None:
         return []
-    return list(rt.ops["name"].cat.categories)
+    return list(rt.tables.ops["name"].categories)
 
 
 def _mode(ranks: list[RankTrace], capture: dict[int, dict[str, Any]], world_size: int) -> str:

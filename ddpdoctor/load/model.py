@@ -1,6 +1,11 @@
-"""What the loader hands to the metrics: one ``Run`` of ``RankTrace``s (plain dataclasses of pandas frames).
+"""What the loader hands to the metrics: one ``Run`` of ``RankTrace``s.
 
-Frames (all timestamps are µs floats as in the trace; ``end_us = ts_us + dur_us``):
+A rank's events are held as ``ddpdoctor.table.Table``s (named numpy columns) in ``RankTrace.tables``
+(``EventTables``), which the metrics read; importing or using pandas costs more than the analysis of a small
+rank. ``RankTrace.ops``, ``.kernels``, ``.memory``, ``.steps`` and ``.comm_ops`` are the same tables as pandas
+DataFrames, built on first use (the public ``ddpdoctor.load()`` API).
+
+Tables (all timestamps are µs floats as in the trace; ``end_us = ts_us + dur_us``):
 
 - ``ops``      CPU-side complete events (cpu_op, user_annotation, python_function, cuda_runtime, cuda_driver,
                ...):
@@ -13,9 +18,10 @@ Frames (all timestamps are µs floats as in the trace; ``end_us = ts_us + dur_us
 - ``steps``    ``ProfilerStep#N`` ranges on the CPU: the ``ops`` columns plus ``step`` (N)
 - ``comm_ops`` the collective calls' CPU events (``nccl:*``, ``gloo:*``, ``record_param_comms``, ``c10d::*``)
                with their arguments: the ``ops`` columns plus ``in_nelems, out_nelems, group_size, dtype,
-               collective_name, pg_name, seq, input_dims, input_type``
+               collective_name, pg_name, seq, input_dims, input_type`` (the strings and lists as object arrays)
 
-``name`` and ``cat`` are pandas categoricals; ``cat`` holds the canonical lower-case category names of
+``name`` and ``cat`` are ``ddpdoctor.table.Codes`` (pandas categoricals in the DataFrames); their categories are
+all names (categories) of the rank, shared by its tables; ``cat`` holds the canonical lower-case category names of
 ``ddpdoctor.load.categories``. ``pid``/``tid`` are int64: numeric strings become numbers, ``"stream 7"``
 becomes 7, other strings negative codes named in ``RankTrace.thread_names``.
 """
@@ -26,22 +32,32 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
+from ddpdoctor.table import Table
+
+TABLES = ("ops", "kernels", "memory", "steps", "comm_ops")
+
+
+@dataclass
+class EventTables:
+    """The event tables of one rank (all spans concatenated); see the module docstring for the columns."""
+
+    ops: Table
+    kernels: Table
+    memory: Table
+    steps: Table
+    comm_ops: Table
 
 
 @dataclass
 class RankTrace:
-    """Everything known about one rank: its trace frames (all spans concatenated) and where they came from."""
+    """Everything known about one rank: its event tables (all spans concatenated) and where they came from."""
 
     rank: int
     files: list[str] = field(default_factory=list)
     distributed_info: dict[str, Any] | None = None
     device_properties: list[dict[str, Any]] = field(default_factory=list)
-    ops: pd.DataFrame | None = None
-    kernels: pd.DataFrame | None = None
-    memory: pd.DataFrame | None = None
-    steps: pd.DataFrame | None = None
-    comm_ops: pd.DataFrame | None = None
+    # the events (None when loaded from a summary)
+    tables: EventTables | None = None
     # (pid, tid) -> thread name from the trace's "thread_name" metadata ("thread 6023 (pt_gloo_runloop)")
     thread_names: dict[tuple[int, int], str] = field(default_factory=dict)
     # pid -> process label ("CPU", "GPU 0")
@@ -49,12 +65,52 @@ class RankTrace:
     # per span (file): the profiler window [start_us, end_us] ("PyTorch Profiler (0)"), in span order
     windows: list[tuple[float, float]] = field(default_factory=list)
     base_time_ns: int | None = None
-    # ranks/rank<R>.summary.json when loaded with use_summaries=True (then the frames are None)
+    # ranks/rank<R>.summary.json when loaded with use_summaries=True (then there are no tables)
     summary: dict[str, Any] | None = None
+    # the pandas DataFrames built so far from ``tables`` (see ``frame``)
+    _frames: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def has_trace(self) -> bool:
-        return self.ops is not None
+        return self.tables is not None
+
+    def frame(self, name: str) -> Any:
+        """The table ``name`` (one of ``TABLES``) as a pandas DataFrame (None without tables), built once."""
+        if self.tables is None:
+            return None
+        if name not in self._frames:
+            self._frames[name] = getattr(self.tables, name).to_pandas()
+        return self._frames[name]
+
+    def set_tables(self, tables: EventTables | None) -> None:
+        """Replace the tables (and forget the DataFrames built from the old ones)."""
+        self.tables = tables
+        self._frames.clear()
+
+    @property
+    def ops(self) -> Any:
+        """CPU-side events (pandas DataFrame)."""
+        return self.frame("ops")
+
+    @property
+    def kernels(self) -> Any:
+        """Device-side events (pandas DataFrame)."""
+        return self.frame("kernels")
+
+    @property
+    def memory(self) -> Any:
+        """``[memory]`` events (pandas DataFrame)."""
+        return self.frame("memory")
+
+    @property
+    def steps(self) -> Any:
+        """``ProfilerStep#N`` ranges (pandas DataFrame)."""
+        return self.frame("steps")
+
+    @property
+    def comm_ops(self) -> Any:
+        """The collective calls' CPU events with their arguments (pandas DataFrame)."""
+        return self.frame("comm_ops")
 
 
 @dataclass

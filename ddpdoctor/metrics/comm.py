@@ -16,14 +16,15 @@ from __future__ import annotations
 
 import math
 import re
+from types import SimpleNamespace
 
 import numpy as np
-import pandas as pd
 
 from ddpdoctor.load.model import RankTrace
 from ddpdoctor.metrics import intervals as iv
 from ddpdoctor.metrics.phases import names_matching
-from ddpdoctor.metrics.steps import launch_times
+from ddpdoctor.metrics.steps import first_index, launch_times
+from ddpdoctor.table import Codes, Table
 
 COMM_KERNEL = re.compile(r"^(nccl|rccl).*kernel", re.IGNORECASE)
 # HTA's is_compute_kernel() regex "(^nccl.*Kernel)|(.*(Memcpy)|(Memset))|(.*Sync)" without the leading ".*",
@@ -182,94 +183,104 @@ def bus_factor(kind: str, n: int) -> float:
     return 1.0
 
 
-def comm_kernels(rt: RankTrace) -> pd.DataFrame:
-    k = rt.kernels
-    if k is None or len(k) == 0:
-        return pd.DataFrame(columns=["name", "ts_us", "end_us"])
-    return k[(k["cat"] == "kernel") & names_matching(k, COMM_KERNEL)]
+def comm_kernels(rt: RankTrace) -> Table:
+    k = rt.tables.kernels
+    if len(k) == 0:
+        return k
+    return k[k["cat"].isin(["kernel"]) & names_matching(k, COMM_KERNEL)]
 
 
 def busy_sets(rt: RankTrace) -> tuple[iv.Intervals, iv.Intervals, bool]:
     """(communication, computation, on_device): the interval sets that define overlap and exposed comm."""
-    k = rt.kernels
-    kernels = k[k["cat"] == "kernel"] if k is not None else None
-    if kernels is not None and len(kernels):
-        comm = kernels[names_matching(kernels, COMM_KERNEL)]
-        comp = kernels[~names_matching(kernels, _NOT_COMPUTE)]
-        return (
-            iv.union(comm["ts_us"].to_numpy(), comm["end_us"].to_numpy()),
-            iv.union(comp["ts_us"].to_numpy(), comp["end_us"].to_numpy()),
-            True,
-        )
-    ops = rt.ops
-    comm = ops[names_matching(ops, _CPU_COMM_RANGE)]
-    comm_threads = set(comm["tid"].unique())
-    comp = ops[(ops["cat"] == "cpu_op") & ~ops["tid"].isin(comm_threads) & ~names_matching(ops, _NOT_CPU_COMPUTE)]
-    return (
-        iv.union(comm["ts_us"].to_numpy(), comm["end_us"].to_numpy()),
-        iv.union(comp["ts_us"].to_numpy(), comp["end_us"].to_numpy()),
-        False,
-    )
+    k = rt.tables.kernels
+    kernels = k[k["cat"].isin(["kernel"])]
+    if len(kernels):
+        comm = names_matching(kernels, COMM_KERNEL)
+        comp = ~names_matching(kernels, _NOT_COMPUTE)
+        ts, te = kernels["ts_us"], kernels["end_us"]
+        return iv.union(ts[comm], te[comm]), iv.union(ts[comp], te[comp]), True
+    ops = rt.tables.ops
+    comm = names_matching(ops, _CPU_COMM_RANGE)
+    tid = ops["tid"]
+    comm_threads = np.unique(tid[comm])
+    comp = ops["cat"].isin(["cpu_op"]) & ~np.isin(tid, comm_threads) & ~names_matching(ops, _NOT_CPU_COMPUTE)
+    ts, te = ops["ts_us"], ops["end_us"]
+    return iv.union(ts[comm], te[comm]), iv.union(ts[comp], te[comp]), False
 
 
-def collectives(rt: RankTrace, calls: pd.DataFrame | None = None) -> pd.DataFrame:
+def collectives(rt: RankTrace, calls: Table | None = None) -> Table:
     """One row per collective call: ``kind, start_us, end_us, dur_us, bytes, group_size, source``.
 
     ``bytes`` is NaN where the trace records no size; ``source`` says what was timed ("kernel" or the call's
-    name).
+    name). ``kind`` and ``source`` are object arrays of strings.
     """
     calls = _calls(rt) if calls is None else calls  # ``calls``: collective_calls(rt), when the caller has them
     kernels = comm_kernels(rt)
     if len(kernels):
         rows = _kernel_collectives(rt, kernels, calls)
     else:
-        timed = calls[calls["name"].astype(str).str.match(_CPU_COMM_RANGE)] if len(calls) else calls
-        rows = (
-            pd.DataFrame(
-                {
-                    "kind": timed["kind"],
-                    "start_us": timed["ts_us"],
-                    "end_us": timed["end_us"],
-                    "dur_us": timed["dur_us"],
-                    "bytes": timed["bytes"],
-                    "group_size": timed["group_size"],
-                    "source": timed["name"].astype(str),
-                }
-            )
-            if len(timed)
-            else pd.DataFrame(columns=COLLECTIVE_COLUMNS)
+        timed = calls[calls["name"].matches(_CPU_COMM_RANGE)] if len(calls) else calls
+        rows = Table(
+            {
+                "kind": timed["kind"],
+                "start_us": timed["ts_us"],
+                "end_us": timed["end_us"],
+                "dur_us": timed["dur_us"],
+                "bytes": timed["bytes"],
+                "group_size": timed["group_size"],
+                "source": timed["name"].values(),
+            }
         )
-    rows = rows[rows["kind"].notna()]
-    return rows.sort_values("start_us", kind="stable").reset_index(drop=True)[COLLECTIVE_COLUMNS]
+    rows = rows[_notna(rows["kind"])]
+    return rows.sort("start_us").select(COLLECTIVE_COLUMNS)
 
 
-def collective_calls(rt: RankTrace) -> pd.DataFrame:
+def _notna(values: np.ndarray) -> np.ndarray:
+    """Rows of an object array that hold a value (not None or NaN), as pandas' ``notna``."""
+    return np.fromiter((v is not None and v == v for v in values), dtype=bool, count=len(values))
+
+
+def collective_calls(rt: RankTrace) -> Table:
     """The host-side collective calls (``nccl:*``/``gloo:*``...) with ``kind``, ``bytes``, ``group_size``,
     ``tid``, ``ts_us``, ``end_us``."""
     return _calls(rt)
 
 
-def _calls(rt: RankTrace) -> pd.DataFrame:
+_CALL_COLUMNS = ("name", "tid", "ts_us", "end_us", "dur_us", "kind", "bytes", "group_size")
+
+
+def kinds_of(names: Codes) -> np.ndarray:
+    """``kind_of`` of each row's name (an object array; None where none), evaluated once per distinct name."""
+    return names.map({n: kind_of(n) for n in names.used()})
+
+
+def _calls(rt: RankTrace) -> Table:
     """The ``nccl:*``/``gloo:*`` calls with kind, bytes and group size filled in from the ops around them."""
-    c = rt.comm_ops
-    if c is None or len(c) == 0:
-        return pd.DataFrame(columns=["name", "tid", "ts_us", "end_us", "dur_us", "kind", "bytes", "group_size"])
-    names = c["name"].astype(str)
-    is_call = names.str.match(_COMM_CALL)
-    calls = c[is_call].copy()
-    if len(calls) == 0:  # older traces: the record_param_comms ops are the calls
-        calls = c[(names == "record_param_comms") & c["collective_name"].notna()].copy()
-        calls["kind"] = calls["collective_name"].map(kind_of)
+    c = rt.tables.comm_ops
+    if len(c) == 0:
+        return Table(
+            {
+                "name": Codes(np.zeros(0, dtype=np.int32), []),
+                **{k: np.zeros(0) for k in _CALL_COLUMNS if k not in ("name", "kind")},
+                "kind": np.zeros(0, dtype=object),
+            }
+        )
+    names = c["name"]
+    is_call = names.matches(_COMM_CALL)
+    if not is_call.any():  # older traces: the record_param_comms ops are the calls
+        calls = c[names.isin(["record_param_comms"]) & _notna(c["collective_name"])]
+        calls["kind"] = np.array([kind_of(n) for n in calls["collective_name"]] + [None], dtype=object)[:-1]
     else:
-        calls["kind"] = calls["name"].astype(str).map(kind_of)
-    params = c[names == "record_param_comms"].reset_index(drop=True)
-    outer = c[names.str.startswith("c10d::")].reset_index(drop=True)
+        calls = c[is_call]
+        calls["kind"] = kinds_of(calls["name"])
+    params = c[names.isin(["record_param_comms"])]
+    outer = c[names.startswith("c10d::")]
     p_at = _enclosing(params, calls)
     o_at = _enclosing(outer, calls)
-    p_rows = list(params.itertuples())
-    o_rows = list(outer.itertuples())
+    p_rows = _row_objects(params)
+    o_rows = _row_objects(outer)
     bytes_, groups = [], []
-    for row, pi, oi in zip(calls.itertuples(), p_at, o_at, strict=False):
+    for row, pi, oi in zip(_row_objects(calls), p_at.tolist(), o_at.tolist(), strict=False):
         p = p_rows[pi] if pi >= 0 else None
         o = o_rows[oi] if oi >= 0 else None
         bytes_.append(_bytes(row, p, o))
@@ -277,24 +288,34 @@ def _calls(rt: RankTrace) -> pd.DataFrame:
         groups.append(gs)
     calls["bytes"] = np.array(bytes_, dtype=np.float64)
     calls["group_size"] = np.array(groups, dtype=np.int64)
-    return calls.reset_index(drop=True)
+    return calls
 
 
-def _enclosing(frame: pd.DataFrame, calls: pd.DataFrame) -> np.ndarray:
+_ARG_FIELDS = ("in_nelems", "out_nelems", "group_size", "dtype", "input_dims", "input_type")
+
+
+def _row_objects(table: Table) -> list[SimpleNamespace]:
+    """The collective-argument fields of each row as attributes (Python values)."""
+    lists = {k: table[k].tolist() for k in _ARG_FIELDS}
+    return [SimpleNamespace(**dict(zip(_ARG_FIELDS, row, strict=True))) for row in zip(*lists.values(), strict=True)]
+
+
+def _enclosing(frame: Table, calls: Table) -> np.ndarray:
     """For each call, the row of ``frame`` on its thread that encloses it (the innermost), or -1."""
     out = np.full(len(calls), -1, dtype=np.int64)
     if len(frame) == 0 or len(calls) == 0:
         return out
-    for tid, rows in frame.groupby("tid").groups.items():
-        rows = frame.loc[rows].sort_values("ts_us", kind="stable")
-        sel = np.flatnonzero(calls["tid"].to_numpy() == tid)
+    f_tid, f_ts, f_end = frame["tid"], frame["ts_us"], frame["end_us"]
+    c_tid, c_ts, c_end = calls["tid"], calls["ts_us"], calls["end_us"]
+    for tid in np.unique(f_tid):
+        sel = np.flatnonzero(c_tid == tid)
         if len(sel) == 0:
             continue
-        ts = calls["ts_us"].to_numpy()[sel]
-        te = calls["end_us"].to_numpy()[sel]
-        j = np.searchsorted(rows["ts_us"].to_numpy(), ts, side="right") - 1
-        ok = (j >= 0) & (rows["end_us"].to_numpy()[np.maximum(j, 0)] >= te)
-        out[sel[ok]] = rows.index.to_numpy()[j[ok]]
+        rows = np.flatnonzero(f_tid == tid)
+        rows = rows[np.argsort(f_ts[rows], kind="stable")]
+        j = np.searchsorted(f_ts[rows], c_ts[sel], side="right") - 1
+        ok = (j >= 0) & (f_end[rows][np.maximum(j, 0)] >= c_end[sel])
+        out[sel[ok]] = rows[j[ok]]
     return out
 
 
@@ -348,36 +369,39 @@ def _type_bytes(types: object) -> int | None:
     return None
 
 
-def _kernel_collectives(rt: RankTrace, kernels: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
+def _kernel_collectives(rt: RankTrace, kernels: Table, calls: Table) -> Table:
     """Comm kernels, each matched to the call that launched it (same thread, launch inside the call)."""
     launched = launch_times(rt, kernels)
-    ops = rt.ops
-    runtime_tid = (
-        ops.drop_duplicates("correlation").set_index("correlation")["tid"] if len(ops) else pd.Series(dtype=np.int64)
-    )
-    tids = runtime_tid.reindex(kernels["correlation"].to_numpy()).to_numpy()
-    kind = np.array(kernels["name"].astype(str).map(kind_of).tolist(), dtype=object)
+    ops = rt.tables.ops
+    # the thread of the first op with the kernel's correlation id
+    at = first_index(ops["correlation"], kernels["correlation"])
+    found = at >= 0
+    tids = ops["tid"][np.maximum(at, 0)] if len(ops) else np.zeros(len(kernels), dtype=np.int64)
+    kind = kinds_of(kernels["name"])
     nbytes = np.full(len(kernels), np.nan)
     group = np.full(len(kernels), -1, dtype=np.int64)
-    source = np.array(["kernel"] * len(kernels), dtype=object)
-    for tid, idx in calls.groupby("tid").groups.items() if len(calls) else []:
-        cs = calls.loc[idx].sort_values("ts_us", kind="stable")
-        lo, hi = cs["ts_us"].to_numpy(), cs["end_us"].to_numpy()
-        sel = np.flatnonzero(tids == tid)
-        j = np.searchsorted(lo, launched[sel], side="right") - 1
-        ok = (j >= 0) & (launched[sel] <= hi[np.maximum(j, 0)])
-        sel, j = sel[ok], j[ok]
-        call_kind = cs["kind"].to_numpy(dtype=object)[j]
-        kind[sel] = np.where(pd.notna(call_kind), call_kind, kind[sel])
-        nbytes[sel] = cs["bytes"].to_numpy()[j]
-        group[sel] = cs["group_size"].to_numpy()[j]
-        source[sel] = "kernel (" + cs["name"].astype(str).to_numpy(dtype=object)[j] + ")"
-    return pd.DataFrame(
+    source = np.full(len(kernels), "kernel", dtype=object)
+    if len(calls):
+        c_tid = calls["tid"]
+        for tid in np.unique(c_tid):
+            idx = np.flatnonzero(c_tid == tid)
+            idx = idx[np.argsort(calls["ts_us"][idx], kind="stable")]
+            lo, hi = calls["ts_us"][idx], calls["end_us"][idx]
+            sel = np.flatnonzero(found & (tids == tid))
+            j = np.searchsorted(lo, launched[sel], side="right") - 1
+            ok = (j >= 0) & (launched[sel] <= hi[np.maximum(j, 0)])
+            sel, rows = sel[ok], idx[j[ok]]
+            call_kind = calls["kind"][rows]
+            kind[sel] = np.where(_notna(call_kind), call_kind, kind[sel])
+            nbytes[sel] = calls["bytes"][rows]
+            group[sel] = calls["group_size"][rows]
+            source[sel] = "kernel (" + calls["name"][rows].values() + ")"
+    return Table(
         {
             "kind": kind,
-            "start_us": kernels["ts_us"].to_numpy(),
-            "end_us": kernels["end_us"].to_numpy(),
-            "dur_us": kernels["dur_us"].to_numpy(),
+            "start_us": kernels["ts_us"],
+            "end_us": kernels["end_us"],
+            "dur_us": kernels["dur_us"],
             "bytes": nbytes,
             "group_size": group,
             "source": source,

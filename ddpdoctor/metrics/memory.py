@@ -17,6 +17,7 @@ import numpy as np
 
 from ddpdoctor.load.model import RankTrace
 from ddpdoctor.metrics import catalog
+from ddpdoctor.table import Table
 
 CUDA = 1  # c10::DeviceType::CUDA in "Device Type"
 
@@ -26,15 +27,20 @@ def own_device(rt: RankTrace | None, capture: dict[str, Any] | None) -> str | No
     dev = (capture or {}).get("device")
     if isinstance(dev, str) and dev:
         return dev if ":" in dev or dev == "cpu" else f"{dev}:0"
-    if rt is not None and rt.kernels is not None and len(rt.kernels):
-        devices = rt.kernels["device"]
+    kernels = rt.tables.kernels if rt is not None and rt.tables is not None else None
+    if kernels is not None and len(kernels):
+        devices = kernels["device"]
         devices = devices[devices >= 0]
         if len(devices):
-            return f"cuda:{int(devices.mode().iloc[0])}"
-        pids = rt.kernels["pid"]
-        if len(pids):
-            return f"cuda:{int(pids.mode().iloc[0])}"
+            return f"cuda:{_mode(devices)}"
+        return f"cuda:{_mode(kernels['pid'])}"
     return None
+
+
+def _mode(values: np.ndarray) -> int:
+    """The most frequent value (the smallest of those tied), as pandas' ``mode().iloc[0]``."""
+    uniq, counts = np.unique(values, return_counts=True)
+    return int(uniq[np.argmax(counts)])
 
 
 def device_rows(rt: RankTrace | None, capture: dict[str, Any] | None) -> list[dict[str, Any]]:
@@ -46,13 +52,14 @@ def device_rows(rt: RankTrace | None, capture: dict[str, Any] | None) -> list[di
         for props in rt.device_properties:
             if isinstance(props.get("id"), int) and isinstance(props.get("totalGlobalMem"), int):
                 capacities[f"cuda:{props['id']}"] = props["totalGlobalMem"]
-        mem = rt.memory
+        mem = rt.tables.memory if rt.tables is not None else None
         if mem is not None and len(mem):
             cuda = mem[(mem["device_type"] == CUDA) & (mem["device_id"] >= 0)]
-            for dev_id, g in cuda.groupby("device_id"):
+            for dev_id in np.unique(cuda["device_id"]):
+                g = cuda[cuda["device_id"] == dev_id]
                 rows[f"cuda:{int(dev_id)}"] = {
-                    "peak_allocated_bytes": _max(g["total_allocated"].to_numpy()) or _running_peak(g),
-                    "peak_reserved_bytes": _max(g["total_reserved"].to_numpy()),
+                    "peak_allocated_bytes": _max(g["total_allocated"]) or _running_peak(g),
+                    "peak_reserved_bytes": _max(g["total_reserved"]),
                 }
     for d in ((capture or {}).get("memory") or {}).get("devices") or []:
         if not isinstance(d, dict):
@@ -74,16 +81,16 @@ def _max(values: np.ndarray) -> int | None:
     return int(values.max()) if len(values) else None
 
 
-def _running_peak(events: Any) -> int | None:
+def _running_peak(events: Table) -> int | None:
     """Peak allocated bytes from the size changes alone (traces that record no totals, e.g. torch 1.9): per
     profiled window, the running sum of ``bytes`` less its lowest point (memory allocated before the window
     that is freed in it). A lower bound: what was allocated before the window and never freed is not seen."""
     if "bytes" not in events or len(events) == 0:
         return None
     peaks = []
-    groups = events.groupby("span", sort=False) if "span" in events else [(0, events)]
-    for _, g in groups:
-        changes = g.sort_values("ts_us", kind="stable")["bytes"].to_numpy(dtype=np.float64)
+    span = events["span"] if "span" in events else np.zeros(len(events), dtype=np.int64)
+    for s in np.unique(span):
+        changes = events[span == s].sort("ts_us")["bytes"].astype(np.float64)
         changes = changes[~np.isnan(changes)]
         if len(changes) == 0:
             continue

@@ -26,12 +26,12 @@ import re
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from ddpdoctor.load.model import RankTrace
 from ddpdoctor.metrics import catalog
-from ddpdoctor.metrics.comm import _enclosing
+from ddpdoctor.metrics.comm import _enclosing, _notna, kinds_of
 from ddpdoctor.metrics.phases import host_phases, names_matching, phase_at
+from ddpdoctor.table import Table
 
 _DDP_RANGES = re.compile(
     r"^DistributedDataParallel\.forward$|^torch\.distributed\.ddp\.reducer::|^torch::distributed::reducer::"
@@ -51,7 +51,7 @@ MIN_FORWARD_ALLREDUCES_TP = 4
 PARALLELISM_METRICS = catalog.group("parallelism")
 
 
-def parallelism_evidence(rt: RankTrace, steps: pd.DataFrame, calls: pd.DataFrame, timed: int = 0) -> dict[str, Any]:
+def parallelism_evidence(rt: RankTrace, steps: Table, calls: Table, timed: int = 0) -> dict[str, Any]:
     """Per-rank evidence over the analysed steps of ``steps`` (``analyzed``, ``host_start_us``,
     ``host_end_us``): collective calls per step (counts), DDP/FSDP ranges seen (flags).
 
@@ -59,7 +59,7 @@ def parallelism_evidence(rt: RankTrace, steps: pd.DataFrame, calls: pd.DataFrame
     the collectives timed in the analysed steps (NCCL kernels or gloo ranges, ``comm.collectives``), which count
     too where a trace has kernels but no calls (``collectives_per_step`` is never 0 while communication ran)."""
     out: dict[str, Any] = dict.fromkeys(PARALLELISM_METRICS)
-    ops = rt.ops
+    ops = rt.tables.ops if rt.tables is not None else None
     if ops is not None and len(ops):
         out["ddp_ranges"] = bool(names_matching(ops, _DDP_RANGES).any())
         out["fsdp_ranges"] = bool(names_matching(ops, _FSDP_RANGES).any())
@@ -67,20 +67,20 @@ def parallelism_evidence(rt: RankTrace, steps: pd.DataFrame, calls: pd.DataFrame
     if len(analysed) == 0 or "host_start_us" not in analysed:
         return out
     n_steps = len(analysed)
-    lo, hi = analysed["host_start_us"].to_numpy(), analysed["host_end_us"].to_numpy()
+    lo, hi = analysed["host_start_us"], analysed["host_end_us"]
     if calls is None or len(calls) == 0:
         for key in [k for k in PARALLELISM_METRICS if k.endswith("_per_step")]:
             out[key] = 0.0
         out["collectives_per_step"] = timed / n_steps
         return out
     calls = _issued(rt, calls)
-    ts = calls["ts_us"].to_numpy(dtype=np.float64)
+    ts = calls["ts_us"].astype(np.float64)
     order = np.argsort(lo, kind="stable")
     i = np.searchsorted(lo[order], ts, side="right") - 1
     inside = (i >= 0) & (ts < hi[order][np.maximum(i, 0)])
     c = calls[inside]
-    kinds = c["kind"].astype(str).to_numpy()
-    phase = phase_at(host_phases(ops, analysed), c["ts_us"].to_numpy(dtype=np.float64)) if len(c) else np.array([])
+    kinds = np.array([str(k) for k in c["kind"]], dtype=object)
+    phase = phase_at(host_phases(ops, analysed), c["ts_us"].astype(np.float64)) if len(c) else np.array([])
     all_reduce = kinds == "all_reduce"
     out["collectives_per_step"] = max(len(c), timed) / n_steps
     tp_ranges = ops[names_matching(ops, _TP_RANGES)] if ops is not None and len(ops) else ops
@@ -91,25 +91,22 @@ def parallelism_evidence(rt: RankTrace, steps: pd.DataFrame, calls: pd.DataFrame
     out["backward_allreduce_per_step"] = float((all_reduce & (phase == "backward")).sum()) / n_steps
     out["allgather_per_step"] = float((kinds == "all_gather").sum()) / n_steps
     out["reduce_scatter_per_step"] = float((kinds == "reduce_scatter").sum()) / n_steps
-    out["p2p_per_step"] = float(np.isin(kinds, ["send", "recv", "send_recv"]).sum()) / n_steps
+    out["p2p_per_step"] = float(np.isin(kinds.astype(str), ["send", "recv", "send_recv"]).sum()) / n_steps
     return out
 
 
-def _issued(rt: RankTrace, calls: pd.DataFrame) -> pd.DataFrame:
+def _issued(rt: RankTrace, calls: Table) -> Table:
     """Where the training threads issue each collective: the ``c10d::*`` dispatcher ops (``c10d::allreduce_``...),
     which run on the thread that called the collective, inside its layer's ranges and phase -- gloo's own
     ``gloo:*`` ranges run later on gloo's threads. The calls themselves where a trace has no ``c10d::*`` ops."""
-    from ddpdoctor.metrics.comm import kind_of
-
-    ops = rt.comm_ops
+    ops = rt.tables.comm_ops if rt.tables is not None else None
     if ops is None or len(ops) == 0:
         return calls
-    names = ops["name"].astype(str)
-    issued = ops[names.str.startswith("c10d::")].copy()
+    issued = ops[ops["name"].startswith("c10d::")]
     if len(issued) == 0:
         return calls
-    issued["kind"] = issued["name"].astype(str).map(kind_of)
-    issued = issued[issued["kind"].notna()]
+    issued["kind"] = kinds_of(issued["name"])
+    issued = issued[_notna(issued["kind"])]
     return issued if len(issued) else calls
 
 

@@ -17,9 +17,9 @@ from __future__ import annotations
 import re
 
 import numpy as np
-import pandas as pd
 
 from ddpdoctor.metrics import intervals as iv
+from ddpdoctor.table import Table, group_max, group_min
 
 PHASES = ("dataloader", "forward", "backward", "optimizer")
 _DATALOADER = re.compile(r"^enumerate\(DataLoader\)#.*__next__$|^enumerate\(DataPipe\)#")
@@ -30,31 +30,25 @@ _BACKWARD = re.compile(
 _FORWARD = re.compile(r"^(DistributedDataParallel|DataParallel)\.forward$")
 
 
-def names_matching(frame: pd.DataFrame, pattern: re.Pattern[str]) -> pd.Series:
-    """Boolean mask of the rows whose (categorical) name matches ``pattern``; evaluated once per distinct
-    name."""
-    cats = frame["name"].cat.categories
-    hit = np.fromiter((bool(pattern.search(c)) for c in cats), dtype=bool, count=len(cats))
-    codes = frame["name"].cat.codes.to_numpy()
-    return pd.Series(hit[codes] & (codes >= 0), index=frame.index)
+def names_matching(table: Table, pattern: re.Pattern[str]) -> np.ndarray:
+    """Boolean mask of the rows whose (categorical) name matches ``pattern`` (``re.search``); evaluated once per
+    distinct name."""
+    return table["name"].searches(pattern)
 
 
-def _ranges(ops: pd.DataFrame, pattern: re.Pattern[str]) -> pd.DataFrame:
-    return ops[names_matching(ops, pattern)]
+def _ranges(ops: Table, pattern: re.Pattern[str]) -> iv.Intervals:
+    rows = names_matching(ops, pattern)
+    return ops["ts_us"][rows], ops["end_us"][rows]
 
 
-def host_phases(ops: pd.DataFrame, steps: pd.DataFrame) -> dict[str, iv.Intervals]:
+def host_phases(ops: Table, steps: Table) -> dict[str, iv.Intervals]:
     """Exclusive interval sets for each phase of ``PHASES`` over the host step windows of ``steps``."""
-    dl_ops = _ranges(ops, _DATALOADER)
-    dataloader = iv.union(dl_ops["ts_us"].to_numpy(), dl_ops["end_us"].to_numpy())
-    opt_ops = _ranges(ops, _OPTIMIZER)
-    optimizer = iv.union(opt_ops["ts_us"].to_numpy(), opt_ops["end_us"].to_numpy())
-    bwd = _ranges(ops, _BACKWARD)
-    fwd = _ranges(ops, _FORWARD)
-    lo = steps["host_start_us"].to_numpy()
-    hi = steps["host_end_us"].to_numpy()
-    b_start, b_end = _per_step_extent(bwd, lo, hi)
-    f_start, f_end = _per_step_extent(fwd, lo, hi)
+    dataloader = iv.union(*_ranges(ops, _DATALOADER))
+    optimizer = iv.union(*_ranges(ops, _OPTIMIZER))
+    lo = steps["host_start_us"]
+    hi = steps["host_end_us"]
+    b_start, b_end = _per_step_extent(_ranges(ops, _BACKWARD), lo, hi)
+    f_start, f_end = _per_step_extent(_ranges(ops, _FORWARD), lo, hi)
     dl_end = _last_end_before(dataloader, lo, np.where(np.isnan(b_start), hi, b_start))
     fwd_lo = np.where(~np.isnan(f_start), f_start, np.where(~np.isnan(dl_end), dl_end, lo))
     fwd_hi = np.where(~np.isnan(b_start), b_start, np.where(~np.isnan(f_end), f_end, fwd_lo))
@@ -69,23 +63,16 @@ def host_phases(ops: pd.DataFrame, steps: pd.DataFrame) -> dict[str, iv.Interval
     return {"dataloader": dataloader, "forward": forward, "backward": backward, "optimizer": optimizer}
 
 
-def _per_step_extent(rows: pd.DataFrame, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per step window, the first start and last end of ``rows`` starting inside it (NaN when none)."""
-    start = np.full(len(lo), np.nan)
-    end = np.full(len(lo), np.nan)
-    if len(rows) == 0 or len(lo) == 0:
-        return start, end
-    ts = rows["ts_us"].to_numpy()
-    te = rows["end_us"].to_numpy()
+def _per_step_extent(rows: iv.Intervals, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per step window, the first start and last end of the ranges ``rows`` (starts, ends) starting inside it
+    (NaN when none)."""
+    ts, te = rows
+    if len(ts) == 0 or len(lo) == 0:
+        return np.full(len(lo), np.nan), np.full(len(lo), np.nan)
     i = np.searchsorted(lo, ts, side="right") - 1
     ok = (i >= 0) & (ts < hi[np.maximum(i, 0)])
-    s = (
-        pd.DataFrame({"i": i[ok], "ts": ts[ok], "te": te[ok]})
-        .groupby("i")
-        .agg(ts=("ts", "min"), te=("te", "max"))
-    )
-    start[s.index.to_numpy()] = s["ts"].to_numpy()
-    end[s.index.to_numpy()] = np.minimum(s["te"].to_numpy(), hi[s.index.to_numpy()])
+    start = group_min(ts[ok], i[ok], len(lo))
+    end = np.minimum(group_max(te[ok], i[ok], len(lo)), hi)
     return start, end
 
 

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from ddpdoctor._version import __version__
 from ddpdoctor.load.model import RankTrace
@@ -33,6 +32,7 @@ from ddpdoctor.metrics.memory import device_rows, memory_metrics, own_device
 from ddpdoctor.metrics.parallelism import parallelism_evidence
 from ddpdoctor.metrics.setup import compute_device
 from ddpdoctor.metrics.steps import step_windows
+from ddpdoctor.table import Codes, Table, cumcount, group_ids
 from ddpdoctor.values import jsonable
 
 SCHEMA_VERSION = 1
@@ -47,11 +47,12 @@ def summarize_rank(
     """Per-rank metrics (see CONTRACTS.md), per-step rows and the collective list of one rank. Pure; no
     I/O."""
     rt = rank_trace
+    ops = rt.tables.ops
     windows = step_windows(rt)
     steps = per_step(rt, windows)
-    lo, hi = steps["start_us"].to_numpy(), steps["end_us"].to_numpy()
-    if any(str(n).startswith("DataParallel.") for n in rt.ops["name"].cat.categories):
-        for key, values in dp_per_step(rt.ops, lo, hi).items():
+    lo, hi = steps["start_us"], steps["end_us"]
+    if any(str(n).startswith("DataParallel.") for n in ops["name"].categories):
+        for key, values in dp_per_step(ops, lo, hi).items():
             steps[key] = values
     if step_range is not None:  # only ProfilerStep#N..M (inclusive; M None = to the end)
         first, last = step_range
@@ -65,17 +66,18 @@ def summarize_rank(
     colls = _assign_steps(collectives(rt, calls), steps)
     metrics: dict[str, Any] = {"rank": rt.rank}
     metrics.update(_step_metrics(analysed))
-    comm_total = float(analysed["comm_ms"].sum())
-    metrics["overlap_ratio"] = float(analysed["overlapped_comm_ms"].sum()) / comm_total if comm_total > 0 else None
-    metrics.update(_bandwidth(colls[colls["step"].isin(analysed["step"])], world))
+    comm_total = float(np.sum(analysed["comm_ms"]))
+    metrics["overlap_ratio"] = float(np.sum(analysed["overlapped_comm_ms"])) / comm_total if comm_total > 0 else None
+    in_analysed = np.isin(colls["step"], analysed["step"])
+    metrics.update(_bandwidth(colls[in_analysed], world))
     metrics["collective_wait_ms"] = None  # cross-rank: filled in by analyze()
     metrics["late_arrival_ms"] = None
-    metrics.update(dp_rank_metrics(rt.ops, analysed["start_us"].to_numpy(), analysed["end_us"].to_numpy()))
+    metrics.update(dp_rank_metrics(ops, analysed["start_us"], analysed["end_us"]))
     # which parallelism: collectives by kind and phase (host step windows, the analysed ones as above)
-    hosts = windows[["step", "span", "host_start_us", "host_end_us"]].merge(
-        steps[["step", "span", "analyzed"]], on=["step", "span"], how="inner"
+    hosts = _inner_join(
+        windows.select(["step", "span", "host_start_us", "host_end_us"]), steps.select(["step", "span", "analyzed"])
     )
-    timed = int(colls["step"].isin(analysed["step"]).sum())
+    timed = int(in_analysed.sum())
     metrics.update(parallelism_evidence(rt, hosts, calls, timed))
     # The GPU the DDP model lives on: a rank that never calls set_device still has current device cuda:0.
     own = compute_device(capture) or own_device(rt, capture)
@@ -94,15 +96,37 @@ def summarize_rank(
             "world_size": world,
             "own_device": own,
             "metrics": metrics,
-            "per_step": {c: steps[c].tolist() for c in steps.columns},
-            "collectives": {c: colls[c].tolist() for c in colls.columns},
+            "per_step": steps.to_lists(),
+            "collectives": colls.to_lists(),
             "devices": devices,
         }
     )
 
 
-def _step_metrics(analysed: pd.DataFrame) -> dict[str, Any]:
-    step_ms = analysed["step_ms"].to_numpy()
+def _inner_join(left: Table, right: Table) -> Table:
+    """Rows of ``left`` with the columns of the rows of ``right`` that have the same ``step`` and ``span``, as
+    pandas' inner ``merge``: left's order, each left row once per matching right row (in right's order)."""
+    n = len(left)
+    keys, _ = group_ids(
+        np.concatenate([left["step"], right["step"]]), np.concatenate([left["span"], right["span"]])
+    )
+    lk, rk = keys[:n], keys[n:]
+    r_order = np.argsort(rk, kind="stable")
+    r_sorted = rk[r_order]
+    start = np.searchsorted(r_sorted, lk, side="left")
+    count = np.searchsorted(r_sorted, lk, side="right") - start
+    left_rows = np.repeat(np.arange(n), count)
+    offsets = np.arange(len(left_rows)) - np.repeat(np.cumsum(count) - count, count)
+    right_rows = r_order[np.repeat(start, count) + offsets]
+    out = left[left_rows]
+    for name in right.columns:
+        if name not in ("step", "span"):
+            out[name] = right[name][right_rows]
+    return out
+
+
+def _step_metrics(analysed: Table) -> dict[str, Any]:
+    step_ms = analysed["step_ms"]
     out: dict[str, Any] = {
         "steps_analyzed": len(analysed),
         "step_ms_median": float(np.median(step_ms)) if len(step_ms) else None,
@@ -110,34 +134,40 @@ def _step_metrics(analysed: pd.DataFrame) -> dict[str, Any]:
         "step_ms_mean": float(np.mean(step_ms)) if len(step_ms) else None,
     }
     for col in STEP_MEANS:
-        values = analysed[col].to_numpy(dtype=np.float64) if col in analysed else np.zeros(0)
+        values = analysed[col].astype(np.float64) if col in analysed else np.zeros(0)
         values = values[~np.isnan(values)]
         out[col] = float(values.mean()) if len(values) else None
     return out
 
 
-def _assign_steps(colls: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+def _assign_steps(colls: Table, steps: Table) -> Table:
     """Add ``step`` (the step window holding the collective's start; -1 outside) and ``index`` (its order
     among the same kind in that step), the key that matches a collective across ranks."""
-    lo, hi = steps["start_us"].to_numpy(), steps["end_us"].to_numpy()
+    lo, hi = steps["start_us"], steps["end_us"]
     order = np.argsort(lo, kind="stable")
-    i = np.searchsorted(lo[order], colls["start_us"].to_numpy(), side="right") - 1
-    ok = (i >= 0) & (colls["start_us"].to_numpy() < hi[order][np.maximum(i, 0)])
-    step_ids = steps["step"].to_numpy()[order]
-    colls = colls.assign(step=np.where(ok, step_ids[np.maximum(i, 0)], -1))
-    colls["index"] = colls.groupby(["step", "kind"]).cumcount()
-    return colls[["step", "kind", "index", "start_us", "end_us", "dur_us", "bytes", "group_size"]]
+    start = colls["start_us"]
+    i = np.searchsorted(lo[order], start, side="right") - 1
+    ok = (i >= 0) & (start < hi[order][np.maximum(i, 0)]) if len(lo) else np.zeros(len(start), dtype=bool)
+    step_ids = steps["step"][order]
+    step = np.where(ok, step_ids[np.maximum(i, 0)], -1) if len(lo) else np.full(len(start), -1)
+    colls = colls.assign(step=step)
+    ids, _ = group_ids(step, Codes.from_values(colls["kind"]))
+    colls["index"] = cumcount(ids)
+    return colls.select(["step", "kind", "index", "start_us", "end_us", "dur_us", "bytes", "group_size"])
 
 
-def _bandwidth(colls: pd.DataFrame, world: int) -> dict[str, float | None]:
+def _bandwidth(colls: Table, world: int) -> dict[str, float | None]:
     """algbw/busbw (GB/s, 1e9 bytes) over the collectives of known size, timed by their own duration."""
-    sized = colls[colls["bytes"].notna() & (colls["bytes"] > 0) & (colls["dur_us"] > 0)]
+    nbytes = colls["bytes"].astype(np.float64)
+    sized = colls[~np.isnan(nbytes) & (nbytes > 0) & (colls["dur_us"] > 0)]
     if len(sized) == 0:
         return {"algbw_gbps": None, "busbw_gbps": None}
-    seconds = sized["dur_us"].sum() / 1e6
-    n = np.where(sized["group_size"] > 0, sized["group_size"], world)
+    seconds = np.sum(sized["dur_us"]) / 1e6
+    group = sized["group_size"]
+    n = np.where(group > 0, group, world)
     factors = np.array([bus_factor(k, int(g)) for k, g in zip(sized["kind"], n, strict=False)])
+    nbytes = sized["bytes"].astype(np.float64)
     return {
-        "algbw_gbps": float(sized["bytes"].sum() / seconds / 1e9),
-        "busbw_gbps": float((sized["bytes"] * factors).sum() / seconds / 1e9),
+        "algbw_gbps": float(np.sum(nbytes) / seconds / 1e9),
+        "busbw_gbps": float(np.sum(nbytes * factors) / seconds / 1e9),
     }

@@ -6,20 +6,20 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import numpy as np
-import pandas as pd
 
 from ddpdoctor.metrics.memory import device_rows, memory_metrics
+from ddpdoctor.table import Table
 
 GIB = 2**30
 
 
 def _trace(changes: list[float], spans: list[int], totals: list[float] | None = None, device: int = 0):
     n = len(changes)
-    memory = pd.DataFrame(
+    memory = Table(
         {
             "ts_us": np.arange(n, dtype=float),
             "span": spans,
-            "bytes": changes,
+            "bytes": np.array(changes, dtype=np.float64),
             "total_allocated": totals if totals is not None else [np.nan] * n,
             "total_reserved": [np.nan] * n,
             "device_type": [1] * n,
@@ -27,7 +27,7 @@ def _trace(changes: list[float], spans: list[int], totals: list[float] | None = 
         }
     )
     props = [{"id": 0, "totalGlobalMem": 32 * GIB}, {"id": 1, "totalGlobalMem": 32 * GIB}]
-    return SimpleNamespace(memory=memory, device_properties=props, kernels=None)
+    return SimpleNamespace(tables=SimpleNamespace(memory=memory, kernels=Table()), device_properties=props)
 
 
 def test_running_sum_of_size_changes_per_window() -> None:
@@ -45,7 +45,7 @@ def test_totals_win_over_the_running_sum() -> None:
 
 
 def test_no_memory_events_means_unknown_not_zero() -> None:
-    rt = SimpleNamespace(memory=pd.DataFrame(), device_properties=[], kernels=None)
+    rt = SimpleNamespace(tables=SimpleNamespace(memory=Table(), kernels=Table()), device_properties=[])
     devices = device_rows(rt, None)
     assert devices == []
     m = memory_metrics(devices, "cuda:1")

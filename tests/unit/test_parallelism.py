@@ -78,20 +78,19 @@ def test_syncbatchnorm_all_gathers_do_not_make_ddp_fsdp() -> None:
 
 def test_kernels_without_calls_still_count_as_communication() -> None:
     # an old trace: NCCL kernels on the device, no nccl:* calls recorded on the host -- not "no collective"
-    import pandas as pd
-
     from ddpdoctor.metrics.parallelism import parallelism_evidence
+    from ddpdoctor.table import Codes, Table
 
-    ops = pd.DataFrame(
+    ops = Table(
         {
-            "name": pd.Categorical(["ProfilerStep#1", "ProfilerStep#2"]),
+            "name": Codes.from_values(["ProfilerStep#1", "ProfilerStep#2"]),
             "ts_us": [0.0, 100.0],
             "end_us": [100.0, 200.0],
             "tid": [1, 1],
         }
     )
-    steps = pd.DataFrame({"host_start_us": [0.0, 100.0], "host_end_us": [100.0, 200.0], "analyzed": [True, True]})
-    rt = SimpleNamespace(ops=ops)
-    calls = pd.DataFrame(columns=["name", "tid", "ts_us", "end_us", "kind"])
+    steps = Table({"host_start_us": [0.0, 100.0], "host_end_us": [100.0, 200.0], "analyzed": [True, True]})
+    rt = SimpleNamespace(tables=SimpleNamespace(ops=ops))
+    calls = Table.empty(["name", "tid", "ts_us", "end_us", "kind"])
     assert parallelism_evidence(rt, steps, calls, timed=6)["collectives_per_step"] == 3.0
     assert parallelism_evidence(rt, steps, calls, timed=0)["collectives_per_step"] == 0.0
