@@ -246,7 +246,8 @@ def _from_metrics(metrics: Any, values: dict[str, float | None], samples: dict[s
     per_step = getattr(metrics, "per_step", None)
     if per_step is None or len(per_step) == 0:
         return
-    df = per_step.copy()
+    # the statistics below are pandas' (compare and gate may import it; diagnose does not come here)
+    df = per_step.to_pandas() if hasattr(per_step, "to_pandas") else per_step.copy()
     if "analyzed" in df.columns:  # steps the metrics leave out (a window's last step on a GPU) stay out here too
         df = df[df["analyzed"].astype(bool)]
     for m in METRICS:
@@ -321,8 +322,10 @@ def _metrics_devices(metrics: Any) -> list[dict[str, Any]]:
     df = getattr(metrics, "devices", None)
     if df is None or len(df) == 0:
         return []
+    from ddpdoctor.metrics.result import records
+
     out = []
-    for row in df.to_dict("records"):
+    for row in records(df):
         device = str(row.get("device"))
         index = int(device.split(":")[-1]) if device.split(":")[-1].isdigit() else None
         out.append(

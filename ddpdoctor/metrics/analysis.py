@@ -7,7 +7,6 @@ from collections import Counter
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from ddpdoctor.load.model import Run
 from ddpdoctor.metrics import catalog
@@ -16,7 +15,8 @@ from ddpdoctor.metrics.cross_rank import cross_rank, transfer_bandwidth
 from ddpdoctor.metrics.evidence import run_evidence
 from ddpdoctor.metrics.result import RANK_METRICS, RunMetrics
 from ddpdoctor.metrics.setup import SETUP_RANK_METRICS, setup_metrics
-from ddpdoctor.metrics.summary import summarize_rank
+from ddpdoctor.table import Table
+from ddpdoctor.table import _array as values_array
 
 
 def analyze(run: Run, steps: tuple[int, int | None] | None = None) -> RunMetrics:
@@ -32,6 +32,8 @@ def analyze(run: Run, steps: tuple[int, int | None] | None = None) -> RunMetrics
                 raise ValueError("a step range needs the traces; load the run without use_summaries")
             summaries.append(rt.summary)
         else:
+            from ddpdoctor.metrics.summary import summarize_rank  # the trace metrics: only for ranks with traces
+
             summaries.append(summarize_rank(rt, run.capture.get(rt.rank), steps))
     waits, straggler = cross_rank(summaries)
     hosts = Counter(c.get("hostname") for c in run.capture.values() if c.get("hostname"))
@@ -48,9 +50,9 @@ def analyze(run: Run, steps: tuple[int, int | None] | None = None) -> RunMetrics
         m.update(ddp_timers(run.capture.get(s["rank"])))
         ranks.append(m)
     per_step = _per_step_frame(summaries)
-    devices = pd.DataFrame(
+    devices = Table.from_records(
         [{"rank": s["rank"], **d} for s in summaries for d in s["devices"]],
-        columns=["rank", "device", *catalog.group("device_memory")],
+        ["rank", "device", *catalog.group("device_memory")],
     )
     run_metrics = _run_level(run, ranks, devices, summaries)
     undecidable = straggler.pop("slow_rank_undecidable", None)
@@ -68,32 +70,35 @@ def analyze(run: Run, steps: tuple[int, int | None] | None = None) -> RunMetrics
     )
 
 
-def _per_step_frame(summaries: list[dict[str, Any]]) -> pd.DataFrame:
-    """The ``per_step`` rows of every rank, ``rank`` first. Ranks with the same columns (the usual case) are
-    joined as lists and made into one frame: a frame per rank costs ~1 ms, seconds at 1,000 ranks."""
+def _per_step_frame(summaries: list[dict[str, Any]]) -> Table:
+    """The ``per_step`` rows of every rank, ``rank`` first: each column is every rank's list joined (None where
+    a rank lacks the column) and made one array, as a DataFrame would make it."""
     if not summaries:
-        return pd.DataFrame()
-    columns = list(summaries[0]["per_step"])
-    if any(list(s["per_step"]) != columns for s in summaries):
-        per_step = pd.concat([pd.DataFrame(s["per_step"]).assign(rank=s["rank"]) for s in summaries], ignore_index=True)
-    else:
-        joined: dict[str, list[Any]] = {"rank": []}
-        joined.update((c, []) for c in columns if c != "rank")
-        for s in summaries:
-            rows = s["per_step"]
-            n = len(rows[columns[0]]) if columns else 0
-            joined["rank"].extend([s["rank"]] * n)
-            for c in columns:
-                if c != "rank":
-                    joined[c].extend(rows[c])
-        per_step = pd.DataFrame(joined)
-    if len(per_step):
-        per_step = per_step[["rank"] + [c for c in per_step.columns if c != "rank"]]
-        if "overlap_ratio" not in per_step.columns and {"comm_ms", "exposed_comm_ms"} <= set(per_step.columns):
-            # each step's share of communication hidden behind computation (0-1; None without communication)
-            comm = per_step["comm_ms"].astype(float)
-            hidden = 1.0 - per_step["exposed_comm_ms"].astype(float) / comm.where(comm > 0)
-            per_step["overlap_ratio"] = hidden.clip(0.0, 1.0)
+        return Table()
+    columns: list[str] = []
+    seen: set[str] = set()
+    for s in summaries:
+        for c in s["per_step"]:
+            if c not in seen:
+                seen.add(c)
+                columns.append(c)
+    joined: dict[str, list[Any]] = {"rank": []}
+    joined.update((c, []) for c in columns if c != "rank")
+    for s in summaries:
+        rows = s["per_step"]
+        n = len(next(iter(rows.values()))) if rows else 0
+        joined["rank"].extend([s["rank"]] * n)
+        for c, values in joined.items():
+            if c != "rank":
+                values.extend(rows.get(c) or [None] * n)
+    per_step = Table({c: values_array(v) for c, v in joined.items()})
+    if len(per_step) and "overlap_ratio" not in per_step and {"comm_ms", "exposed_comm_ms"} <= set(per_step.columns):
+        # each step's share of communication hidden behind computation (0-1; None without communication)
+        comm = np.asarray(per_step["comm_ms"], dtype=np.float64)
+        exposed = np.asarray(per_step["exposed_comm_ms"], dtype=np.float64)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            hidden = 1.0 - exposed / np.where(comm > 0, comm, np.nan)
+        per_step["overlap_ratio"] = np.clip(hidden, 0.0, 1.0)
     return per_step
 
 
@@ -106,7 +111,7 @@ def _exposed_transfer(exposed_ms: float | None, wait_ms: float | None) -> float 
 
 
 def _run_level(
-    run: Run, ranks: list[dict[str, Any]], devices: pd.DataFrame, summaries: list[dict[str, Any]]
+    run: Run, ranks: list[dict[str, Any]], devices: Table, summaries: list[dict[str, Any]]
 ) -> dict[str, Any]:
     medians = [r["step_ms_median"] for r in ranks if r.get("step_ms_median")]
     out: dict[str, Any] = {
@@ -120,19 +125,25 @@ def _run_level(
         "step_skew_ratio": (max(medians) - min(medians)) / min(medians) if len(medians) >= 2 else None,
     }
     # devices shared by the ranks of one node: sum what every rank reserved on each device
-    reserved = devices.assign(used=devices["peak_reserved_bytes"].fillna(devices["peak_allocated_bytes"]))
-    per_device = reserved.groupby("device")["used"].sum(min_count=1) if len(reserved) else pd.Series(dtype=float)
+    per_device: dict[str, float] = {}
+    capacity = None
+    if len(devices):
+        names = [str(d) for d in devices["device"].tolist()]
+        reserved = np.asarray(devices["peak_reserved_bytes"], dtype=np.float64)
+        used = np.where(np.isnan(reserved), np.asarray(devices["peak_allocated_bytes"], dtype=np.float64), reserved)
+        per_device = _sum_by_name(names, used)
+        caps = np.asarray(devices["capacity_bytes"], dtype=np.float64)
+        capacity = next((c for name, c in zip(names, caps.tolist(), strict=True) if name == "cuda:0" and c == c), None)
     gpu0 = per_device.get("cuda:0")
-    others = per_device[[d for d in per_device.index if d.startswith("cuda:") and d != "cuda:0"]].dropna()
-    capacity = devices.loc[devices["device"] == "cuda:0", "capacity_bytes"].dropna()
+    others = [v for d, v in per_device.items() if d.startswith("cuda:") and d != "cuda:0" and v == v]
     out["gpu0_peak_reserved_bytes"] = int(gpu0) if gpu0 is not None and not np.isnan(gpu0) else None
-    out["gpu0_capacity_bytes"] = int(capacity.iloc[0]) if len(capacity) else None
+    out["gpu0_capacity_bytes"] = int(capacity) if capacity is not None else None
     out["gpu0_headroom_ratio"] = (
         1.0 - out["gpu0_peak_reserved_bytes"] / out["gpu0_capacity_bytes"]
         if out["gpu0_peak_reserved_bytes"] is not None and out["gpu0_capacity_bytes"]
         else None
     )
-    out["others_max_peak_reserved_bytes"] = int(others.max()) if len(others) else None
+    out["others_max_peak_reserved_bytes"] = int(max(others)) if others else None
     out["gpu0_vs_others_ratio"] = (
         out["gpu0_peak_reserved_bytes"] / out["others_max_peak_reserved_bytes"]
         if out["gpu0_peak_reserved_bytes"] and out["others_max_peak_reserved_bytes"]
@@ -142,3 +153,15 @@ def _run_level(
     out["straggler_wait_ms"] = None
     out["straggler_late_share"] = None
     return out
+
+
+def _sum_by_name(names: list[str], values: np.ndarray) -> dict[str, float]:
+    """Per device name: the sum of its values as pandas' group sum makes it (NaN skipped; NaN when all are)."""
+    from ddpdoctor.metrics.cross_rank import pandas_group_sum
+
+    uniq = sorted(set(names))
+    index = {n: i for i, n in enumerate(uniq)}
+    ids = np.array([index[n] for n in names], dtype=np.int64)
+    sums = pandas_group_sum(values, ids, len(uniq))
+    seen = np.bincount(ids[~np.isnan(values)], minlength=len(uniq))
+    return {n: (float(sums[i]) if seen[i] else float("nan")) for n, i in index.items()}

@@ -8,22 +8,30 @@ transfer = the shortest duration over the ranks; wait = own duration − transfe
 start − earliest aligned start. Per step: ``collective_wait_ms`` = wall time (union) spent waiting,
 ``late_arrival_ms`` = mean lateness over the step's collectives. ``straggler_late_share`` = the fraction of
 matched collectives in which the straggler arrived last (about 1/world_size when only noise makes ranks late).
+
+Everything runs on numpy columns over all ranks at once (``ddpdoctor.table``): a per-rank Python or pandas step
+costs milliseconds, minutes at 16,384 ranks. Sums over a rank's rows are numpy's own (``np.sum`` row by row of
+a 2-D block), and the sums per matched collective compensated as pandas' group sums are, so the numbers are the
+same to the last bit as when each rank was summed on its own.
 """
 
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
-from ddpdoctor.metrics import intervals as iv
+from ddpdoctor.table import Codes, Table, group_ids, group_median, group_min, group_nunique
+from ddpdoctor.table import _array as values_array
 
 KEY = ["step", "kind", "index"]
 
 
 COLUMNS = ["step", "kind", "index", "start_us", "end_us", "dur_us", "bytes", "group_size"]
+_NUMERIC = ("start_us", "end_us", "dur_us", "bytes", "group_size")
 
 
 def cross_rank(summaries: list[dict[str, Any]]) -> tuple[dict[int, dict[str, float | None]], dict[str, Any]]:
@@ -39,52 +47,30 @@ def cross_rank(summaries: list[dict[str, Any]]) -> tuple[dict[int, dict[str, flo
         "slow_rank_undecidable": None,
     }
     colls = _all_collectives(summaries)
-    if colls["rank"].nunique() < 2:
+    if len(np.unique(colls["rank"])) < 2:
         return per_rank, run
-    colls = colls[colls["step"] >= 0]
-    counts = colls.groupby(KEY)["rank"].transform("nunique")
-    colls = colls[counts >= 2].copy()
+    colls = colls[_keyed(colls) & (colls["step"] >= 0)]
+    gid, n = _key_ids(colls)
+    colls = colls[group_nunique(colls["rank"], gid, n)[gid] >= 2]
     if len(colls) == 0:
         return per_rank, run
+    gid, n = _key_ids(colls)
+    rank = colls["rank"]
     # clock offset of each rank: median of (its end - the reference rank's end) over the collectives both ran
-    ref = colls["rank"].min()
-    ref_end = colls.loc[colls["rank"] == ref, KEY + ["end_us"]].rename(columns={"end_us": "ref_end_us"})
-    diff = colls[KEY + ["rank", "end_us"]].merge(ref_end, on=KEY, how="left")
-    offsets = (diff["end_us"] - diff["ref_end_us"]).groupby(diff["rank"]).median().fillna(0.0)
-    colls["aligned_start"] = colls["start_us"] - colls["rank"].map(offsets)
-    grouped = colls.groupby(KEY)
-    colls["wait_us"] = colls["dur_us"] - grouped["dur_us"].transform("min")
-    colls["late_us"] = colls["aligned_start"] - grouped["aligned_start"].transform("min")
-    # one pass over the ranks on plain arrays (a DataFrame per rank costs ~1 ms each: seconds at 1,000 ranks)
-    colls = colls.sort_values("rank", kind="stable")
-    rank_col = colls["rank"].to_numpy()
-    ranks_present, first = np.unique(rank_col, return_index=True)
-    last = np.append(first[1:], len(rank_col))
-    bounds = {int(r): (int(a), int(b)) for r, a, b in zip(ranks_present, first, last, strict=True)}
-    step_col = colls["step"].to_numpy()
-    start_col = colls["start_us"].to_numpy(dtype=np.float64)
-    wait_col = colls["wait_us"].to_numpy(dtype=np.float64)
-    late_col = colls["late_us"].to_numpy(dtype=np.float64)
-    typical_wait: dict[int, float] = {}
-    for s in summaries:
-        lo_hi = bounds.get(s["rank"])
-        steps = _analysed(s)
-        if lo_hi is None or len(steps["step"]) == 0:
-            continue
-        sl = slice(*lo_hi)
-        mine = np.isin(step_col[sl], steps["step"])
-        if not mine.any():
-            continue
-        start, step = start_col[sl][mine], step_col[sl][mine]
-        waits = iv.union(start, start + wait_col[sl][mine])
-        wait_ms = iv.coverage(waits, steps["start_us"], steps["end_us"]) / 1e3
-        per_rank[s["rank"]] = {
-            "collective_wait_ms": float(np.mean(wait_ms)),
-            "late_arrival_ms": float(np.mean(_mean_by_step(step, late_col[sl][mine], steps["step"])) / 1e3),
-        }
-        typical_wait[s["rank"]] = float(np.median(wait_ms))
+    ref = rank == rank.min()
+    ref_end = np.full(n, np.nan)
+    ref_end[gid[ref]] = colls["end_us"][ref]
+    rids, ranks_present = _rank_ids(rank)
+    offsets = group_median(colls["end_us"] - ref_end[gid], rids, len(ranks_present))
+    offsets = np.where(np.isnan(offsets), 0.0, offsets)
+    aligned = colls["start_us"] - offsets[rids]
+    colls["aligned_start"] = aligned
+    colls["wait_us"] = colls["dur_us"] - group_min(colls["dur_us"], gid, n)[gid]
+    colls["late_us"] = aligned - group_min(aligned, gid, n)[gid]
+    colls = colls.sort("rank")
+    typical_wait = _per_rank_waits(colls, summaries, per_rank)
     if len(per_rank) >= 2:
-        analysed = colls[colls["step"].isin(_analysed_steps(summaries))]
+        analysed = colls[np.isin(colls["step"], np.fromiter(_analysed_steps(summaries), dtype=np.int64))]
         slow = slow_ranks(analysed, sorted(per_rank))
         for r, values in slow["ranks"].items():
             per_rank[r].update(values)
@@ -100,7 +86,8 @@ def cross_rank(summaries: list[dict[str, Any]]) -> tuple[dict[int, dict[str, flo
         if (per_rank[straggler]["late_arrival_ms"] or 0.0) > 0:
             # The median step's wait, not the mean: one step in which the host descheduled a rank must not
             # make it a straggler; a straggler makes the others wait in most steps.
-            waiting = [r for r in per_rank if r not in (flagged or [straggler])]
+            flagged_set = set(flagged or [straggler])
+            waiting = [r for r in per_rank if r not in flagged_set]
             others = [typical_wait[r] for r in waiting] or [typical_wait[r] for r in per_rank if r != straggler]
             run.update(
                 {
@@ -113,18 +100,123 @@ def cross_rank(summaries: list[dict[str, Any]]) -> tuple[dict[int, dict[str, flo
     return per_rank, run
 
 
+def _per_rank_waits(
+    colls: Table, summaries: list[dict[str, Any]], per_rank: dict[int, dict[str, float | None]]
+) -> dict[int, float]:
+    """Fill ``per_rank`` with each rank's collective_wait_ms and late_arrival_ms (``colls`` sorted by rank);
+    returns each rank's median wait per analysed step (ms).
+
+    Per rank: the union of its wait intervals covering each analysed step's window, and its mean lateness in each
+    step. The few numbers of one rank are computed in Python (the same float operations as ``intervals.union``
+    and ``intervals.coverage``, in the same order); the means and medians over steps in 2-D blocks."""
+    rank_col = colls["rank"]
+    ranks_present, first = np.unique(rank_col, return_index=True)
+    last = np.append(first[1:], len(rank_col))
+    bounds = {int(r): (int(a), int(b)) for r, a, b in zip(ranks_present, first, last, strict=True)}
+    step_col = colls["step"].tolist()
+    start_col = colls["start_us"].astype(np.float64).tolist()
+    wait_col = colls["wait_us"].astype(np.float64).tolist()
+    late_col = colls["late_us"].astype(np.float64).tolist()
+    done: list[int] = []
+    waits_ms: list[list[float]] = []
+    late_ms: list[list[float]] = []
+    for s in summaries:
+        lo_hi = bounds.get(s["rank"])
+        steps = _analysed(s)
+        if lo_hi is None or len(steps["step"]) == 0:
+            continue
+        wanted = set(steps["step"].tolist())
+        rows = [i for i in range(*lo_hi) if step_col[i] in wanted]
+        if not rows:
+            continue
+        merged = _union([start_col[i] for i in rows], [start_col[i] + wait_col[i] for i in rows])
+        waits_ms.append([x / 1e3 for x in _coverage(merged, steps["start_us"].tolist(), steps["end_us"].tolist())])
+        late_ms.append(_mean_by_step([step_col[i] for i in rows], [late_col[i] for i in rows], steps["step"].tolist()))
+        done.append(s["rank"])
+    wait_mean = _rowwise(np.mean, waits_ms)
+    wait_median = _rowwise(np.median, waits_ms)
+    late_mean = _rowwise(np.mean, late_ms)
+    typical: dict[int, float] = {}
+    for i, r in enumerate(done):
+        per_rank[r] = {"collective_wait_ms": float(wait_mean[i]), "late_arrival_ms": float(late_mean[i] / 1e3)}
+        typical[r] = float(wait_median[i])
+    return typical
+
+
+def _rowwise(fn: Any, rows: list[list[float]]) -> np.ndarray:
+    """``fn(row)`` of each row (numpy's own reduction, row by row of 2-D blocks of rows of one length)."""
+    out = np.zeros(len(rows))
+    by_length: dict[int, list[int]] = {}
+    for i, row in enumerate(rows):
+        by_length.setdefault(len(row), []).append(i)
+    for length, idx in by_length.items():
+        block = np.array([rows[i] for i in idx], dtype=np.float64).reshape(len(idx), length)
+        out[idx] = fn(block, axis=1)
+    return out
+
+
+def _union(starts: list[float], ends: list[float]) -> tuple[list[float], list[float]]:
+    """``intervals.union`` of a few intervals, in Python (the same comparisons; no arithmetic)."""
+    pairs = sorted(((s, e) for s, e in zip(starts, ends, strict=True) if e > s), key=lambda p: p[0])
+    out_s: list[float] = []
+    out_e: list[float] = []
+    reach = -math.inf
+    for s, e in pairs:
+        if out_s and not s > reach:
+            reach = max(reach, e)
+            out_e[-1] = reach
+        else:
+            reach = e if not out_s else max(reach, e)
+            out_s.append(s)
+            out_e.append(reach)
+    return out_s, out_e
+
+
+def _coverage(iv: tuple[list[float], list[float]], lo: list[float], hi: list[float]) -> list[float]:
+    """``intervals.coverage`` in Python: for each window, how much of it the disjoint sorted intervals cover."""
+    starts, ends = iv
+    if not starts:
+        return [0.0] * len(lo)
+    lengths = [e - s for s, e in zip(starts, ends, strict=True)]
+    before = [0.0]
+    for x in lengths:
+        before.append(before[-1] + x)
+
+    def until(t: float) -> float:
+        i = bisect_right(starts, t) - 1
+        if i < 0:
+            return 0.0
+        return before[i] + min(max(t - starts[i], 0.0), lengths[i])
+
+    out = []
+    for a, b in zip(lo, hi, strict=True):
+        d = until(b) - until(a)
+        out.append(d if d > 0.0 or d != d else 0.0)
+    return out
+
+
+def _mean_by_step(step: list[Any], values: list[float], steps: list[int]) -> list[float]:
+    """For each entry of ``steps``, the mean of ``values`` whose ``step`` equals it (0 when there are none)."""
+    sums: dict[Any, float] = {}
+    counts: dict[Any, int] = {}
+    for k, v in zip(step, values, strict=True):
+        sums[k] = sums.get(k, 0.0) + v
+        counts[k] = counts.get(k, 0) + 1
+    return [sums[k] / counts[k] if k in sums else 0.0 for k in steps]
+
+
 # Family-wise significance of "this rank arrives last more often than chance", over all ranks tested
 # (Bonferroni over ranks and the two tests): at most one healthy run in fifty may name a slow rank by chance, and
 # the rule's wait thresholds must hold as well.
 SLOW_RANK_ALPHA = 0.02
 
 
-def slow_ranks(analysed: pd.DataFrame, ranks: list[int]) -> dict[str, Any]:
+def slow_ranks(analysed: Table, ranks: list[int]) -> dict[str, Any]:
     """Which ranks arrive last at the matched collectives more often, or at more cost, than chance allows.
 
     ``analysed``: one row per rank and matched collective (``KEY`` columns, ``rank``, ``start_us``,
-    ``aligned_start``, ``wait_us``). In a collective of k ranks, noise alone makes each rank the last with chance
-    1/k. Two tests per rank, each against that chance:
+    ``aligned_start``, ``wait_us``; a ``Table``, or anything with those columns). In a collective of k ranks,
+    noise alone makes each rank the last with chance 1/k. Two tests per rank, each against that chance:
 
     - how often: last at ``x`` of its ``n`` collectives, P(X >= x) for X ~ Binomial(n, 1/k) (exact);
     - at what cost: the others' wait in the collectives it was last at (each collective weighs its wait w), against
@@ -141,45 +233,65 @@ def slow_ranks(analysed: pd.DataFrame, ranks: list[int]) -> dict[str, Any]:
     if len(analysed) == 0:
         out["undecidable"] = "no collective was matched across ranks in the analysed steps"
         return out
-    a = analysed.reset_index(drop=True)
-    grouped = a.groupby(KEY, sort=False)
-    size = grouped["rank"].transform("size").to_numpy()
-    last_idx = grouped["aligned_start"].idxmax().to_numpy()
+    a = analysed if isinstance(analysed, Table) else Table({c: np.asarray(analysed[c]) for c in analysed.columns})
+    gid, n_groups = _key_ids(a)
+    size = np.bincount(gid, minlength=n_groups)[gid]
+    aligned = a["aligned_start"].astype(np.float64)
+    # the last to arrive at each collective: its latest aligned start (the first such row on a tie)
+    order = np.lexsort((np.arange(len(a)), -aligned, gid))
+    head = np.r_[True, gid[order][1:] != gid[order][:-1]]
+    last_idx = order[head]
     is_last = np.zeros(len(a), dtype=bool)
     is_last[last_idx] = True
     # who was last at each collective, and the others' mean wait in it (its weight), on every row of it
-    wait = a["wait_us"].to_numpy(dtype=np.float64)
-    weight = (grouped["wait_us"].transform("sum").to_numpy() - np.where(is_last, wait, 0.0)) / np.maximum(size - 1, 1)
-    lasts = a.loc[last_idx, KEY + ["rank"]].rename(columns={"rank": "last_rank"})
-    lasts["weight"] = weight[last_idx]
-    per_row = a[KEY].merge(lasts, on=KEY, how="left")
-    last_of_row = per_row["last_rank"].to_numpy()
-    weight_of_row = per_row["weight"].to_numpy(dtype=np.float64)
-    n_steps = max(a["step"].nunique(), 1)
+    wait = a["wait_us"].astype(np.float64)
+    total_wait = pandas_group_sum(wait, gid, n_groups, sort=False)
+    weight = (total_wait[gid] - np.where(is_last, wait, 0.0)) / np.maximum(size - 1, 1)
+    last_rank = np.empty(n_groups, dtype=np.int64)
+    last_rank[gid[last_idx]] = a["rank"][last_idx]
+    group_weight = np.empty(n_groups)
+    group_weight[gid[last_idx]] = weight[last_idx]
+    last_of_row = last_rank[gid]
+    weight_of_row = group_weight[gid]
+    steps = len(np.unique(a["step"]))
+    n_steps = max(steps, 1)
     out["collectives"] = int(len(last_idx))
     tested = max(len(ranks), 1)
     best_possible = 1.0
+    # per rank (rows in rank order, each rank's rows in their order): the sums numpy gives for each rank's rows
+    rank_col = a["rank"]
+    by_rank = np.argsort(rank_col, kind="stable")
+    present, first, counts = np.unique(rank_col[by_rank], return_index=True, return_counts=True)
+    chance = 1.0 / size[by_rank]
+    w = weight_of_row[by_rank]
+    last_sorted = is_last[by_rank]
+    seg = _Segments(first, counts)
+    mean_chance = seg.reduce(np.mean, chance)
+    spread = seg.reduce(np.sum, w**2)
+    expected = seg.reduce(np.sum, w * chance)
+    w_total = seg.reduce(np.sum, w)
+    lasts = np.add.reduceat(last_sorted.astype(np.int64), first) if len(first) else np.zeros(0, dtype=np.int64)
+    caused = _Segments.of_mask(first, counts, last_sorted).reduce(np.sum, w[last_sorted])
+    caused_wait = _wait_caused(a, last_of_row, n_steps)
+    index = {int(r): i for i, r in enumerate(present)}
     for r in ranks:
-        mine = (a["rank"] == r).to_numpy()
-        n = int(mine.sum())
-        if n == 0:
+        i = index.get(int(r))
+        if i is None:
             continue
-        x = int(is_last[mine].sum())
-        chance = 1.0 / size[mine]
-        p_count = binomial_sf(x, n, float(np.mean(chance)))
-        w = weight_of_row[mine]
-        caused = float(w[is_last[mine]].sum())
-        p_cost, best_cost = _hoeffding(caused, w, chance)
+        n = int(counts[i])
+        x = int(lasts[i])
+        p_chance = float(mean_chance[i])
+        p_count = binomial_sf(x, n, p_chance)
+        p_cost, best_cost = _hoeffding(float(caused[i]), float(spread[i]), float(expected[i]), float(w_total[i]))
         p_value = min(1.0, 2.0 * min(p_count, p_cost))
-        best_possible = min(best_possible, 2.0 * min(float(np.mean(chance)) ** n, best_cost))
+        best_possible = min(best_possible, 2.0 * min(p_chance**n, best_cost))
         out["ranks"][r] = {
             "last_arrival_share": x / n,
             "last_arrival_p_value": p_value,
             "slow_rank": p_value * tested < SLOW_RANK_ALPHA,
-            "wait_caused_ms": _wait_caused(a, last_of_row, r, n_steps),
+            "wait_caused_ms": caused_wait.get(int(r), 0.0),
         }
     if best_possible * tested >= SLOW_RANK_ALPHA:
-        steps = a["step"].nunique()
         out["undecidable"] = (
             f"{out['collectives']} collective(s) matched across ranks in {steps} analysed step(s) cannot tell a "
             f"slow rank from chance: even a rank last at every one of them would be last by chance with "
@@ -192,35 +304,140 @@ def slow_ranks(analysed: pd.DataFrame, ranks: list[int]) -> dict[str, Any]:
     return out
 
 
-def _hoeffding(caused: float, weights: np.ndarray, chance: np.ndarray) -> tuple[float, float]:
-    """(p, best p possible) that chance alone makes a rank cause ``caused`` of the waits ``weights`` or more, when
-    it is last at each collective with probability ``chance`` (Hoeffding's bound for a sum of independent terms
-    in [0, w])."""
-    spread = float((weights**2).sum())
+class _Segments:
+    """Consecutive runs of rows (``first`` index and ``counts`` of each); ``reduce`` applies a numpy reduction to
+    each run as ``fn(run)`` would (runs of one length are reduced as the rows of a 2-D block)."""
+
+    def __init__(self, first: np.ndarray, counts: np.ndarray) -> None:
+        self.first = np.asarray(first, dtype=np.int64)
+        self.counts = np.asarray(counts, dtype=np.int64)
+
+    @classmethod
+    def of_mask(cls, first: np.ndarray, counts: np.ndarray, mask: np.ndarray) -> _Segments:
+        """The runs of ``values[mask]``: each run keeps its rows where ``mask`` holds."""
+        kept = np.add.reduceat(mask.astype(np.int64), first) if len(first) else np.zeros(0, dtype=np.int64)
+        return cls(np.concatenate(([0], np.cumsum(kept)[:-1])) if len(kept) else kept, kept)
+
+    def reduce(self, fn: Any, values: np.ndarray) -> np.ndarray:
+        out = np.zeros(len(self.counts))
+        for length in np.unique(self.counts):
+            idx = np.flatnonzero(self.counts == length)
+            if length == 0:
+                out[idx] = fn(np.zeros(0)) if fn is not np.mean else np.nan
+                continue
+            rows = self.first[idx][:, None] + np.arange(length)
+            out[idx] = fn(values[rows], axis=1)
+        return out
+
+
+def pandas_group_sum(values: np.ndarray, ids: np.ndarray, n: int, *, sort: bool = True) -> np.ndarray:
+    """Per group: the sum of the values (NaN skipped), added as pandas' ``groupby(..., sort=sort).sum()`` adds
+    them, to the last bit: ``np.add.reduceat`` over the groups when the rows come group after group (in the
+    order pandas numbers the groups: by key with ``sort``, by first appearance without) and no value is NaN;
+    else Kahan-compensated, rows added in their order."""
+    v = np.asarray(values, dtype=np.float64)
+    total = np.zeros(n)
+    if not len(v):
+        return total
+    numbered = ids if sort else _by_first_appearance(ids, n)
+    if not np.isnan(v).any() and bool(np.all(numbered[1:] >= numbered[:-1])):
+        starts = np.flatnonzero(np.r_[True, numbered[1:] != numbered[:-1]])
+        total[ids[starts]] = np.add.reduceat(v, starts)
+        return total
+    return kahan_group_sum(v, ids, n)
+
+
+def _by_first_appearance(ids: np.ndarray, n: int) -> np.ndarray:
+    first = np.full(n, len(ids), dtype=np.int64)
+    np.minimum.at(first, ids, np.arange(len(ids)))
+    rank = np.empty(n, dtype=np.int64)
+    rank[np.argsort(first, kind="stable")] = np.arange(n)
+    return rank[ids]
+
+
+def kahan_group_sum(values: np.ndarray, ids: np.ndarray, n: int) -> np.ndarray:
+    """Per group: the sum of the values (NaN skipped), Kahan-compensated, rows added in their order (pandas'
+    Cython group sum)."""
+    v = np.asarray(values, dtype=np.float64)
+    ok = ~np.isnan(v)
+    v, g = v[ok], ids[ok]
+    total = np.zeros(n)
+    comp = np.zeros(n)
+    if not len(v):
+        return total
+    order = np.argsort(g, kind="stable")
+    g, v = g[order], v[order]
+    starts = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
+    pos = np.arange(len(g)) - np.repeat(starts, np.diff(np.r_[starts, len(g)]))
+    by_pos = np.argsort(pos, kind="stable")
+    cuts = np.searchsorted(pos[by_pos], np.arange(int(pos.max()) + 2))
+    for j in range(len(cuts) - 1):
+        rows = by_pos[cuts[j] : cuts[j + 1]]
+        k = g[rows]
+        y = v[rows] - comp[k]
+        t = total[k] + y
+        comp[k] = (t - total[k]) - y
+        total[k] = t
+    return total
+
+
+def _hoeffding(caused: float, spread: float, expected: float, w_total: float) -> tuple[float, float]:
+    """(p, best p possible) that chance alone makes a rank cause ``caused`` of the waits or more, when it is last at
+    each collective with its chance (``spread``: the sum of the squared waits w, ``expected``: the sum of w times
+    the chance, ``w_total``: the sum of w; Hoeffding's bound for a sum of independent terms in [0, w])."""
     if spread <= 0:
         return 1.0, 1.0
-    expected = float((weights * chance).sum())
     excess = caused - expected
-    best = float(weights.sum()) - expected
+    best = w_total - expected
     p = math.exp(-2.0 * excess**2 / spread) if excess > 0 else 1.0
     return p, math.exp(-2.0 * best**2 / spread) if best > 0 else 1.0
 
 
-def _wait_caused(a: pd.DataFrame, last_of_row: np.ndarray, r: int, n_steps: int) -> float:
-    """The other ranks' mean wall time per step (ms) spent waiting in the collectives ``r`` entered last (union of
-    each rank's wait intervals: concurrent collectives are not counted twice)."""
-    waiting = a[(last_of_row == r) & (a["rank"].to_numpy() != r)]
-    if len(waiting) == 0:
-        return 0.0
-    per_rank = []
-    for _, rows in waiting.groupby("rank"):
-        start = rows["start_us"].to_numpy(dtype=np.float64)
-        waits = iv.union(start, start + rows["wait_us"].to_numpy(dtype=np.float64))
-        per_rank.append(float((waits[1] - waits[0]).sum()))
-    others = max(a["rank"].nunique() - 1, 1)
-    return sum(per_rank) / others / n_steps / 1e3
+def _wait_caused(a: Table, last_of_row: np.ndarray, n_steps: int) -> dict[int, float]:
+    """Per rank r that entered some collective last: the other ranks' mean wall time per step (ms) spent waiting
+    in the collectives r entered last (union of each waiting rank's wait intervals: concurrent collectives are not
+    counted twice)."""
+    rank = a["rank"]
+    others = max(len(np.unique(rank)) - 1, 1)
+    waiting = last_of_row != rank
+    start = a["start_us"].astype(np.float64)[waiting]
+    end = start + a["wait_us"].astype(np.float64)[waiting]
+    leader, waiter = last_of_row[waiting], rank[waiting]
+    keep = end > start  # empty intervals are dropped (as intervals.union does)
+    start, end, leader, waiter = start[keep], end[keep], leader[keep], waiter[keep]
+    out: dict[int, float] = {}
+    if not len(start):
+        return out
+    # each (leader, waiter) pair's intervals by start (ties in row order), merged as intervals.union merges them
+    order = np.lexsort((start, waiter, leader))
+    start, end, leader, waiter = start[order], end[order], leader[order], waiter[order]
+    pair_new = np.r_[True, (leader[1:] != leader[:-1]) | (waiter[1:] != waiter[:-1])]
+    pair = np.cumsum(pair_new) - 1
+    reach = _running_max(end, pair)
+    new = pair_new.copy()
+    new[1:] |= start[1:] > reach[:-1]
+    first = np.flatnonzero(new)
+    last = np.append(first[1:] - 1, len(start) - 1)
+    lengths = reach[last] - start[first]
+    pair_of = pair[first]
+    pair_first = np.flatnonzero(np.r_[True, pair_of[1:] != pair_of[:-1]])
+    totals = _Segments(pair_first, np.diff(np.r_[pair_first, len(pair_of)])).reduce(np.sum, lengths)
+    pair_leader = leader[pair_new]
+    # per leader: the waiting ranks' totals added in rank order
+    for r in np.unique(pair_leader):
+        mine = totals[pair_leader == r].tolist()
+        out[int(r)] = sum(mine) / others / n_steps / 1e3
+    return out
 
 
+def _running_max(values: np.ndarray, segment: np.ndarray) -> np.ndarray:
+    """The running maximum of ``values`` within each run of equal ``segment`` (sorted), exactly."""
+    uniq, inverse = np.unique(values, return_inverse=True)
+    key = segment.astype(np.int64) * (len(uniq) + 1) + inverse.reshape(-1)
+    return uniq[np.maximum.accumulate(key) - segment.astype(np.int64) * (len(uniq) + 1)]
+
+
+@lru_cache(maxsize=4096)
 def binomial_sf(x: int, n: int, p: float) -> float:
     """P(X >= x) for X ~ Binomial(n, p), exact (log-space sum of the tail)."""
     if x <= 0:
@@ -235,9 +452,9 @@ def binomial_sf(x: int, n: int, p: float) -> float:
     return float(min(1.0, np.exp(log_pmf).sum()))
 
 
-def _all_collectives(summaries: list[dict[str, Any]]) -> pd.DataFrame:
-    """The ``collectives`` lists of every rank as one frame with a ``rank`` column (built once, not per
-    rank)."""
+def _all_collectives(summaries: list[dict[str, Any]]) -> Table:
+    """The ``collectives`` lists of every rank as one table with a ``rank`` column (built once, not per
+    rank). ``kind`` is categorical; the numeric columns are float64 (NaN where missing or not a number)."""
     columns: dict[str, list[Any]] = {c: [] for c in COLUMNS}
     ranks: list[int] = []
     for s in summaries:
@@ -248,11 +465,56 @@ def _all_collectives(summaries: list[dict[str, Any]]) -> pd.DataFrame:
         for col in COLUMNS:
             columns[col].extend(c.get(col) or [None] * n)
         ranks.extend([s["rank"]] * n)
-    frame = pd.DataFrame(columns)
-    for col in ("start_us", "end_us", "dur_us", "bytes", "group_size"):
-        frame[col] = pd.to_numeric(frame[col], errors="coerce")
-    frame["rank"] = np.asarray(ranks, dtype=np.int64)
-    return frame
+    out: dict[str, Any] = {
+        "step": values_array(columns["step"]),
+        "kind": _codes(columns["kind"]),
+        "index": values_array(columns["index"]),
+    }
+    for col in _NUMERIC:
+        out[col] = _numeric(columns[col])
+    out["rank"] = np.asarray(ranks, dtype=np.int64)
+    return Table(out)
+
+
+def _codes(values: list[Any]) -> Codes:
+    """A categorical column of strings (-1 where missing)."""
+    index: dict[str, int] = {}
+    codes = np.fromiter(
+        (-1 if v is None else index.setdefault(str(v), len(index)) for v in values), dtype=np.int32, count=len(values)
+    )
+    return Codes(codes, list(index))
+
+
+def _numeric(values: list[Any]) -> np.ndarray:
+    """float64, NaN where a value is missing or not a number (as ``pd.to_numeric(errors="coerce")``)."""
+    try:
+        return np.array(values, dtype=np.float64).reshape(len(values))
+    except (TypeError, ValueError):
+        return np.array(
+            [v if isinstance(v, (int, float)) and not isinstance(v, bool) else np.nan for v in values],
+            dtype=np.float64,
+        ).reshape(len(values))
+
+
+def _keyed(colls: Table) -> np.ndarray:
+    """Rows whose collective key is complete (a group key with a missing part matches nothing)."""
+    ok = colls["kind"].codes >= 0
+    for col in ("step", "index"):
+        v = colls[col]
+        if v.dtype.kind == "f":
+            ok &= ~np.isnan(v)
+        elif v.dtype == object:
+            ok &= np.array([x is not None for x in v], dtype=bool)
+    return ok
+
+
+def _key_ids(colls: Table) -> tuple[np.ndarray, int]:
+    return group_ids(colls["step"], colls["kind"], colls["index"])
+
+
+def _rank_ids(rank: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    present, inverse = np.unique(rank, return_inverse=True)
+    return inverse.reshape(-1), present
 
 
 def _analysed(summary: dict[str, Any]) -> dict[str, np.ndarray]:
@@ -265,15 +527,6 @@ def _analysed(summary: dict[str, Any]) -> dict[str, np.ndarray]:
     }
 
 
-def _mean_by_step(step: np.ndarray, values: np.ndarray, steps: np.ndarray) -> np.ndarray:
-    """For each entry of ``steps``, the mean of ``values`` whose ``step`` equals it (0 when there are
-    none)."""
-    uniq, inverse = np.unique(step, return_inverse=True)
-    means = np.bincount(inverse, weights=values) / np.bincount(inverse)
-    pos = np.minimum(np.searchsorted(uniq, steps), len(uniq) - 1)
-    return np.where(uniq[pos] == steps, means[pos], 0.0)
-
-
 def _analysed_steps(summaries: list[dict[str, Any]]) -> set[int]:
     steps: set[int] = set()
     for s in summaries:
@@ -283,7 +536,7 @@ def _analysed_steps(summaries: list[dict[str, Any]]) -> set[int]:
     return steps
 
 
-def transfer_bandwidth(summaries: list[dict[str, Any]]) -> pd.DataFrame:
+def transfer_bandwidth(summaries: list[dict[str, Any]]) -> Table:
     """Per rank and kind: ``count, bytes, ms, algbw_gbps, busbw_gbps`` over the analysed steps (ms = own
     time)."""
     from ddpdoctor.metrics.comm import bus_factor
@@ -291,47 +544,65 @@ def transfer_bandwidth(summaries: list[dict[str, Any]]) -> pd.DataFrame:
     out_columns = ["rank", "kind", "count", "bytes", "ms", "algbw_gbps", "busbw_gbps"]
     colls = _all_collectives(summaries)
     if len(colls) == 0:
-        return pd.DataFrame(columns=out_columns)
+        return Table.from_records([], out_columns)
     order = {s["rank"]: i for i, s in enumerate(summaries)}
-    pairs = [(s["rank"], step) for s in summaries for step in _analysed(s)["step"].tolist()]
-    analysed = pd.DataFrame(pairs, columns=["rank", "step"]).drop_duplicates()
-    c = colls.merge(analysed, on=["rank", "step"], how="inner")
+    analysed = {s["rank"]: set(_analysed(s)["step"].tolist()) for s in summaries}
+    step_col = colls["step"].tolist()
+    keep = np.fromiter(
+        (st in analysed.get(r, ()) for r, st in zip(colls["rank"].tolist(), step_col, strict=True)),
+        dtype=bool,
+        count=len(colls),
+    )
+    c = colls[keep & (colls["kind"].codes >= 0)]
     if len(c) == 0:
-        return pd.DataFrame(columns=out_columns)
-    sized = c["bytes"].notna() & (c["bytes"] > 0)
-    c = c.assign(
-        order=c["rank"].map(order),
-        sized_bytes=c["bytes"].where(sized, 0.0),
-        sized_dur_us=c["dur_us"].where(sized, 0.0),
-        sized_group=c["group_size"].where(sized),
-    )
-    agg = (
-        c.groupby(["order", "rank", "kind"], sort=True)
-        .agg(
-            count=("kind", "size"),
-            bytes=("bytes", lambda b: b.sum(min_count=1)),
-            dur_us=("dur_us", "sum"),
-            sized_bytes=("sized_bytes", "sum"),
-            sized_dur_us=("sized_dur_us", "sum"),
-            sized_group=("sized_group", "max"),
-        )
-        .reset_index()
-    )
+        return Table.from_records([], out_columns)
+    nbytes = c["bytes"]
+    sized = ~np.isnan(nbytes) & (nbytes > 0)
+    rank_order = np.array([order[r] for r in c["rank"].tolist()], dtype=np.int64)
+    gid, n = group_ids(rank_order, c["rank"], c["kind"])
+    # one row per group, in group order (sorted by the rank's position, rank, kind)
+    first = np.full(n, len(c), dtype=np.int64)
+    np.minimum.at(first, gid, np.arange(len(c)))
+    count = np.bincount(gid, minlength=n)
+    bytes_sum = _pairwise_group_sum(np.where(np.isnan(nbytes), 0.0, nbytes), gid, n)
+    bytes_seen = np.bincount(gid, weights=(~np.isnan(nbytes)).astype(np.float64), minlength=n)
+    dur = pandas_group_sum(c["dur_us"], gid, n)
+    sized_bytes = pandas_group_sum(np.where(sized, nbytes, 0.0), gid, n)
+    sized_dur = pandas_group_sum(np.where(sized, c["dur_us"], 0.0), gid, n)
+    sized_group = np.where(sized, c["group_size"], np.nan)
+    group_max = np.full(n, -np.inf)
+    ok = ~np.isnan(sized_group)
+    np.maximum.at(group_max, gid[ok], sized_group[ok])
+    group_max[np.isinf(group_max)] = np.nan
     world = {s["rank"]: int(s.get("world_size") or 1) for s in summaries}
+    kinds = c["kind"]
     rows = []
-    for r in agg.itertuples(index=False):
-        seconds = r.sized_dur_us / 1e6
-        n = int(r.sized_group) if r.sized_group == r.sized_group and r.sized_group > 0 else world[r.rank]
-        algbw = float(r.sized_bytes / seconds / 1e9) if seconds > 0 else None
+    for g in range(n):
+        i = int(first[g])
+        r = int(c["rank"][i])
+        kind = kinds.at(i)
+        seconds = sized_dur[g] / 1e6
+        sg = group_max[g]
+        size = int(sg) if sg == sg and sg > 0 else world[r]
+        algbw = float(sized_bytes[g] / seconds / 1e9) if seconds > 0 else None
         rows.append(
             {
-                "rank": r.rank,
-                "kind": r.kind,
-                "count": int(r.count),
-                "bytes": float(r.bytes) if r.bytes == r.bytes else None,
-                "ms": float(r.dur_us / 1e3),
+                "rank": r,
+                "kind": kind,
+                "count": int(count[g]),
+                "bytes": float(bytes_sum[g]) if bytes_seen[g] >= 1 else None,
+                "ms": float(dur[g] / 1e3),
                 "algbw_gbps": algbw,
-                "busbw_gbps": algbw * bus_factor(str(r.kind), n) if algbw is not None else None,
+                "busbw_gbps": algbw * bus_factor(str(kind), size) if algbw is not None else None,
             }
         )
-    return pd.DataFrame(rows, columns=out_columns)
+    return Table.from_records(rows, out_columns)
+
+
+def _pairwise_group_sum(values: np.ndarray, ids: np.ndarray, n: int) -> np.ndarray:
+    """Per group: ``np.sum`` of its values in row order (as a pandas Series' ``sum`` of the group)."""
+    order = np.argsort(ids, kind="stable")
+    g = ids[order]
+    first = np.searchsorted(g, np.arange(n))
+    counts = np.bincount(g, minlength=n)
+    return _Segments(first, counts).reduce(np.sum, np.asarray(values, dtype=np.float64)[order])

@@ -23,32 +23,72 @@ def _kind(name: Any) -> str | None:
     return None
 
 
+def _column(frame: Any, name: str) -> list[Any] | None:
+    """A column of a ``Table`` (or a DataFrame a caller built) as a list of Python values; None when absent."""
+    if name not in frame.columns:
+        return None
+    col = frame[name]
+    return col.tolist()
+
+
 def derived_rank_metrics(metrics: Any) -> dict[int, dict[str, Any]]:
     """rank -> {broadcast_ms, allreduce_count, allreduce_message_bytes} (values None when not measurable)."""
     frame = getattr(metrics, "collectives", None)
     ranks = getattr(metrics, "ranks", []) or []
-    steps = {
-        int(clean_value(r.get("rank", i))): clean_value(r.get("steps_analyzed")) for i, r in enumerate(ranks)
-    }
+    steps = {int(clean_value(r.get("rank", i))): clean_value(r.get("steps_analyzed")) for i, r in enumerate(ranks)}
     out: dict[int, dict[str, Any]] = {}
     if frame is None or len(frame) == 0 or not {"rank", "kind"} <= set(frame.columns):
         return out
-    for rank, rows in frame.groupby("rank"):
-        rank = int(clean_value(rank))
-        n_steps = steps.get(rank) or clean_value(getattr(metrics, "run", {}).get("steps_analyzed"))
-        kinds = rows["kind"].map(_kind)
-        ar, bc = rows[kinds == "allreduce"], rows[kinds == "broadcast"]
+    rank_col = _column(frame, "rank")
+    kind_col = _column(frame, "kind")
+    ms_col, count_col, bytes_col = (_column(frame, c) for c in ("ms", "count", "bytes"))
+    kinds: dict[Any, str | None] = {}
+    # per rank, in rank order: the rows' positions (rows of one rank in their order, as a group by rank gives them)
+    by_rank: dict[Any, list[int]] = {}
+    for i, r in enumerate(rank_col):
+        if r is None or r != r:  # a group key that is missing matches no group
+            continue
+        by_rank.setdefault(r, []).append(i)
+    run_steps = clean_value(getattr(metrics, "run", {}).get("steps_analyzed"))
+    for r in sorted(by_rank):
+        rows = by_rank[r]
+        rank = int(clean_value(r))
+        n_steps = steps.get(rank) or run_steps
+        ar: list[int] = []
+        bc: list[int] = []
+        for i in rows:
+            k = kind_col[i]
+            kind = kinds[k] if k in kinds else kinds.setdefault(k, _kind(k))
+            if kind == "allreduce":
+                ar.append(i)
+            elif kind == "broadcast":
+                bc.append(i)
         values: dict[str, Any] = {
             "broadcast_ms": None,
             "allreduce_count": None,
             "allreduce_message_bytes": None,
         }
         if n_steps:
-            if "ms" in rows:
-                values["broadcast_ms"] = float(bc["ms"].sum()) / n_steps
-            if "count" in rows:
-                values["allreduce_count"] = float(ar["count"].sum()) / n_steps
-        if "count" in rows and "bytes" in rows and ar["count"].sum() > 0:
-            values["allreduce_message_bytes"] = float(ar["bytes"].sum()) / float(ar["count"].sum())
+            if ms_col is not None:
+                values["broadcast_ms"] = _sum(ms_col, bc) / n_steps
+            if count_col is not None:
+                values["allreduce_count"] = _sum(count_col, ar) / n_steps
+        if count_col is not None and bytes_col is not None and _sum(count_col, ar) > 0:
+            values["allreduce_message_bytes"] = _sum(bytes_col, ar) / _sum(count_col, ar)
         out[rank] = values
     return out
+
+
+def _sum(column: list[Any], rows: list[int]) -> float:
+    """The sum of ``column`` over ``rows`` (missing values count 0, as a Series' ``sum``), as a float."""
+    import numpy as np
+
+    if len(rows) < 8:  # numpy adds fewer than eight values one after the other
+        total = 0.0
+        for i in rows:
+            v = column[i]
+            if v is not None and v == v:
+                total += v
+        return float(total)
+    values = np.array([column[i] for i in rows], dtype=np.float64)
+    return float(np.where(np.isnan(values), 0.0, values).sum())

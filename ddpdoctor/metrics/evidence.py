@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import pandas as pd
+import numpy as np
 
 from ddpdoctor.metrics import catalog
 from ddpdoctor.metrics.parallelism import detect_parallelism
@@ -23,7 +23,7 @@ NEED_ALL_PEERS = catalog.group("need_all_peers")
 def run_evidence(
     run_metrics: dict[str, Any],
     ranks: list[dict[str, Any]],
-    devices: pd.DataFrame,
+    devices: Any,
     summaries: list[dict[str, Any]],
     undecidable_straggler: str | None,
 ) -> dict[str, Any]:
@@ -79,16 +79,12 @@ def _older_summaries(summaries: list[dict[str, Any]]) -> dict[str, str]:
     return out
 
 
-def _memory_reasons(
-    run_metrics: dict[str, Any], devices: pd.DataFrame, summaries: list[dict[str, Any]]
-) -> dict[str, str]:
+def _memory_reasons(run_metrics: dict[str, Any], devices: Any, summaries: list[dict[str, Any]]) -> dict[str, str]:
     """Why the cuda:0 memory metrics are None, in terms of this input."""
     out: dict[str, str] = {}
     own = {s["rank"]: s.get("own_device") for s in summaries}
     on_gpu = {r: d for r, d in own.items() if isinstance(d, str) and d.startswith("cuda")}
-    measured = (
-        devices.dropna(subset=["peak_allocated_bytes", "peak_reserved_bytes"], how="all") if len(devices) else devices
-    )
+    measured = _measured_devices(devices)
     if not on_gpu and not len(measured):
         text = "no rank ran on a GPU in the data (a CPU run: no CUDA kernels and no device memory)"
     elif not len(measured):
@@ -96,9 +92,9 @@ def _memory_reasons(
             "the traces record no device memory: no [memory] events (profile with profile_memory=True, or run under "
             "`ddpdoctor trace`)"
         )
-    elif "cuda:0" not in set(measured["device"]):
-        seen = ", ".join(sorted(set(measured["device"])))
-        ranks = ", ".join(str(r) for r in sorted(set(measured["rank"])))
+    elif "cuda:0" not in {d for d, _ in measured}:
+        seen = ", ".join(sorted({d for d, _ in measured}))
+        ranks = ", ".join(str(r) for r in sorted({r for _, r in measured}))
         text = f"cuda:0 is not in the data: the loaded rank(s) {ranks} recorded memory on {seen} only"
     elif run_metrics.get("gpu0_capacity_bytes") is None:
         text = "the capacity of cuda:0 is unknown (no deviceProperties in the trace)"
@@ -113,3 +109,13 @@ def _memory_reasons(
     if run_metrics.get("others_max_peak_reserved_bytes") is None:
         out["others_max_peak_reserved_bytes"] = out["gpu0_vs_others_ratio"]
     return out
+
+
+def _measured_devices(devices: Any) -> list[tuple[Any, Any]]:
+    """(device, rank) of the rows of ``devices`` (a ``Table``) with a peak allocated or reserved size."""
+    if devices is None or not len(devices):
+        return []
+    peaks = [np.asarray(devices[c], dtype=np.float64) for c in ("peak_allocated_bytes", "peak_reserved_bytes")]
+    keep = ~(np.isnan(peaks[0]) & np.isnan(peaks[1]))
+    names, ranks = list(devices["device"]), list(devices["rank"])
+    return [(names[i], ranks[i].item() if hasattr(ranks[i], "item") else ranks[i]) for i in np.flatnonzero(keep)]

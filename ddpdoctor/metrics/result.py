@@ -5,9 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import pandas as pd
-
 from ddpdoctor.metrics import catalog
+from ddpdoctor.table import Table
 from ddpdoctor.values import jsonable
 
 # The per-rank metrics a rank's summary and the cross-rank matching give, and the run-level ones ``analyze``
@@ -18,13 +17,14 @@ RUN_METRICS = catalog.names("run", "run", "cross_rank")
 
 @dataclass(frozen=True)
 class RunMetrics:
-    """Run-level dict, one flat dict per rank, and frames for charts and gating."""
+    """Run-level dict, one flat dict per rank, and tables for charts and gating (``ddpdoctor.table.Table``:
+    named numpy columns; ``.to_pandas()`` gives a DataFrame)."""
 
     run: dict[str, Any]
     ranks: list[dict[str, Any]]
-    per_step: pd.DataFrame
-    collectives: pd.DataFrame
-    devices: pd.DataFrame
+    per_step: Table
+    collectives: Table
+    devices: Table
 
     def rank(self, rank: int) -> dict[str, Any]:
         return next(r for r in self.ranks if r["rank"] == rank)
@@ -34,7 +34,16 @@ class RunMetrics:
         return {
             "run": jsonable(self.run),
             "ranks": jsonable(self.ranks),
-            "per_step": jsonable(self.per_step.to_dict(orient="records")),
-            "collectives": jsonable(self.collectives.to_dict(orient="records")),
-            "devices": jsonable(self.devices.to_dict(orient="records")),
+            "per_step": jsonable(records(self.per_step)),
+            "collectives": jsonable(records(self.collectives)),
+            "devices": jsonable(records(self.devices)),
         }
+
+
+def records(table: Any) -> list[dict[str, Any]]:
+    """The rows of a ``Table`` (or of a pandas DataFrame a caller built) as dicts of Python values."""
+    if table is None:
+        return []
+    if isinstance(table, Table):
+        return table.records()
+    return table.to_dict(orient="records")

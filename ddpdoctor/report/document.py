@@ -35,21 +35,37 @@ DEVICE_KEYS = catalog.group("device_memory")
 
 
 def frame(metrics: Any, name: str) -> Any:
-    """``metrics.<name>`` as a DataFrame, or None when absent or empty."""
+    """``metrics.<name>`` (a ``ddpdoctor.table.Table``, or a DataFrame a caller built), or None when absent or
+    empty."""
     df = getattr(metrics, name, None)
     if df is None or not hasattr(df, "columns") or len(df) == 0:
         return None
     return df
 
 
-def _devices(metrics: Any, rank: int, row: dict[str, Any]) -> list[dict[str, Any]]:
+def frame_records(metrics: Any, name: str) -> list[dict[str, Any]]:
+    """The rows of ``metrics.<name>`` as dicts (none when absent or empty)."""
+    from ddpdoctor.metrics.result import records
+
+    df = frame(metrics, name)
+    return [] if df is None else records(df)
+
+
+def _devices_by_rank(metrics: Any) -> dict[Any, list[dict[str, Any]]] | None:
+    """rank -> its rows of ``metrics.devices`` in the report's shape (None without a devices table with ranks)."""
     df = frame(metrics, "devices")
-    if df is not None and "rank" in df.columns:
-        rows = df[df["rank"] == rank]
-        return [
-            {"device": jsonable(r.get("device")), **{k: jsonable(r.get(k)) for k in DEVICE_KEYS}}
-            for r in rows.to_dict("records")
-        ]
+    if df is None or "rank" not in df.columns:
+        return None
+    out: dict[Any, list[dict[str, Any]]] = {}
+    for r in frame_records(metrics, "devices"):
+        entry = {"device": jsonable(r.get("device")), **{k: jsonable(r.get(k)) for k in DEVICE_KEYS}}
+        out.setdefault(clean_value(r.get("rank")), []).append(entry)
+    return out
+
+
+def _devices(by_rank: dict[Any, list[dict[str, Any]]] | None, rank: int, row: dict[str, Any]) -> list[dict[str, Any]]:
+    if by_rank is not None:
+        return by_rank.get(rank, [])
     if any(row.get(k) is not None for k in DEVICE_KEYS):
         return [{"device": jsonable(row.get("device")), **{k: jsonable(row.get(k)) for k in DEVICE_KEYS}}]
     return []
@@ -60,6 +76,7 @@ def build(result: Diagnosis) -> dict[str, Any]:
     metrics = result.metrics
     run = dict(getattr(metrics, "run", {}) or {})
     ranks = []
+    devices = _devices_by_rank(metrics)
     for i, raw in enumerate(getattr(metrics, "ranks", []) or []):
         row = dict(raw)
         rank = int(clean_value(row.get("rank")) if row.get("rank") is not None else i)
@@ -71,7 +88,7 @@ def build(result: Diagnosis) -> dict[str, Any]:
             },
         }
         entry.update({k: jsonable(row.get(k)) for k in (*RANK_KEYS, *BREAKDOWN_KEYS)})
-        entry["devices"] = _devices(metrics, rank, row)
+        entry["devices"] = _devices(devices, rank, row)
         ranks.append(entry)
     return {
         "schema_version": SCHEMA_VERSION,

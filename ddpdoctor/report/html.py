@@ -11,7 +11,14 @@ from typing import Any, TextIO
 from ddpdoctor.diagnosis.findings import Diagnosis, format_ranks
 from ddpdoctor.metrics import catalog
 from ddpdoctor.report import fmt, svg
-from ddpdoctor.report.document import RANK_TABLE_COLUMNS, build, frame, grouped_not_evaluated, rank_table_rows
+from ddpdoctor.report.document import (
+    RANK_TABLE_COLUMNS,
+    build,
+    frame,
+    frame_records,
+    grouped_not_evaluated,
+    rank_table_rows,
+)
 from ddpdoctor.report.page import write_page
 from ddpdoctor.values import clean_value
 
@@ -65,7 +72,7 @@ def _overlap_series(metrics: Any) -> dict[str, list[tuple[float, float]]]:
     if df is None or not {"rank", "step"} <= set(df.columns):
         return {}
     series: dict[str, list[tuple[float, float]]] = {}
-    for row in df.to_dict("records"):
+    for row in frame_records(metrics, "per_step"):
         value = clean_value(row.get("overlap_ratio"))
         if value is None:
             comm, exposed = clean_value(row.get("comm_ms")), clean_value(row.get("exposed_comm_ms"))
@@ -84,7 +91,7 @@ def _collectives_table(metrics: Any) -> str:
     cols = [c for c in ("rank", "kind", "count", "bytes", "ms", "algbw_gbps", "busbw_gbps") if c in df.columns]
     head = "".join(_collective_heading(c) for c in cols)
     body = []
-    for row in df[cols].to_dict("records"):
+    for row in frame_records(metrics, "collectives"):
         cells = []
         for c in cols:
             v = clean_value(row[c])

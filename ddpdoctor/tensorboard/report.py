@@ -37,9 +37,12 @@ STACK_ORDER = catalog.group("breakdown")[:-1] + catalog.group("dp_stages") + cat
 
 
 def records(frame: Any) -> list[dict[str, Any]]:
-    if frame is None or not hasattr(frame, "to_dict") or len(frame) == 0:
+    """The rows of a ``RunMetrics`` table (``ddpdoctor.table.Table`` or a DataFrame) as JSON-ready dicts."""
+    from ddpdoctor.metrics.result import records as table_records
+
+    if frame is None or not hasattr(frame, "columns") or len(frame) == 0:
         return []
-    return jsonable(frame.to_dict("records"))
+    return jsonable(table_records(frame))
 
 
 def _document(analysis: Analysis) -> dict[str, Any]:
