@@ -1,13 +1,17 @@
-"""Read Kineto (torch.profiler) Chrome traces into pandas frames: ``load(path) -> Run``."""
+"""Read Kineto (torch.profiler) Chrome traces: ``load(path) -> Run``.
+
+Each rank's events are numpy tables (``RankTrace.tables``, read by the metrics without pandas) and pandas frames
+on request: ``run.ranks[0].ops``, ``.kernels``, ``.memory``, ``.steps``, ``.comm_ops`` (built on first use).
+"""
 
 from __future__ import annotations
 
 import sys
 
 from ddpdoctor.load.loader import load
-from ddpdoctor.load.model import RankTrace, Run
+from ddpdoctor.load.model import EventTables, RankTrace, Run
 
-__all__ = ["load", "Run", "RankTrace"]
+__all__ = ["load", "Run", "RankTrace", "EventTables"]
 
 
 class _CallableModule(sys.modules[__name__].__class__):

@@ -186,9 +186,10 @@ _OBJECT_ARGS = ("dtype", "collective_name", "pg_name", "input_dims", "input_type
 
 
 def _comm_ops(ops: Table, rows: list[dict], row_to_op: np.ndarray, on_device: np.ndarray) -> Table:
-    keep = [r for r in rows if not on_device[r["row"]]]
-    idx = np.array([row_to_op[r["row"]] for r in keep], dtype=np.int64)
-    out = ops[idx]
+    at = np.fromiter((r["row"] for r in rows), dtype=np.int64, count=len(rows))
+    kept = ~on_device[at] if len(rows) else np.zeros(0, dtype=bool)
+    keep = [r for r, k in zip(rows, kept.tolist(), strict=True) if k] if not kept.all() else rows
+    out = ops[row_to_op[at[kept]]]
     for key in _COMM_ARG_COLUMNS:
         values = [r[key] for r in keep]
         out[key] = objects(values) if key in _OBJECT_ARGS else np.array(values, dtype=np.int64)
@@ -197,7 +198,9 @@ def _comm_ops(ops: Table, rows: list[dict], row_to_op: np.ndarray, on_device: np
 
 def objects(values: list) -> np.ndarray:
     """A 1-d object array of ``values`` (lists stay elements, not a second dimension)."""
-    out = np.empty(len(values), dtype=object)
-    for i, v in enumerate(values):
-        out[i] = v
+    out = np.array([*values, None], dtype=object)[:-1]
+    if out.ndim != 1:  # cannot be (the None ends any nesting), but be sure
+        out = np.empty(len(values), dtype=object)
+        for i, v in enumerate(values):
+            out[i] = v
     return out

@@ -14,9 +14,10 @@ input of all ranks' shards): max(In/Out msg nelems) × dtype size from ``record_
 
 from __future__ import annotations
 
+import functools
 import math
 import re
-from types import SimpleNamespace
+from typing import NamedTuple
 
 import numpy as np
 
@@ -168,6 +169,11 @@ def dtype_bytes(dtype: str | None) -> int | None:
     None when unknown."""
     if not dtype or not isinstance(dtype, str):
         return None
+    return _dtype_bytes(dtype)
+
+
+@functools.lru_cache(maxsize=4096)
+def _dtype_bytes(dtype: str) -> int | None:
     key = " ".join(_DTYPE_PREFIX.sub("", dtype).lower().split())
     return _DTYPE_BYTES.get(key)
 
@@ -277,12 +283,15 @@ def _calls(rt: RankTrace) -> Table:
     outer = c[names.startswith("c10d::")]
     p_at = _enclosing(params, calls)
     o_at = _enclosing(outer, calls)
-    p_rows = _row_objects(params)
-    o_rows = _row_objects(outer)
+    # the enclosing rows of each call (row 0 standing in where there is none: not used)
+    p_rows = _row_objects(params[np.maximum(p_at, 0)]) if len(params) else [None] * len(calls)
+    o_rows = _row_objects(outer[np.maximum(o_at, 0)]) if len(outer) else [None] * len(calls)
     bytes_, groups = [], []
-    for row, pi, oi in zip(_row_objects(calls), p_at.tolist(), o_at.tolist(), strict=False):
-        p = p_rows[pi] if pi >= 0 else None
-        o = o_rows[oi] if oi >= 0 else None
+    for row, pi, oi, p_row, o_row in zip(
+        _row_objects(calls), p_at.tolist(), o_at.tolist(), p_rows, o_rows, strict=True
+    ):
+        p = p_row if pi >= 0 else None
+        o = o_row if oi >= 0 else None
         bytes_.append(_bytes(row, p, o))
         gs = p.group_size if p is not None and p.group_size > 0 else (row.group_size if row.group_size > 0 else -1)
         groups.append(gs)
@@ -291,13 +300,20 @@ def _calls(rt: RankTrace) -> Table:
     return calls
 
 
-_ARG_FIELDS = ("in_nelems", "out_nelems", "group_size", "dtype", "input_dims", "input_type")
+class _Args(NamedTuple):
+    """The collective-argument fields of one row (Python values)."""
+
+    in_nelems: int
+    out_nelems: int
+    group_size: int
+    dtype: object
+    input_dims: object
+    input_type: object
 
 
-def _row_objects(table: Table) -> list[SimpleNamespace]:
-    """The collective-argument fields of each row as attributes (Python values)."""
-    lists = {k: table[k].tolist() for k in _ARG_FIELDS}
-    return [SimpleNamespace(**dict(zip(_ARG_FIELDS, row, strict=True))) for row in zip(*lists.values(), strict=True)]
+def _row_objects(table: Table) -> list[_Args]:
+    """The collective-argument fields of each row."""
+    return list(map(_Args._make, zip(*(table[k].tolist() for k in _Args._fields), strict=True)))
 
 
 def _enclosing(frame: Table, calls: Table) -> np.ndarray:

@@ -82,3 +82,12 @@ def test_records_and_lengths() -> None:
     assert t.records()[0] == {"rank": 0, "x": 1.5}
     with pytest.raises(ValueError):
         tb.Table({"a": [1, 2], "b": [1]})
+
+
+def test_shared_codes_keep_their_list_and_rows_share_it() -> None:
+    names = ["a", "b", "c"]
+    codes = tb.Codes.shared(np.array([2, 0, 2, -1]), names)
+    assert codes.categories is names and codes.tolist() == ["c", "a", "c", None]
+    assert codes[1:].categories is names and codes[np.array([True, False, True, False])].tolist() == ["c", "c"]
+    # the constructor still copies
+    assert tb.Codes(np.array([0]), names).categories is not names
