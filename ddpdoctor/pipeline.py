@@ -98,7 +98,7 @@ def analyze_run(
     # The files the loader skipped and its notes on the rest go into every report (run.skipped, run.notes).
     metrics.run.setdefault("skipped", list(run.skipped))
     metrics.run.setdefault("notes", list(run.notes))
-    if path.is_dir():  # the trials `ddpdoctor try` ran of this run, shown next to it in every report
+    if path.is_dir() and rundir.trials_dir(path).is_dir():  # the trials `ddpdoctor try` ran, shown in every report
         from ddpdoctor.trial.history import read_trials
 
         trials, trial_notes = read_trials(path)

@@ -88,6 +88,12 @@ def node_file(out: Path, node_rank: int) -> Path:
     return out / NODES_DIR / f"node{node_rank}.json"
 
 
+def trials_dir(run: Path) -> Path:
+    """Where the trials of RUN go: ``<RUN>.trials/`` beside it (RUN itself is never written)."""
+    named = run if run.name not in ("", ".", "..") else run.resolve()
+    return named.parent / f"{named.name}.trials"
+
+
 def is_run_dir(path: Path) -> bool:
     return (path / MANIFEST).is_file() or (path / RANKS_DIR).is_dir()
 

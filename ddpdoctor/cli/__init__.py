@@ -40,7 +40,13 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+_ALL = object()
+
+
+def build_parser(only: str | None | object = _ALL) -> argparse.ArgumentParser:
+    """The command line's parser. ``only``: register only that command's options (None: no command's) and list
+    the others by their one-line help alone, so that a command imports its own module and nothing else
+    (``ddpdoctor --help`` imports none); by default every command is registered."""
     parser = argparse.ArgumentParser(
         prog="ddpdoctor",
         description="Profile and diagnose PyTorch DataParallel / DistributedDataParallel training.",
@@ -49,8 +55,19 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name, (module, help_text) in COMMANDS.items():
-        importlib.import_module(module).register(sub, name, help_text)
+        if only is _ALL or only == name:
+            importlib.import_module(module).register(sub, name, help_text)
+        else:
+            sub.add_parser(name, help=help_text)  # listed in --help; never parsed (argv names another command)
     return parser
+
+
+def _command(argv: Sequence[str]) -> str | None:
+    """The command ``argv`` names (its first word that is not an option), or None."""
+    for word in argv:
+        if not word.startswith("-"):
+            return word if word in COMMANDS else None
+    return None
 
 
 EXIT_BROKEN_PIPE = 128 + 13  # what a shell reports for a program ended by SIGPIPE (`ddpdoctor ... | head`)
@@ -88,7 +105,7 @@ def _main(argv: Sequence[str] | None) -> int:
         except DDPDoctorError as exc:
             print(f"ddpdoctor: error: {exc}", file=sys.stderr)
             return exc.exit_code
-    parser = build_parser()
+    parser = build_parser(_command(argv))
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse: --help (0) or a usage error (2)

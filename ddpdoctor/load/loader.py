@@ -10,27 +10,22 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ddpdoctor import rundir
 from ddpdoctor._version import __version__
 from ddpdoctor.errors import TraceError
-from ddpdoctor.load.consistency import (
-    check_one_run,
-    drop_copies,
-    duplicate_rank_reason,
-    recorded_together,
-    run_notes,
-)
-from ddpdoctor.load.decode import FileColumns, RankTables, decode_file
 from ddpdoctor.load.discover import group_by_worker, rank_from_name, shown, trace_files
-from ddpdoctor.load.frames import build_rank_trace
 from ddpdoctor.load.model import TABLES, EventTables, RankTrace, Run
 from ddpdoctor.load.schema import valid_rank, valid_world_size
 from ddpdoctor.rundir import is_run_dir
-from ddpdoctor.table import Table
+
+if TYPE_CHECKING:
+    from ddpdoctor.load.decode import FileColumns
+
+# The trace decoder, its tables and the checks across trace files are imported where traces are read: a run read
+# from its per-rank summaries needs none of them (start-up time of `diagnose`).
 
 Progress = Callable[[int, int, str], None]
 
@@ -73,6 +68,8 @@ def load(
             if trace_skipped == 1
             else f"{shown(root)}: none of its {trace_skipped} trace files could be read; first: {skipped[0]}"
         )
+    from ddpdoctor.load.consistency import check_one_run
+
     check_one_run(root, [rt for _, rt in loaded])
     ranks, source = _assign_ranks(loaded, groups, skipped)
     return _make_run(root, ranks, source, capture, manifest, skipped + file_notes)
@@ -90,6 +87,10 @@ def load_rank_files(paths: list[Path], rank: int) -> RankTrace:
 def _decode_group(key: str, paths: list[Path]) -> tuple[str, list[RankTrace], list[str]]:
     """The files of one worker name, decoded: one RankTrace (more when its files state different ranks, as
     with one ``worker_name`` for every rank), and why files were skipped."""
+    from ddpdoctor.load.consistency import drop_copies
+    from ddpdoctor.load.decode import RankTables, decode_file
+    from ddpdoctor.load.frames import build_rank_trace
+
     tables = RankTables()
     by_rank: dict[int | None, list[FileColumns]] = {}
     errors = []
@@ -142,6 +143,8 @@ def _decode_groups(
             if progress:
                 progress(len(results), total, key)
         return results
+    from concurrent.futures import ProcessPoolExecutor
+
     with ProcessPoolExecutor(max_workers=n) as pool:
         futures = [pool.submit(_decode_group, key, paths) for key, paths in groups.items()]
         for fut in futures:
@@ -157,6 +160,8 @@ def _assign_ranks(
     """Rank of each worker: distributedInfo.rank, else the rank in its file name, else its order. A second
     worker with the same rank recorded at the same time is skipped (and listed in ``skipped``); at another
     time it is a later span of that rank."""
+    from ddpdoctor.load.consistency import duplicate_rank_reason, recorded_together
+
     info = [valid_rank((rt.distributed_info or {}).get("rank")) for _, rt in loaded]
     named = [rank_from_name(groups[key][0]) for key, _ in loaded]
     if all(r is not None for r in info):
@@ -186,6 +191,8 @@ def _assign_ranks(
 
 def _merge(a: RankTrace, b: RankTrace) -> RankTrace:
     """Two workers that report the same rank: their files are spans of one rank."""
+    from ddpdoctor.table import Table
+
     assert a.tables is not None and b.tables is not None
     spans = len(a.files)
     merged = {}
@@ -224,8 +231,14 @@ def _make_run(
         capture=capture,
         manifest=manifest if isinstance(manifest, dict) else None,
         skipped=skipped,
-        notes=run_notes(ranks, world_size, source) if all(rt.has_trace for rt in ranks) else [],
+        notes=_run_notes(ranks, world_size, source) if all(rt.has_trace for rt in ranks) else [],
     )
+
+
+def _run_notes(ranks: list[RankTrace], world_size: int, source: str) -> list[str]:
+    from ddpdoctor.load.consistency import run_notes
+
+    return run_notes(ranks, world_size, source)
 
 
 def _names(rt: RankTrace) -> list[str]:

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ddpdoctor.trial.plan import trials_dir
+from ddpdoctor.rundir import trials_dir
 
 
 def _label(settings: Any) -> str:

@@ -119,10 +119,7 @@ def resolve(settings: dict[str, str], nproc_per_node: int) -> dict[str, str]:
     return {name: str(cpus) if value == knobs.CPUS_PER_RANK else value for name, value in settings.items()}
 
 
-def trials_dir(run: Path) -> Path:
-    """Where the trials of RUN go: ``<RUN>.trials/`` beside it (RUN itself is never written)."""
-    named = run if run.name not in ("", ".", "..") else run.resolve()
-    return named.parent / f"{named.name}.trials"
+trials_dir = rundir.trials_dir  # where the trials of RUN go: ``<RUN>.trials/`` beside it
 
 
 def new_session_dir(run: Path) -> Path:
