@@ -32,8 +32,25 @@ _FORWARD = re.compile(r"^(DistributedDataParallel|DataParallel)\.forward$")
 
 def names_matching(table: Table, pattern: re.Pattern[str]) -> np.ndarray:
     """Boolean mask of the rows whose (categorical) name matches ``pattern`` (``re.search``); evaluated once per
-    distinct name."""
-    return table["name"].searches(pattern)
+    distinct name (and once per rank: the tables of a rank share their list of names)."""
+    names = table["name"]
+    return _name_flags(names.categories, pattern)[names.codes]
+
+
+# (the names of the rank analysed last, {pattern: one flag per name and a False for code -1})
+_FLAGS: tuple[list[str], int, dict[re.Pattern[str], np.ndarray]] = ([], 0, {})
+
+
+def _name_flags(categories: list[str], pattern: re.Pattern[str]) -> np.ndarray:
+    global _FLAGS
+    cached = _FLAGS  # one read: another thread may replace it, never change it under us
+    if cached[0] is not categories or cached[1] != len(categories):
+        cached = _FLAGS = (categories, len(categories), {})
+    flags = cached[2].get(pattern)
+    if flags is None:
+        search = pattern.search
+        flags = cached[2][pattern] = np.array([search(c) is not None for c in categories] + [False], dtype=bool)
+    return flags
 
 
 def _ranges(ops: Table, pattern: re.Pattern[str]) -> iv.Intervals:

@@ -27,9 +27,10 @@ from hypothesis import strategies as st
 from ddpdoctor.diagnosis import evaluate, load_rules
 from ddpdoctor.errors import DDPDoctorError, TraceError
 from ddpdoctor.load import load
-from ddpdoctor.load.model import Run
+from ddpdoctor.load.model import TABLES, Run
 from ddpdoctor.metrics import analyze
 from ddpdoctor.report import OutputFormat, render
+from ddpdoctor.table import Codes
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "ddp_gloo_2rank"
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "traces"
@@ -150,6 +151,13 @@ def check_run(run: Run) -> None:
     assert run.world_size >= 1 and run.mode in ("ddp", "dp", "single")
     assert all(isinstance(s, str) and "\x1b" not in s for s in run.skipped)
     for rt in run.ranks:
+        assert rt.tables is not None
+        for name in TABLES:  # the tables the metrics read, and the same as the pandas frames of the API
+            table, frame = getattr(rt.tables, name), getattr(rt, name)
+            assert table.columns == list(frame.columns) and len(table) == len(frame)
+            assert isinstance(table["name"], Codes) and isinstance(table["cat"], Codes)
+            assert table["pid"].dtype == np.int64 and table["tid"].dtype == np.int64
+            assert (table["end_us"] == table["ts_us"] + table["dur_us"]).all()
         for frame in (rt.ops, rt.kernels, rt.memory, rt.steps, rt.comm_ops):
             assert {"name", "cat", "ts_us", "dur_us", "end_us", "pid", "tid", "span"} <= set(frame.columns)
             assert frame["pid"].dtype == np.int64 and frame["tid"].dtype == np.int64
