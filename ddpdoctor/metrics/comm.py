@@ -25,7 +25,7 @@ from ddpdoctor.load.model import RankTrace
 from ddpdoctor.metrics import intervals as iv
 from ddpdoctor.metrics.phases import names_matching
 from ddpdoctor.metrics.steps import first_index, launch_times
-from ddpdoctor.table import Codes, Table
+from ddpdoctor.table import Codes, Table, distinct
 
 COMM_KERNEL = re.compile(r"^(nccl|rccl).*kernel", re.IGNORECASE)
 # HTA's is_compute_kernel() regex "(^nccl.*Kernel)|(.*(Memcpy)|(Memset))|(.*Sync)" without the leading ".*",
@@ -208,7 +208,7 @@ def busy_sets(rt: RankTrace) -> tuple[iv.Intervals, iv.Intervals, bool]:
     ops = rt.tables.ops
     comm = names_matching(ops, _CPU_COMM_RANGE)
     tid = ops["tid"]
-    comm_threads = np.unique(tid[comm])
+    comm_threads = distinct(tid[comm])
     comp = ops["cat"].isin(["cpu_op"]) & ~np.isin(tid, comm_threads) & ~names_matching(ops, _NOT_CPU_COMPUTE)
     ts, te = ops["ts_us"], ops["end_us"]
     return iv.union(ts[comm], te[comm]), iv.union(ts[comp], te[comp]), False
@@ -323,7 +323,7 @@ def _enclosing(frame: Table, calls: Table) -> np.ndarray:
         return out
     f_tid, f_ts, f_end = frame["tid"], frame["ts_us"], frame["end_us"]
     c_tid, c_ts, c_end = calls["tid"], calls["ts_us"], calls["end_us"]
-    for tid in np.unique(f_tid):
+    for tid in distinct(f_tid):
         sel = np.flatnonzero(c_tid == tid)
         if len(sel) == 0:
             continue
@@ -399,7 +399,7 @@ def _kernel_collectives(rt: RankTrace, kernels: Table, calls: Table) -> Table:
     source = np.full(len(kernels), "kernel", dtype=object)
     if len(calls):
         c_tid = calls["tid"]
-        for tid in np.unique(c_tid):
+        for tid in distinct(c_tid):
             idx = np.flatnonzero(c_tid == tid)
             idx = idx[np.argsort(calls["ts_us"][idx], kind="stable")]
             lo, hi = calls["ts_us"][idx], calls["end_us"][idx]

@@ -15,7 +15,7 @@ import numpy as np
 
 from ddpdoctor.metrics import intervals as iv
 from ddpdoctor.metrics.phases import names_matching
-from ddpdoctor.table import Table
+from ddpdoctor.table import Table, distinct
 
 DP_PHASES = ("scatter", "replicate", "parallel_apply", "gather", "backward_reduce")
 _REPLICA = re.compile(r"^DataParallel\.replica\[(\d+)\]$")
@@ -45,7 +45,7 @@ def dp_rank_metrics(ops: Table, lo: np.ndarray, hi: np.ndarray) -> dict[str, flo
     tid, ts, te = ops["tid"][busy], ts[busy], te[busy]
     per_thread = 0.0
     all_threads: list[iv.Intervals] = []
-    for t in np.unique(tid):
+    for t in distinct(tid):
         mine = tid == t
         thread_busy = iv.intersect(iv.union(ts[mine], te[mine]), windows)
         per_thread += iv.total(thread_busy)

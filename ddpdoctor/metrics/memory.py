@@ -17,7 +17,7 @@ import numpy as np
 
 from ddpdoctor.load.model import RankTrace
 from ddpdoctor.metrics import catalog
-from ddpdoctor.table import Table
+from ddpdoctor.table import Table, distinct
 
 CUDA = 1  # c10::DeviceType::CUDA in "Device Type"
 
@@ -55,7 +55,7 @@ def device_rows(rt: RankTrace | None, capture: dict[str, Any] | None) -> list[di
         mem = rt.tables.memory if rt.tables is not None else None
         if mem is not None and len(mem):
             cuda = mem[(mem["device_type"] == CUDA) & (mem["device_id"] >= 0)]
-            for dev_id in np.unique(cuda["device_id"]):
+            for dev_id in distinct(cuda["device_id"]):
                 g = cuda[cuda["device_id"] == dev_id]
                 rows[f"cuda:{int(dev_id)}"] = {
                     "peak_allocated_bytes": _max(g["total_allocated"]) or _running_peak(g),
@@ -89,7 +89,7 @@ def _running_peak(events: Table) -> int | None:
         return None
     peaks = []
     span = events["span"] if "span" in events else np.zeros(len(events), dtype=np.int64)
-    for s in np.unique(span):
+    for s in distinct(span):
         changes = events[span == s].sort("ts_us")["bytes"].astype(np.float64)
         changes = changes[~np.isnan(changes)]
         if len(changes) == 0:

@@ -13,7 +13,7 @@ import numpy as np
 
 from ddpdoctor.load.categories import DEVICE_WORK_CATS, RUNTIME_CATS
 from ddpdoctor.load.model import RankTrace
-from ddpdoctor.table import Table
+from ddpdoctor.table import Table, distinct
 
 STEP_COLUMNS = ["step", "span", "host_start_us", "host_end_us", "start_us", "end_us", "analyzed"]
 
@@ -84,7 +84,7 @@ def step_windows(rt: RankTrace) -> Table:
 def _whole_windows(rt: RankTrace) -> Table:
     rows = []
     tables = [t for t in (rt.tables.ops, rt.tables.kernels) if len(t)]
-    for span in sorted({int(s) for t in tables for s in np.unique(t["span"])}):
+    for span in sorted({int(s) for t in tables for s in distinct(t["span"])}):
         lo = min(float(t["ts_us"][t["span"] == span].min()) for t in tables if (t["span"] == span).any())
         hi = max(float(t["end_us"][t["span"] == span].max()) for t in tables if (t["span"] == span).any())
         rows.append({"step": 0, "span": span, "host_start_us": lo, "host_end_us": hi})

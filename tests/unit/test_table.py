@@ -91,3 +91,9 @@ def test_shared_codes_keep_their_list_and_rows_share_it() -> None:
     assert codes[1:].categories is names and codes[np.array([True, False, True, False])].tolist() == ["c", "c"]
     # the constructor still copies
     assert tb.Codes(np.array([0]), names).categories is not names
+
+
+def test_distinct_is_np_unique() -> None:
+    rng = np.random.default_rng(5)
+    for values in (rng.integers(-3, 3, 40), rng.random(10), np.zeros(0, dtype=np.int64)):
+        np.testing.assert_array_equal(tb.distinct(values), np.unique(values))
