@@ -3,7 +3,8 @@
 A rank's events are held as ``ddpdoctor.table.Table``s (named numpy columns) in ``RankTrace.tables``
 (``EventTables``), which the metrics read; importing or using pandas costs more than the analysis of a small
 rank. ``RankTrace.ops``, ``.kernels``, ``.memory``, ``.steps`` and ``.comm_ops`` are the same tables as pandas
-DataFrames, built on first use (the public ``ddpdoctor.load()`` API).
+DataFrames, built on first use (the public ``ddpdoctor.load()`` API) from copies of the columns: what a user does
+to a frame does not change the tables.
 
 Tables (all timestamps are µs floats as in the trace; ``end_us = ts_us + dur_us``):
 
@@ -78,8 +79,8 @@ class RankTrace:
         """The table ``name`` (one of ``TABLES``) as a pandas DataFrame (None without tables), built once."""
         if self.tables is None:
             return None
-        if name not in self._frames:
-            self._frames[name] = getattr(self.tables, name).to_pandas()
+        if name not in self._frames:  # of copies: editing a frame leaves the tables the metrics read as they are
+            self._frames[name] = getattr(self.tables, name).copy().to_pandas()
         return self._frames[name]
 
     def set_tables(self, tables: EventTables | None) -> None:

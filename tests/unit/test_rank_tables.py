@@ -76,6 +76,13 @@ def test_frames_are_the_tables_as_pandas() -> None:
         assert rt.tables.comm_ops["input_dims"].dtype == object and rt.tables.comm_ops["input_dims"].ndim == 1
 
 
+def test_editing_a_frame_leaves_the_tables_alone() -> None:
+    rt = load(FIXTURE, workers=1).ranks[0]
+    first = rt.tables.ops["ts_us"][0]
+    rt.ops.loc[0, "ts_us"] = -1.0
+    assert rt.tables.ops["ts_us"][0] == first and rt.ops.loc[0, "ts_us"] == -1.0
+
+
 def test_summary_ranks_have_no_tables() -> None:
     run = load(FIXTURE, workers=1)
     rt = run.ranks[0]
