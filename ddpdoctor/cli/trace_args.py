@@ -79,6 +79,23 @@ def _own_parser() -> argparse.ArgumentParser:
     return p
 
 
+# torchrun's options as torch 2.13's own parser defines them (option string -> takes a value), so that splitting the
+# command line does not import torch: in the launcher that import alone took 1-2 s of every traced run, before
+# any rank started. An option not in this table is looked up in the installed torch's parser (a newer torchrun's
+# options still pass through); tests/unit/test_trace_args.py checks the table against that parser.
+_TORCHRUN_FLAGS = ("--standalone", "--virtual-local-rank", "--virtual_local_rank")
+_TORCHRUN_VALUED = (
+    "--nnodes --nproc-per-node --nproc_per_node --rdzv-backend --rdzv_backend --rdzv-endpoint --rdzv_endpoint "
+    "--rdzv-id --rdzv_id --rdzv-conf --rdzv_conf --max-restarts --max_restarts --monitor-interval "
+    "--monitor_interval --start-method --start_method --event-log-handler --event_log_handler --role --log-dir "
+    "--log_dir -r --redirects -t --tee --local-ranks-filter --local_ranks_filter --duplicate-stdout-filters "
+    "--duplicate_stdout_filters --duplicate-stderr-filters --duplicate_stderr_filters --node-rank --node_rank "
+    "--master-addr --master_addr --master-port --master_port --local-addr --local_addr --logs-specs --logs_specs "
+    "--numa-binding --numa_binding --signals-to-handle --signals_to_handle --shutdown-timeout --shutdown_timeout"
+).split()
+TORCHRUN_KNOWN: dict[str, bool] = {**dict.fromkeys(_TORCHRUN_FLAGS, False), **dict.fromkeys(_TORCHRUN_VALUED, True)}
+
+
 def _torchrun_options() -> dict[str, bool]:
     """Option string -> takes a value, from torchrun's own parser (so every torchrun flag passes through)."""
     from torch.distributed.run import get_args_parser
@@ -99,7 +116,7 @@ def split_argv(argv: list[str]) -> tuple[list[str], list[str], list[str], list[s
     for action in _own_parser()._actions:
         for opt in action.option_strings:
             own_takes_value[opt] = action.nargs != 0
-    torchrun = _torchrun_options()
+    torchrun: dict[str, bool] = TORCHRUN_KNOWN
     own: list[str] = []
     tr: list[str] = []
     i = 0
@@ -119,6 +136,8 @@ def split_argv(argv: list[str]) -> tuple[list[str], list[str], list[str], list[s
         if not tok.startswith("-") or tok == "-":
             return own, tr, argv[i:], None
         name = tok.split("=", 1)[0]
+        if name not in own_takes_value and name not in torchrun and torchrun is TORCHRUN_KNOWN:
+            torchrun = _torchrun_options()  # not in the table: the installed torchrun may know it
         if name in own_takes_value:
             bucket, takes_value = own, own_takes_value[name]
         elif name in torchrun:
