@@ -33,7 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ddpdoctor.table import Table
+import numpy as np
+
+from ddpdoctor.table import Codes, Table
 
 TABLES = ("ops", "kernels", "memory", "steps", "comm_ops")
 
@@ -80,7 +82,7 @@ class RankTrace:
         if self.tables is None:
             return None
         if name not in self._frames:  # of copies: editing a frame leaves the tables the metrics read as they are
-            self._frames[name] = getattr(self.tables, name).copy().to_pandas()
+            self._frames[name] = _frame(name, getattr(self.tables, name))
         return self._frames[name]
 
     def set_tables(self, tables: EventTables | None) -> None:
@@ -112,6 +114,22 @@ class RankTrace:
     def comm_ops(self) -> Any:
         """The collective calls' CPU events with their arguments (pandas DataFrame)."""
         return self.frame("comm_ops")
+
+
+def _frame(name: str, table: Table) -> Any:
+    """The DataFrame of a table, with the dtypes the loader has always given: object columns stay object (pandas
+    would infer strings, turning None into NaN); the memory table's name and category are categoricals of
+    strings."""
+    import pandas as pd
+
+    frame = table.copy().to_pandas()
+    for col in table.columns:
+        values = table[col]
+        if isinstance(values, np.ndarray) and values.dtype == object and frame[col].dtype != object:
+            frame[col] = pd.Series(values, dtype=object, index=frame.index)
+        elif name == "memory" and isinstance(values, Codes):
+            frame[col] = pd.Categorical.from_codes(values.codes, categories=list(values.categories))
+    return frame
 
 
 @dataclass
