@@ -74,6 +74,10 @@ def test_frames_are_the_tables_as_pandas() -> None:
         assert rt.tables.ops["name"].categories is rt.tables.kernels["name"].categories
         assert list(rt.tables.steps["step"]) == sorted(rt.tables.steps["step"].tolist())
         assert rt.tables.comm_ops["input_dims"].dtype == object and rt.tables.comm_ops["input_dims"].ndim == 1
+        # the frames' dtypes as the loader always gave them: argument strings stay object columns (None kept)
+        for col in ("dtype", "collective_name", "pg_name", "input_dims", "input_type"):
+            assert rt.comm_ops[col].dtype == object
+        assert rt.ops["name"].cat.categories.dtype == object
 
 
 def test_editing_a_frame_leaves_the_tables_alone() -> None:
