@@ -21,6 +21,8 @@ _original_destroy: Any = None
 _listeners: list[Callable[[Any], None]] = []
 # Long enough for gloo's worker threads to finish freeing their last work items (they need the GIL to do it).
 _TEARDOWN_GRACE_S = 0.05
+# time.monotonic() when the script last called destroy_process_group() (every collective was issued before it)
+destroy_started: float | None = None
 
 
 def install() -> None:
@@ -76,6 +78,8 @@ def _install_destroy_grace() -> None:
     _original_destroy = dist.destroy_process_group
 
     def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
+        global destroy_started
+        destroy_started = time.monotonic()
         time.sleep(_TEARDOWN_GRACE_S)
         try:
             return _original_destroy(*args, **kwargs)

@@ -151,8 +151,8 @@ def record(session: Session) -> dict[str, Any]:
     }
 
 
-def write(session: Session) -> None:
-    """Write (replace) ``ranks/rank<R>.json``; a failure is noted in the session, never raised."""
+def write(session: Session) -> bool:
+    """Write (replace) ``ranks/rank<R>.json``; a failure is noted in the session, never raised (False)."""
     try:
         path, data = rundir.rank_file(session.out, session.rank), record(session)
         why = rundir.write_rank_capture(path, data)
@@ -161,18 +161,35 @@ def write(session: Session) -> None:
             rundir.write_rank_capture(path, data)
     except Exception as exc:
         session.capture_errors.append(f"writing rank file failed: {type(exc).__name__}: {exc}")
+        return False
+    return True
 
 
-def write_summary(session: Session) -> None:
-    """Summarise this rank's own trace here, in the job, so analysing 1,000 ranks reads 1,000 small files."""
+def summarize(session: Session) -> dict[str, Any] | None:
+    """Summarise this rank's own trace here, in the job, so analysing 1,000 ranks reads 1,000 small files (None
+    without a trace, or when it failed: noted in the rank file, and analysis falls back to the traces)."""
     if not session.trace_files:
-        return
+        return None
     try:
         from ddpdoctor.load.loader import load_rank_files
         from ddpdoctor.metrics.summary import summarize_rank
 
         rank_trace = load_rank_files([session.out / f for f in session.trace_files], session.rank)
-        summary = summarize_rank(rank_trace, record(session))
+        return summarize_rank(rank_trace, record(session))
+    except Exception as exc:  # the run's data is on disk either way; analysis falls back to the traces
+        session.capture_errors.append(f"per-rank summary failed: {type(exc).__name__}: {exc}")
+        write(session)
+        return None
+
+
+def write_summary(session: Session, summary: dict[str, Any] | None) -> None:
+    """Write ``ranks/rank<R>.summary.json``; its trace names are the rank's files as they are now (a trace
+    summarised before it was compressed is named by its compressed file)."""
+    if summary is None:
+        return
+    try:
+        names = {Path(f).name.removesuffix(".gz"): f for f in session.trace_files}
+        summary["files"] = [names.get(str(f).removesuffix(".gz"), f) for f in summary.get("files") or []]
         why = rundir.write_summary(rundir.summary_file(session.out, session.rank), summary)
         if why:  # readers will leave it out and read the trace; say why in the rank file
             session.capture_errors.append(f"per-rank summary does not fit its schema: {why}")

@@ -116,18 +116,50 @@ def _run_script(path: str) -> None:
             sys.modules["__main__"] = previous
 
 
-def _settle_background_threads() -> None:
-    """Let gloo's worker threads finish tearing down their last work items before we allocate (and so maybe
-    garbage-collect the script's DDP model) in this thread.
+SETTLE_S = 0.2
+
+
+class _Settling:
+    """Let gloo's worker threads finish tearing down their last work items before this thread can garbage-collect
+    (and so maybe free the script's DDP model).
 
     Seen here: the main thread, holding the GIL, frees a DDP Reducer whose process group joins a gloo thread, while
     that thread is destroying a finished barrier and waits for the GIL to drop a Python object: a deadlock. A
-    bare run usually escapes it because interpreter shutdown takes long enough; a short sleep (which releases the
-    GIL) gives us the same margin.
+    bare run usually escapes it because interpreter shutdown takes long enough. Garbage collection is off from the
+    end of the script until ``SETTLE_S`` after the last collective could have been issued (the end of the script,
+    or the script's own ``destroy_process_group()`` when it destroyed every group); the rank's files are written
+    meanwhile (this thread lets go of the GIL every few milliseconds), and :meth:`wait` sleeps what is left.
     """
-    import time
 
-    time.sleep(0.2)
+    def __init__(self) -> None:
+        import gc
+        import time
+
+        self._gc_was_enabled = gc.isenabled()
+        gc.disable()
+        self.deadline = time.monotonic() + SETTLE_S
+        from ddpdoctor.capture import ddp as ddp_capture
+
+        if ddp_capture.destroy_started is not None and not _process_group_alive():
+            self.deadline = min(self.deadline, ddp_capture.destroy_started + SETTLE_S)
+
+    def wait(self) -> None:
+        import gc
+        import time
+
+        left = self.deadline - time.monotonic()
+        if left > 0:
+            time.sleep(left)  # the GIL released
+        if self._gc_was_enabled:
+            gc.enable()
+
+
+def _process_group_alive() -> bool:
+    dist = sys.modules.get("torch.distributed")
+    try:
+        return dist is None or not dist.is_available() or dist.is_initialized()
+    except Exception:
+        return True
 
 
 _late_signals: list[int] = []  # SIGTERMs after the first stop signal: recorded, never raised again
@@ -228,10 +260,11 @@ def run(
     finally:
         os._exit = real_os_exit
         _stopping()  # a signal now: finish the files first, then end by it
-        _settle_background_threads()
+        settling = _Settling()
         try:
             session.finish(status, 128 + signum if signum else code, error)
         finally:
+            settling.wait()
             if watch is not None:
                 signal.set_wakeup_fd(-1)
                 for fd in watch:

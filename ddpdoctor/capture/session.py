@@ -1,7 +1,8 @@
 """The profiling session inside one training process (one rank, or the single DataParallel process): its lifecycle.
 
 ``start()`` installs the hooks and starts torch.profiler, ``step()`` ends an iteration (the :class:`StepClock` counts
-them), each profiled window is exported as it completes, and ``finish()`` stops everything and writes the rank files
+them), each profiled window is exported as it completes (gzip follows in a background thread,
+:mod:`ddpdoctor.capture.compress`: no step waits for it), and ``finish()`` stops everything and writes the rank files
 (:mod:`ddpdoctor.capture.rank_file`). The profiler schedule: ``--wait`` iterations skipped, ``--warmup``, then
 ``--active`` recorded, ``--repeat`` times, counted from iteration 1 (iteration 0 holds the start-up).
 
@@ -27,6 +28,7 @@ from ddpdoctor import rundir
 from ddpdoctor.capture import ddp as ddp_capture
 from ddpdoctor.capture import knobs as knobs_capture
 from ddpdoctor.capture import rank_file
+from ddpdoctor.capture.compress import GZ, Compressor
 from ddpdoctor.capture.config import CaptureConfig
 from ddpdoctor.capture.gil import GilProbe
 from ddpdoctor.capture.max_steps import StopTraining, stopped_by
@@ -82,6 +84,8 @@ class Session:
         self._startup_hook: Any = None
         self._prof: Any = None
         self._finished = False
+        self._compressor = Compressor(self.out, self._compressed)
+        self._compressed_files: list[tuple[str, BaseException | None]] = []  # done, not yet in the rank file
 
     @property
     def rank(self) -> int:
@@ -275,6 +279,7 @@ class Session:
             self.trace_files.append(name)
             self.claimed = True
             self.write_rank_file()
+            self._compressor.submit(name)
             if self.identity.local_rank == 0 and not self.config.quiet:
                 size_mb = (self.out / name).stat().st_size / 1e6
                 print(
@@ -287,20 +292,51 @@ class Session:
             self.capture_errors.append(f"writing trace failed: {type(exc).__name__}: {exc}")
 
     def _export(self, prof: Any) -> str:
-        """Write the profiler's window as ``rank<R>.<span>.pt.trace.json.gz``; return the file name."""
+        """Write the profiler's window as ``rank<R>.<span>.pt.trace.json`` (the profiler's own exporter, then a
+        rename: a reader never sees half a file); return the file name. It is gzipped later, off this thread."""
         span = max(int(time.time() * 1000), self._last_span + 1)
         self._last_span = span
-        name = rundir.trace_file_name(self.rank, span)
+        name = rundir.trace_file_name(self.rank, span).removesuffix(GZ)
         fd, tmp = tempfile.mkstemp(prefix=f".rank{self.rank}.", suffix=".json", dir=self.out)
         os.close(fd)
         try:
             prof.export_chrome_trace(tmp)
-            rundir.atomic_gzip_file(tmp, self.out / name)
+            os.replace(tmp, self.out / name)
         finally:
             for leftover in (tmp, tmp + ".tmp"):  # Kineto writes <tmp>.tmp and renames it
                 with contextlib.suppress(OSError):
                     os.unlink(leftover)
         return name
+
+    def _compressed(self, name: str, error: BaseException | None) -> None:
+        """In the compressing thread: ``name`` is gzipped (or failed); put it in the rank file unless ``finish()``
+        has started (it waits for the compression and does that itself)."""
+        self._compressed_files.append((name, error))
+        while not self._finished:
+            if self._lock.acquire(timeout=0.1):  # a step holds it for a moment; finish() for the rest of the run
+                try:
+                    if not self._finished:
+                        self._apply_compressed()
+                finally:
+                    self._lock.release()
+                return
+
+    def _apply_compressed(self) -> None:
+        """Name the compressed traces in the rank file, then remove the uncompressed ones (lock held)."""
+        done, self._compressed_files = self._compressed_files, []
+        for name, error in done:
+            if error is not None:
+                self.capture_errors.append(
+                    f"compressing trace {name} failed (kept uncompressed): {type(error).__name__}: {error}"
+                )
+            elif name in self.trace_files:
+                self.trace_files[self.trace_files.index(name)] = name + GZ
+        if not done or not self.write_rank_file():
+            return  # a rank file not written still names the uncompressed traces: keep them
+        for name, error in done:
+            if error is None and name + GZ in self.trace_files:
+                with contextlib.suppress(OSError):
+                    os.unlink(self.out / name)
 
     def _launched_ranks(self) -> bool:
         """Other processes of this run wrote rank files: they are the ranks, this process launched them."""
@@ -316,7 +352,7 @@ class Session:
                 return
             self._finished = True
             # No garbage collection while we write: a collection here could free the script's DDP model, whose
-            # process group then joins gloo threads from this thread (see runner._settle_background_threads).
+            # process group then joins gloo threads from this thread (see runner._Settling).
             gc_was_enabled = gc.isenabled()
             gc.disable()
             try:
@@ -342,7 +378,11 @@ class Session:
             return  # a launcher of ranks (mp.spawn's parent): the ranks wrote the run
         self.claimed = True
         self.write_rank_file()
-        rank_file.write_summary(self)
+        # The summary reads the traces not yet compressed as they are (faster), while they are compressed.
+        summary = rank_file.summarize(self)
+        self._compressor.wait()
+        self._apply_compressed()
+        rank_file.write_summary(self, summary)
         _current = None
 
     def _on_hang(self, idle_s: float, stack: str) -> None:
@@ -363,9 +403,9 @@ class Session:
         """The rank capture file's content as it stands."""
         return rank_file.record(self)
 
-    def write_rank_file(self) -> None:
-        if self.claimed:
-            rank_file.write(self)
+    def write_rank_file(self) -> bool:
+        """Write the rank file (if this process is a rank); False when that failed."""
+        return rank_file.write(self) if self.claimed else False
 
 
 def _remove_own_rank_file(out: Path, rank: int, pid: int) -> None:
