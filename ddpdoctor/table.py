@@ -184,6 +184,14 @@ class Table:
 
     def rows(self, key: Any) -> Table:
         """The rows selected by a boolean mask, an index array or a slice."""
+        if (
+            len(self._cols) > 2
+            and isinstance(key, np.ndarray)
+            and key.dtype == bool
+            and key.ndim == 1
+            and len(key) == len(self)
+        ):
+            key = np.flatnonzero(key)  # once, not once per column
         out = Table()
         out._cols = {name: col[key] for name, col in self._cols.items()}
         return out

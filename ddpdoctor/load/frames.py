@@ -37,6 +37,7 @@ def build_rank_trace(rank: int, files: list[FileColumns], tables: RankTables) ->
     on_device = device_cat[cat_codes] if len(cat_codes) else np.zeros(0, dtype=bool)
 
     def table(mask: np.ndarray, extra: tuple[str, ...]) -> Table:
+        mask = np.flatnonzero(mask)  # once, not once per column
         ts = x["ts"][mask]
         dur = x["dur"][mask]
         cols: dict[str, np.ndarray | Codes] = {
