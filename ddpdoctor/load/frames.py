@@ -36,26 +36,34 @@ def build_rank_trace(rank: int, files: list[FileColumns], tables: RankTables) ->
     device_cat = np.array([c in DEVICE_CATS for c in cats] + [False], dtype=bool)
     on_device = device_cat[cat_codes] if len(cat_codes) else np.zeros(0, dtype=bool)
 
-    def table(mask: np.ndarray, extra: tuple[str, ...]) -> Table:
-        mask = np.flatnonzero(mask)  # once, not once per column
-        ts = x["ts"][mask]
-        dur = x["dur"][mask]
+    # each column split into the ops' and the kernels' rows and dropped (peak: the columns and one more)
+    op_rows, kernel_rows = np.flatnonzero(~on_device), np.flatnonzero(on_device)
+    del cat_codes
+    parts: dict[str, tuple[np.ndarray | None, np.ndarray]] = {}
+    for key in ("name", "cat", "ts", "dur", "pid", "tid", "external_id", "correlation", "device", "stream", "span"):
+        col = x.pop(key)
+        parts[key] = (None if key in ("device", "stream") else col[op_rows], col[kernel_rows])
+        del col
+
+    def table(parts: dict[str, tuple[np.ndarray | None, np.ndarray]], side: int, extra: tuple[str, ...]) -> Table:
+        ts, dur = parts["ts"][side], parts["dur"][side]
         cols: dict[str, np.ndarray | Codes] = {
-            "name": Codes.shared(x["name"][mask], names),
-            "cat": Codes.shared(cat_codes[mask], cats),
+            "name": Codes.shared(parts["name"][side], names),
+            "cat": Codes.shared(parts["cat"][side], cats),
             "ts_us": ts,
             "dur_us": dur,
             "end_us": ts + dur,
-            "pid": x["pid"][mask],
-            "tid": x["tid"][mask],
+            "pid": parts["pid"][side],
+            "tid": parts["tid"][side],
         }
         for key in extra:
-            cols[key] = x[key][mask]
-        cols["span"] = x["span"][mask]
+            cols[key] = parts[key][side]
+        cols["span"] = parts["span"][side]
         return Table(cols)
 
-    ops = table(~on_device, ("external_id", "correlation"))
-    kernels = table(on_device, ("device", "stream", "correlation", "external_id"))
+    ops = table(parts, 0, ("external_id", "correlation"))
+    kernels = table(parts, 1, ("device", "stream", "correlation", "external_id"))
+    del parts
     memory = _memory_table(files)
 
     row_to_op = np.cumsum(~on_device) - 1
