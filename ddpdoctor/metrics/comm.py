@@ -316,12 +316,12 @@ def _row_objects(table: Table) -> list[_Args]:
     return list(map(_Args._make, zip(*(table[k].tolist() for k in _Args._fields), strict=True)))
 
 
-def _enclosing(frame: Table, calls: Table) -> np.ndarray:
-    """For each call, the row of ``frame`` on its thread that encloses it (the innermost), or -1."""
+def _enclosing(ranges: Table, calls: Table) -> np.ndarray:
+    """For each call, the row of ``ranges`` on its thread that encloses it (the innermost), or -1."""
     out = np.full(len(calls), -1, dtype=np.int64)
-    if len(frame) == 0 or len(calls) == 0:
+    if len(ranges) == 0 or len(calls) == 0:
         return out
-    f_tid, f_ts, f_end = frame["tid"], frame["ts_us"], frame["end_us"]
+    f_tid, f_ts, f_end = ranges["tid"], ranges["ts_us"], ranges["end_us"]
     c_tid, c_ts, c_end = calls["tid"], calls["ts_us"], calls["end_us"]
     for tid in distinct(f_tid):
         sel = np.flatnonzero(c_tid == tid)
