@@ -84,7 +84,9 @@ def analyze_run(
         # The per-rank summaries the ranks computed at the end of `ddpdoctor trace` give the same metrics
         # without decoding a trace (a 1,000-rank run is read from 1,000 small files); a step range needs the
         # traces.
-        run = load(path, progress=progress, use_summaries=steps is None)
+        # Ranks decoded from traces are summarised one at a time as they are read: memory holds one rank's
+        # events, not the run's.
+        run = load(path, progress=progress, use_summaries=steps is None, summarize=True, steps=steps)
     except TraceError as exc:
         captures, manifest, notes = rundir.read_run_files(path) if path.is_dir() else ({}, {}, [])
         if not (traces_optional and captures):

@@ -51,6 +51,8 @@ def file_range(f: FileColumns) -> tuple[float, float] | None:
 
 def rank_range(rt: RankTrace) -> tuple[float, float] | None:
     """The absolute time span (µs) a worker's trace covers, from its CPU-side events."""
+    if rt.tables is None and rt.facts is not None:
+        return rt.facts.range_us
     ops = rt.tables.ops if rt.tables is not None else None
     if ops is None or not len(ops):
         return None
@@ -148,7 +150,11 @@ def run_notes(ranks: list[RankTrace], world_size: int, source: str) -> list[str]
         notes.append(
             f"rank(s) {_ranks_text(beyond)} lie outside the world size {world_size} the traces state"
         )
-    no_steps = [rt.rank for rt in ranks if rt.tables is not None and len(rt.tables.steps) == 0]
+    no_steps = [
+        rt.rank
+        for rt in ranks
+        if (rt.tables is not None and len(rt.tables.steps) == 0) or (rt.facts is not None and not rt.facts.has_steps)
+    ]
     if no_steps:
         notes.append(
             f"rank(s) {_ranks_text(no_steps)}: no ProfilerStep#N ranges in the trace (the profiler was not "

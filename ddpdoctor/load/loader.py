@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +18,7 @@ from ddpdoctor import rundir
 from ddpdoctor._version import __version__
 from ddpdoctor.errors import TraceError
 from ddpdoctor.load.discover import group_by_worker, rank_from_name, shown, trace_files
-from ddpdoctor.load.model import TABLES, EventTables, RankTrace, Run
+from ddpdoctor.load.model import TABLES, EventTables, RankFacts, RankTrace, Run
 from ddpdoctor.load.schema import valid_rank, valid_world_size
 from ddpdoctor.rundir import is_run_dir
 
@@ -36,6 +37,8 @@ def load(
     workers: int | None = None,
     progress: Progress | None = None,
     use_summaries: bool = False,
+    summarize: bool = False,
+    steps: tuple[int, int | None] | None = None,
 ) -> Run:
     """Load every rank's traces under ``path``.
 
@@ -43,7 +46,12 @@ def load(
     when the traces hold at least ``PARALLEL_MIN_BYTES`` of JSON in all, else in-process.
     ``progress``: called as ``progress(done, total, label)`` after each rank.
     ``use_summaries``: in a run directory where every rank left ``ranks/rank<R>.summary.json``, return ranks
-    that carry those summaries (``RankTrace.summary``) without decoding any trace (frames are None).
+    that carry those summaries (``RankTrace.summary``) without decoding any trace (no tables).
+    ``summarize``: summarise each rank (``metrics.summary.summarize_rank`` over ``steps``) as soon as it is
+    decoded, in the process that decoded it, and keep only the summary and ``RankTrace.facts``, not the tables:
+    memory stays bounded by the largest rank instead of growing with the run. A rank that must be put together
+    from several workers' files, or whose rank is only known once every file is read and whose capture file
+    then differs, keeps its tables (or the run is read again without summarising).
     """
     root = Path(path)
     if not root.exists():
@@ -58,7 +66,8 @@ def load(
         file_notes += summary_notes
 
     groups = group_by_worker(trace_files(root))
-    results = _decode_groups(groups, workers, progress)
+    plan = _Summarize(capture, steps, frozenset(capture)) if summarize else None
+    results = _decode_groups(groups, workers, progress, plan)
     skipped = [s for _, _, errs in results for s in errs]
     trace_skipped = len(skipped)
     loaded = [(key, rt) for key, traces, _ in results for rt in traces]
@@ -71,8 +80,67 @@ def load(
     from ddpdoctor.load.consistency import check_one_run
 
     check_one_run(root, [rt for _, rt in loaded])
-    ranks, source = _assign_ranks(loaded, groups, skipped)
+    try:
+        ranks, source = _assign_ranks(loaded, groups, skipped)
+        if plan is not None:
+            _settle_ranks(ranks, plan)
+    except _NeedTables:  # rare: spans of one rank in several workers' files, or a rank told by file order
+        return load(root, workers=workers, progress=progress)
     return _make_run(root, ranks, source, capture, manifest, skipped + file_notes)
+
+
+@dataclass(frozen=True)
+class _Summarize:
+    """What a rank's summary needs besides its trace: the capture files (by rank) and the step range."""
+
+    capture: dict[int, dict[str, Any]]
+    steps: tuple[int, int | None] | None
+    captured: frozenset[int] = frozenset()  # every rank with a capture file (``capture`` may hold only some)
+
+    def for_files(self, paths: list[Path]) -> _Summarize:
+        """The plan for a worker process: only the capture of the rank its file names say (a run of 1,000
+        ranks would otherwise send every rank's capture to every worker)."""
+        rank = rank_from_name(paths[0]) if paths else None
+        capture = {rank: self.capture[rank]} if rank in self.capture else {}
+        return _Summarize(capture, self.steps, frozenset(self.capture))
+
+
+class _NeedTables(Exception):
+    """A rank was summarised before its final rank or its other spans were known."""
+
+
+def _summarize(rt: RankTrace, paths: list[Path], plan: _Summarize) -> None:
+    """Replace ``rt``'s tables by its summary and the facts the run-level checks need."""
+    from ddpdoctor.load.consistency import rank_range
+    from ddpdoctor.metrics.summary import summarize_rank
+
+    assert rt.tables is not None
+    rank = valid_rank((rt.distributed_info or {}).get("rank"))
+    if rank is None and paths:
+        rank = rank_from_name(paths[0])
+    rt.rank = rank if rank is not None else -1
+    if rt.rank in plan.captured and rt.rank not in plan.capture:
+        return  # a worker sent only the capture its file names pointed at: leave this rank to analyze()
+    facts = RankFacts(
+        range_us=rank_range(rt),
+        names=list(rt.tables.ops["name"].categories),
+        has_steps=len(rt.tables.steps) > 0,
+        steps=plan.steps,
+    )
+    rt.summary = summarize_rank(rt, plan.capture.get(rt.rank), plan.steps)
+    rt.facts = facts
+    rt.set_tables(None)
+
+
+def _settle_ranks(ranks: list[RankTrace], plan: _Summarize) -> None:
+    """Ranks summarised under another rank number than the one they were given (numbered by file order): the
+    summary holds for the new number when both numbers have the same capture file (none, for foreign traces)."""
+    for rt in ranks:
+        if rt.summary is None or rt.facts is None or rt.summary.get("rank") == rt.rank:
+            continue
+        if plan.capture.get(rt.summary.get("rank")) is not plan.capture.get(rt.rank):
+            raise _NeedTables
+        rt.summary = {**rt.summary, "rank": rt.rank, "metrics": {**rt.summary["metrics"], "rank": rt.rank}}
 
 
 def load_rank_files(paths: list[Path], rank: int) -> RankTrace:
@@ -84,9 +152,11 @@ def load_rank_files(paths: list[Path], rank: int) -> RankTrace:
     return traces[0]
 
 
-def _decode_group(key: str, paths: list[Path]) -> tuple[str, list[RankTrace], list[str]]:
+def _decode_group(
+    key: str, paths: list[Path], plan: _Summarize | None = None
+) -> tuple[str, list[RankTrace], list[str]]:
     """The files of one worker name, decoded: one RankTrace (more when its files state different ranks, as
-    with one ``worker_name`` for every rank), and why files were skipped."""
+    with one ``worker_name`` for every rank; summarised with ``plan``), and why files were skipped."""
     from ddpdoctor.load.consistency import drop_copies
     from ddpdoctor.load.decode import RankTables, decode_file
     from ddpdoctor.load.frames import build_rank_trace
@@ -107,6 +177,9 @@ def _decode_group(key: str, paths: list[Path]) -> tuple[str, list[RankTrace], li
         kept, copies = drop_copies(files)
         errors += copies
         traces.append(build_rank_trace(-1, kept, tables))
+    if plan is not None:
+        for rt in traces:
+            _summarize(rt, paths, plan)
     return key, traces, errors
 
 
@@ -129,7 +202,7 @@ def json_bytes(path: Path) -> int:
 
 
 def _decode_groups(
-    groups: dict[str, list[Path]], workers: int | None, progress: Progress | None
+    groups: dict[str, list[Path]], workers: int | None, progress: Progress | None, plan: _Summarize | None = None
 ) -> list[tuple[str, list[RankTrace], list[str]]]:
     total = len(groups)
     if workers is None and total > 1:
@@ -139,14 +212,17 @@ def _decode_groups(
     results = []
     if n <= 1:
         for key, paths in groups.items():
-            results.append(_decode_group(key, paths))
+            results.append(_decode_group(key, paths, plan))
             if progress:
                 progress(len(results), total, key)
         return results
     from concurrent.futures import ProcessPoolExecutor
 
     with ProcessPoolExecutor(max_workers=n) as pool:
-        futures = [pool.submit(_decode_group, key, paths) for key, paths in groups.items()]
+        futures = [
+            pool.submit(_decode_group, key, paths, plan.for_files(paths) if plan else None)
+            for key, paths in groups.items()
+        ]
         for fut in futures:
             results.append(fut.result())
             if progress:
@@ -191,6 +267,8 @@ def _assign_ranks(
 
 def _merge(a: RankTrace, b: RankTrace) -> RankTrace:
     """Two workers that report the same rank: their files are spans of one rank."""
+    if a.tables is None or b.tables is None:
+        raise _NeedTables
     from ddpdoctor.table import Table
 
     assert a.tables is not None and b.tables is not None
@@ -231,7 +309,7 @@ def _make_run(
         capture=capture,
         manifest=manifest if isinstance(manifest, dict) else None,
         skipped=skipped,
-        notes=_run_notes(ranks, world_size, source) if all(rt.has_trace for rt in ranks) else [],
+        notes=_run_notes(ranks, world_size, source) if all(rt.has_trace or rt.facts for rt in ranks) else [],
     )
 
 
@@ -243,7 +321,7 @@ def _run_notes(ranks: list[RankTrace], world_size: int, source: str) -> list[str
 
 def _names(rt: RankTrace) -> list[str]:
     if rt.tables is None:
-        return []
+        return rt.facts.names if rt.facts is not None else []
     return list(rt.tables.ops["name"].categories)
 
 

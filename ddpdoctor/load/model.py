@@ -52,6 +52,17 @@ class EventTables:
 
 
 @dataclass
+class RankFacts:
+    """What the loader keeps of a rank it summarised as it decoded it (``load(..., summarize=True)``) once the
+    tables are dropped: what the run-level checks and notes read from them."""
+
+    range_us: tuple[float, float] | None  # absolute time span of the CPU-side events (consistency.rank_range)
+    names: list[str]  # every event name of the rank (the run's mode and backend are told from them)
+    has_steps: bool  # ProfilerStep#N ranges recorded
+    steps: tuple[int, int | None] | None  # the step range the summary covers (None: every step)
+
+
+@dataclass
 class RankTrace:
     """Everything known about one rank: its event tables (all spans concatenated) and where they came from."""
 
@@ -68,8 +79,10 @@ class RankTrace:
     # per span (file): the profiler window [start_us, end_us] ("PyTorch Profiler (0)"), in span order
     windows: list[tuple[float, float]] = field(default_factory=list)
     base_time_ns: int | None = None
-    # ranks/rank<R>.summary.json when loaded with use_summaries=True (then there are no tables)
+    # ranks/rank<R>.summary.json when loaded with use_summaries=True (then there are no tables), or the summary
+    # computed from the traces as they were decoded with summarize=True (then ``facts`` says what else is known)
     summary: dict[str, Any] | None = None
+    facts: RankFacts | None = None
     # the pandas DataFrames built so far from ``tables`` (see ``frame``)
     _frames: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 

@@ -22,13 +22,14 @@ from ddpdoctor.table import _array as values_array
 def analyze(run: Run, steps: tuple[int, int | None] | None = None) -> RunMetrics:
     """All metrics of a loaded run. Pure: no I/O, no printing.
 
-    ``steps``: analyse only ProfilerStep#N..M (inclusive; M None = to the end).
-    Needs the traces, not summaries.
+    ``steps``: analyse only ProfilerStep#N..M (inclusive; M None = to the end). Needs the traces, or summaries
+    the loader computed from them over the same steps (``load(summarize=True, steps=...)``), not the ranks'
+    summary files.
     """
     summaries = []
     for rt in run.ranks:
         if rt.summary is not None and not rt.has_trace:
-            if steps is not None:
+            if steps is not None and (rt.facts is None or rt.facts.steps != steps):
                 raise ValueError("a step range needs the traces; load the run without use_summaries")
             summaries.append(rt.summary)
         else:
