@@ -4,8 +4,8 @@
 
 MODE ``diagnose``: ``ddpdoctor diagnose RUN --steps 0..`` (decoding the traces) through the CLI's own ``main``
 (report to a file);
-``summaries``: the same pipeline (load -> analyze -> rules -> text report) from the per-rank summary files,
-``load(RUN, use_summaries=True)``; ``floor``: ``orjson.loads`` of every trace file under RUN, one after the
+``summaries``: ``ddpdoctor diagnose RUN`` (load -> analyze -> rules -> text report) from the per-rank summary
+files, ``load(RUN, use_summaries=True)``; ``floor``: ``orjson.loads`` of every trace file under RUN, one after the
 other (gunzip included).
 
 Writes OUT_JSON: ``import_s`` (interpreter start to the end of the imports), ``baseline_rss_kb`` (RSS once
@@ -63,15 +63,10 @@ def diagnose(run: str, out_dir: str) -> int:
 
 
 def from_summaries(run: str, out_dir: str) -> int:
-    from ddpdoctor.pipeline import analyze_run
-    from ddpdoctor.report import render
-
     if not all(Path(run, "ranks", f"rank{r}.summary.json").exists() for r in _capture_ranks(run)):
         raise SystemExit(f"{run}: not every rank has a summary file")
-    result = analyze_run(run).diagnosis  # the pipeline reads the summaries when every rank has one
-    with open(Path(out_dir) / "report.txt", "w") as f:
-        render(result, "text", f)
-    return 1 if result.findings else 0
+    # `ddpdoctor diagnose RUN` as a user runs it: the pipeline reads the summaries when every rank has one
+    return ddpdoctor.cli.main(["diagnose", run, "--output", str(Path(out_dir) / "report.txt")])
 
 
 def _capture_ranks(run: str) -> list[int]:

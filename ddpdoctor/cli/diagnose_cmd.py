@@ -15,7 +15,7 @@ from typing import Any
 
 from ddpdoctor.diagnosis.findings import SEVERITIES
 from ddpdoctor.errors import DDPDoctorError, UsageError
-from ddpdoctor.pipeline import RuleOptions, analyze_run, resolve_rules
+from ddpdoctor.pipeline import RuleOptions, analyze_run, resolve_rules, without_gc
 from ddpdoctor.report import OutputFormat, render
 
 _STEPS_RE = re.compile(r"^(\d+)\.\.(\d+)?$")
@@ -114,6 +114,11 @@ def rule_options(args: argparse.Namespace) -> RuleOptions:
 
 
 def run(args: argparse.Namespace) -> int:
+    with without_gc():  # the report of a large run is many small objects too
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     steps = parse_steps(args.steps)
     rules = resolve_rules(rule_options(args))  # rule errors before any trace is read
     progress = _progress if sys.stderr.isatty() else None

@@ -4,6 +4,8 @@ cross-rank and run-level metrics."""
 from __future__ import annotations
 
 from collections import Counter
+from itertools import chain, repeat
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -11,12 +13,11 @@ import numpy as np
 from ddpdoctor.load.model import Run
 from ddpdoctor.metrics import catalog
 from ddpdoctor.metrics.capture import ddp_timers
-from ddpdoctor.metrics.cross_rank import cross_rank, transfer_bandwidth
+from ddpdoctor.metrics.cross_rank import all_collectives, cross_rank, transfer_bandwidth
 from ddpdoctor.metrics.evidence import run_evidence
-from ddpdoctor.metrics.result import RANK_METRICS, RunMetrics
+from ddpdoctor.metrics.result import RANK_METRICS, RunMetrics, column
 from ddpdoctor.metrics.setup import SETUP_RANK_METRICS, setup_metrics
 from ddpdoctor.table import Table
-from ddpdoctor.table import _array as values_array
 
 
 def analyze(run: Run, steps: tuple[int, int | None] | None = None) -> RunMetrics:
@@ -36,13 +37,13 @@ def analyze(run: Run, steps: tuple[int, int | None] | None = None) -> RunMetrics
             from ddpdoctor.metrics.summary import summarize_rank  # the trace metrics: only for ranks with traces
 
             summaries.append(summarize_rank(rt, run.capture.get(rt.rank), steps))
-    waits, straggler = cross_rank(summaries)
+    colls = all_collectives(summaries)
+    waits, straggler = cross_rank(summaries, colls)
     hosts = Counter(c.get("hostname") for c in run.capture.values() if c.get("hostname"))
     setup_ranks, setup_run = setup_metrics(run.capture)  # the set-up checklist: from the capture, not traces
     ranks = []
     for s in summaries:
-        m = {k: s["metrics"].get(k) for k in RANK_METRICS}
-        m = {"rank": s["rank"], **m}
+        m = {"rank": s["rank"], **dict(zip(RANK_METRICS, map(s["metrics"].get, RANK_METRICS), strict=True))}
         m.update(waits.get(s["rank"], {}))
         m["exposed_transfer_ms"] = _exposed_transfer(m.get("exposed_comm_ms"), m.get("collective_wait_ms"))
         host = (run.capture.get(s["rank"]) or {}).get("hostname")
@@ -66,7 +67,7 @@ def analyze(run: Run, steps: tuple[int, int | None] | None = None) -> RunMetrics
         run=run_metrics,
         ranks=ranks,
         per_step=per_step,
-        collectives=transfer_bandwidth(summaries),
+        collectives=transfer_bandwidth(summaries, colls),
         devices=devices,
     )
 
@@ -83,16 +84,21 @@ def _per_step_frame(summaries: list[dict[str, Any]]) -> Table:
             if c not in seen:
                 seen.add(c)
                 columns.append(c)
-    joined: dict[str, list[Any]] = {"rank": []}
-    joined.update((c, []) for c in columns if c != "rank")
-    for s in summaries:
-        rows = s["per_step"]
-        n = len(next(iter(rows.values()))) if rows else 0
-        joined["rank"].extend([s["rank"]] * n)
-        for c, values in joined.items():
-            if c != "rank":
-                values.extend(rows.get(c) or [None] * n)
-    per_step = Table({c: values_array(v) for c, v in joined.items()})
+    tables = [s["per_step"] for s in summaries]
+    lengths = [len(next(iter(t.values()))) if t else 0 for t in tables]
+    joined: dict[str, list[Any]] = {
+        "rank": list(chain.from_iterable(map(repeat, (s["rank"] for s in summaries), lengths)))
+    }
+    every = set(columns)
+    if all(t.keys() == every for t in tables):  # the usual case: every rank has every column
+        joined.update((c, list(chain.from_iterable(map(itemgetter(c), tables)))) for c in columns if c != "rank")
+    else:
+        joined.update(
+            (c, list(chain.from_iterable(t.get(c) or [None] * n for t, n in zip(tables, lengths, strict=True))))
+            for c in columns
+            if c != "rank"
+        )
+    per_step = Table({c: column(v) for c, v in joined.items()})
     if len(per_step) and "overlap_ratio" not in per_step and {"comm_ms", "exposed_comm_ms"} <= set(per_step.columns):
         # each step's share of communication hidden behind computation (0-1; None without communication)
         comm = np.asarray(per_step["comm_ms"], dtype=np.float64)

@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from ddpdoctor.metrics.result import column
 from ddpdoctor.table import Codes, Table, group_ids, group_median, group_min, group_nunique
-from ddpdoctor.table import _array as values_array
 
 KEY = ["step", "kind", "index"]
 
@@ -34,8 +34,11 @@ COLUMNS = ["step", "kind", "index", "start_us", "end_us", "dur_us", "bytes", "gr
 _NUMERIC = ("start_us", "end_us", "dur_us", "bytes", "group_size")
 
 
-def cross_rank(summaries: list[dict[str, Any]]) -> tuple[dict[int, dict[str, float | None]], dict[str, Any]]:
-    """Per rank {collective_wait_ms, late_arrival_ms} and run-level {straggler_rank, straggler_wait_ms}."""
+def cross_rank(
+    summaries: list[dict[str, Any]], colls: Table | None = None
+) -> tuple[dict[int, dict[str, float | None]], dict[str, Any]]:
+    """Per rank {collective_wait_ms, late_arrival_ms} and run-level {straggler_rank, straggler_wait_ms}.
+    ``colls``: ``all_collectives(summaries)`` when the caller has it."""
     per_rank: dict[int, dict[str, float | None]] = {}
     run: dict[str, Any] = {
         "straggler_rank": None,
@@ -46,7 +49,7 @@ def cross_rank(summaries: list[dict[str, Any]]) -> tuple[dict[int, dict[str, flo
         "slow_rank_count": None,
         "slow_rank_undecidable": None,
     }
-    colls = _all_collectives(summaries)
+    colls = all_collectives(summaries) if colls is None else colls
     if _n_distinct(colls["rank"]) < 2:
         return per_rank, run
     colls = colls[_keyed(colls) & (colls["step"] >= 0)]
@@ -134,7 +137,7 @@ def _per_rank_waits(
         late_ms.append(_mean_by_step([step_col[i] for i in rows], [late_col[i] for i in rows], steps["step"].tolist()))
         done.append(s["rank"])
     wait_mean = _rowwise(np.mean, waits_ms)
-    wait_median = _rowwise(np.median, waits_ms)
+    wait_median = _rowwise(_median, waits_ms)
     late_mean = _rowwise(np.mean, late_ms)
     typical: dict[int, float] = {}
     for i, r in enumerate(done):
@@ -153,6 +156,17 @@ def _rowwise(fn: Any, rows: list[list[float]]) -> np.ndarray:
         block = np.array([rows[i] for i in idx], dtype=np.float64).reshape(len(idx), length)
         out[idx] = fn(block, axis=1)
     return out
+
+
+def _median(block: np.ndarray, axis: int = 1) -> np.ndarray:
+    """``np.median(block, axis=1)``, the same numbers (the middle value, or the mean of the two middle ones; NaN
+    where a row has one) without ``np.median``'s import of ``numpy.ma`` (~10 ms of a small run's start-up)."""
+    ordered = np.sort(block, axis=axis)
+    n = ordered.shape[1]
+    if n == 0:
+        return np.full(len(ordered), np.nan)
+    mid = ordered[:, n // 2] if n % 2 else (ordered[:, n // 2 - 1] + ordered[:, n // 2]) / 2.0
+    return np.where(np.isnan(block).any(axis=1), np.nan, mid)
 
 
 def _union(starts: list[float], ends: list[float]) -> tuple[list[float], list[float]]:
@@ -323,7 +337,7 @@ class _Segments:
         for length in np.unique(self.counts, return_counts=True)[0]:
             idx = np.flatnonzero(self.counts == length)
             if length == 0:
-                out[idx] = fn(np.zeros(0)) if fn is not np.mean else np.nan
+                out[idx] = 0.0 if fn is np.sum else np.nan  # an empty run: numpy's sum, else nothing to reduce
                 continue
             rows = self.first[idx][:, None] + np.arange(length)
             out[idx] = fn(values[rows], axis=1)
@@ -452,7 +466,7 @@ def binomial_sf(x: int, n: int, p: float) -> float:
     return float(min(1.0, np.exp(log_pmf).sum()))
 
 
-def _all_collectives(summaries: list[dict[str, Any]]) -> Table:
+def all_collectives(summaries: list[dict[str, Any]]) -> Table:
     """The ``collectives`` lists of every rank as one table with a ``rank`` column (built once, not per
     rank). ``kind`` is categorical; the numeric columns are float64 (NaN where missing or not a number)."""
     columns: dict[str, list[Any]] = {c: [] for c in COLUMNS}
@@ -466,9 +480,9 @@ def _all_collectives(summaries: list[dict[str, Any]]) -> Table:
             columns[col].extend(c.get(col) or [None] * n)
         ranks.extend([s["rank"]] * n)
     out: dict[str, Any] = {
-        "step": values_array(columns["step"]),
+        "step": column(columns["step"]),
         "kind": _codes(columns["kind"]),
-        "index": values_array(columns["index"]),
+        "index": column(columns["index"]),
     }
     for col in _NUMERIC:
         out[col] = _numeric(columns[col])
@@ -478,11 +492,11 @@ def _all_collectives(summaries: list[dict[str, Any]]) -> Table:
 
 def _codes(values: list[Any]) -> Codes:
     """A categorical column of strings (-1 where missing)."""
-    index: dict[str, int] = {}
-    codes = np.fromiter(
-        (-1 if v is None else index.setdefault(str(v), len(index)) for v in values), dtype=np.int32, count=len(values)
-    )
-    return Codes(codes, list(index))
+    distinct = [v for v in dict.fromkeys(values) if v is not None]
+    index: dict[Any, int] = {v: i for i, v in enumerate(distinct)}
+    index[None] = -1
+    codes = np.array(list(map(index.__getitem__, values)), dtype=np.int32).reshape(len(values))
+    return Codes(codes, [str(v) for v in distinct])
 
 
 def _numeric(values: list[Any]) -> np.ndarray:
@@ -536,23 +550,17 @@ def _analysed_steps(summaries: list[dict[str, Any]]) -> set[int]:
     return steps
 
 
-def transfer_bandwidth(summaries: list[dict[str, Any]]) -> Table:
+def transfer_bandwidth(summaries: list[dict[str, Any]], colls: Table | None = None) -> Table:
     """Per rank and kind: ``count, bytes, ms, algbw_gbps, busbw_gbps`` over the analysed steps (ms = own
-    time)."""
+    time). ``colls``: ``all_collectives(summaries)`` when the caller has it."""
     from ddpdoctor.metrics.comm import bus_factor
 
     out_columns = ["rank", "kind", "count", "bytes", "ms", "algbw_gbps", "busbw_gbps"]
-    colls = _all_collectives(summaries)
+    colls = all_collectives(summaries) if colls is None else colls
     if len(colls) == 0:
         return Table.from_records([], out_columns)
     order = {s["rank"]: i for i, s in enumerate(summaries)}
-    analysed = {s["rank"]: set(_analysed(s)["step"].tolist()) for s in summaries}
-    step_col = colls["step"].tolist()
-    keep = np.fromiter(
-        (st in analysed.get(r, ()) for r, st in zip(colls["rank"].tolist(), step_col, strict=True)),
-        dtype=bool,
-        count=len(colls),
-    )
+    keep = _in_analysed_steps(colls, summaries)
     c = colls[keep & (colls["kind"].codes >= 0)]
     if len(c) == 0:
         return Table.from_records([], out_columns)
@@ -597,6 +605,24 @@ def transfer_bandwidth(summaries: list[dict[str, Any]]) -> Table:
             }
         )
     return Table.from_records(rows, out_columns)
+
+
+def _in_analysed_steps(colls: Table, summaries: list[dict[str, Any]]) -> np.ndarray:
+    """Rows of ``colls`` whose step is one of its rank's analysed steps."""
+    pairs = [(s["rank"], _analysed(s)["step"]) for s in summaries]
+    ranks = np.concatenate([np.full(len(st), r, dtype=np.int64) for r, st in pairs]) if pairs else np.zeros(0, np.int64)
+    steps = np.concatenate([st for _, st in pairs]) if pairs else np.zeros(0, np.int64)
+    step_col = colls["step"]
+    if step_col.dtype.kind != "i" or not len(steps):  # steps that are not whole numbers: one row at a time
+        analysed = {r: set(st.tolist()) for r, st in pairs}
+        return np.fromiter(
+            (st in analysed.get(r, ()) for r, st in zip(colls["rank"].tolist(), step_col.tolist(), strict=True)),
+            dtype=bool,
+            count=len(colls),
+        )
+    lo = min(int(steps.min()), int(step_col.min()) if len(step_col) else 0)
+    span = max(int(steps.max()), int(step_col.max()) if len(step_col) else 0) - lo + 1
+    return np.isin(colls["rank"] * span + (step_col - lo), ranks * span + (steps - lo))
 
 
 def _pairwise_group_sum(values: np.ndarray, ids: np.ndarray, n: int) -> np.ndarray:

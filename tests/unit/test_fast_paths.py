@@ -1,0 +1,248 @@
+"""The fast paths of `diagnose` from per-rank summaries (issue 17): what a command imports, and that every fast
+path gives what the plain one gives -- the summary reader against the checked slow reader, the rank table against
+rich, the cross-rank sums against pandas' and numpy's own, the Python interval helpers against
+``metrics.intervals``."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from rich.console import Console
+
+from ddpdoctor import rundir
+from ddpdoctor._version import __version__
+from ddpdoctor.metrics import cross_rank as cr
+from ddpdoctor.metrics import intervals as iv
+from ddpdoctor.metrics.result import column
+from ddpdoctor.report import console as report_console
+from ddpdoctor.report import text
+
+REPO = Path(__file__).resolve().parents[2]
+SAMPLE = REPO / "samples" / "recorded" / "ddp_straggler"
+
+
+def _modules_after(argv: list[str], tmp_path: Path) -> dict[str, bool]:
+    """Run the CLI with ``argv`` in a fresh interpreter; which heavy modules it imported."""
+    probe = (
+        "import json, sys\n"
+        "from ddpdoctor.cli import main\n"
+        f"code = main({argv!r})\n"
+        "mods = {m: m in sys.modules for m in ('pandas', 'numpy', 'numpy.ma', 'rich', 'ddpdoctor.load.decode',"
+        " 'ddpdoctor.trial', 'ddpdoctor.compare', 'ddpdoctor.cli.trace_cmd')}\n"
+        "print(json.dumps({'code': code, 'mods': mods}), file=sys.stderr)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, cwd=tmp_path, timeout=120, check=False
+    )
+    result = json.loads(proc.stderr.strip().splitlines()[-1])
+    return {"code": result["code"], **result["mods"]}
+
+
+def test_diagnose_from_summaries_imports_neither_pandas_nor_the_trace_decoder(tmp_path: Path) -> None:
+    out = tmp_path / "report.txt"
+    seen = _modules_after(["diagnose", str(SAMPLE), "--output", str(out)], tmp_path)
+    assert seen["code"] in (0, 1) and out.read_text().startswith("ddpdoctor diagnosis")
+    assert not seen["pandas"], "diagnose of a run with summaries imported pandas"
+    assert not seen["numpy.ma"]  # ~10 ms: np.unique without a second output imports it
+    assert not seen["ddpdoctor.load.decode"] and not seen["ddpdoctor.trial"] and not seen["ddpdoctor.compare"]
+    assert not seen["ddpdoctor.cli.trace_cmd"]  # only the command that runs is registered
+
+
+def test_help_imports_no_command_and_no_numpy(tmp_path: Path) -> None:
+    seen = _modules_after(["--help"], tmp_path)
+    assert seen["code"] == 0
+    assert not any(v for k, v in seen.items() if k != "code"), seen
+
+
+def test_help_lists_every_command_as_before(capsys) -> None:
+    from ddpdoctor.cli import COMMANDS, build_parser
+
+    capsys.readouterr()
+    lazy = build_parser(None).format_help()
+    full = build_parser().format_help()
+    assert lazy == full
+    assert all(name in lazy for name in COMMANDS)
+
+
+# --- the summary reader ---------------------------------------------------------------------------------------
+def _slow(run: Path) -> dict[int, dict]:
+    out = {}
+    for _, path in rundir._rank_files(run, ".summary.json"):
+        data, _ = rundir._read_checked(path, rundir.RankSummary)
+        if data is not None:
+            out[data["rank"]] = data
+    return out
+
+
+def _world(tmp_path: Path, n: int) -> Path:
+    """A copy of the sample with ``n`` ranks whose summaries all list one large process group."""
+    run = tmp_path / "run"
+    shutil.copytree(SAMPLE, run)
+    src = {r: json.loads((run / "ranks" / f"rank{r}.summary.json").read_text()) for r in (0, 1)}
+    for rank in range(n):
+        data = json.loads(json.dumps(src[rank % 2]))
+        data["rank"] = rank
+        info = data["distributed_info"]
+        info.update(rank=rank, world_size=n)
+        info["pg_config"] = [{"pg_name": "0", "pg_size": n, "ranks": list(range(n))}]
+        (run / "ranks" / f"rank{rank}.summary.json").write_text(json.dumps(data))
+    return run
+
+
+def test_summaries_read_fast_are_the_checked_ones(tmp_path: Path) -> None:
+    for run in (SAMPLE, _world(tmp_path, 40)):
+        fast, notes = rundir.read_summaries(run, __version__)
+        assert notes == [] and fast == _slow(run)
+
+
+def test_the_shared_process_groups_are_decoded_once_and_compared_exactly(tmp_path: Path) -> None:
+    run = _world(tmp_path, 120)  # a group text of 256 bytes or more is shared
+    # rank 7 lists other groups (same length), rank 9 the same text with a key that only looks like the key
+    for rank, edit in (
+        (7, lambda d: d["distributed_info"]["pg_config"][0]["ranks"].reverse()),
+        (9, lambda d: d.__setitem__("hostname", 'x"pg_config": ')),
+    ):
+        path = run / "ranks" / f"rank{rank}.summary.json"
+        data = json.loads(path.read_text())
+        edit(data)
+        path.write_text(json.dumps(data))
+    fast, _ = rundir.read_summaries(run, __version__)
+    assert fast == _slow(run)
+    groups = [fast[r]["distributed_info"]["pg_config"] for r in (4, 5, 6)]
+    assert groups[0] is groups[1] is groups[2]  # one object for the ranks that share the text
+    assert fast[7]["distributed_info"]["pg_config"][0]["ranks"] == list(range(119, -1, -1))
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ('"step_ms_median": ', '"step_ms_median": NaN, "x": '),
+        ('"step_ms_median": ', '"step_ms_median": 1e400, "x": '),
+        ('"step_ms_median": ', '"step_ms_median": "12", "x": '),
+        ('"step_ms_median": ', f'"step_ms_median": {10**400}, "x": '),
+        ('"step_ms_median": ', f'"step_ms_median": {2**70}, "x": '),  # beyond int64: checked the slow way
+    ],
+)
+def test_a_file_the_fast_reader_refuses_gets_the_checked_reader_s_verdict(tmp_path: Path, bad) -> None:
+    run = _world(tmp_path, 4)
+    path = run / "ranks" / "rank2.summary.json"
+    path.write_text(path.read_text().replace(*bad, 1))
+    fast, notes = rundir.read_summaries(run, __version__)
+    slow = _slow(run)
+    assert fast == slow
+    _, why = rundir._read_checked(path, rundir.RankSummary)
+    assert (why is None) == (2 in fast)
+    assert notes == (
+        [] if why is None else [f"ranks/rank2.summary.json: skipped: {why}; the rank's trace is read instead"]
+    )
+
+
+def test_captures_read_fast_are_the_checked_ones() -> None:
+    fast, notes = rundir.read_rank_captures(SAMPLE)
+    slow = {}
+    for _, path in rundir._rank_files(SAMPLE, ".json"):
+        data, _ = rundir._read_checked(path, rundir.RankCapture)
+        slow[data["rank"]] = data
+    assert notes == [] and fast == slow
+
+
+# --- the rank table -------------------------------------------------------------------------------------------
+def _doc(rows: int, big: bool = False) -> dict:
+    rng = np.random.default_rng(rows)
+    ranks = []
+    for r in range(rows):
+        v = lambda: float(rng.random() * (1e4 if big else 100))  # noqa: E731
+        ranks.append(
+            {
+                "rank": r * (1000 if big else 1),
+                "step_ms": {"median": v(), "p90": None if r == 1 else v()},
+                **{k: v() for k in ("dataloader_ms", "forward_ms", "backward_ms", "optimizer_ms", "comm_ms")},
+                "exposed_comm_ms": v(),
+                "overlap_ratio": rng.random(),
+                "other_ms": v(),
+                "gil_contention": None,
+            }
+        )
+    return {"ranks": ranks}
+
+
+@pytest.mark.parametrize(("rows", "big"), [(0, False), (1, False), (2, False), (37, False), (300, True)])
+def test_the_rank_table_is_the_one_rich_draws(rows: int, big: bool) -> None:
+    doc = _doc(rows, big)
+    plain = io.StringIO()
+    console = report_console.console(plain, text.WIDTH_NOT_A_TERMINAL)
+    lines = text._rank_table_lines(doc, console)
+    assert lines is not None
+    drawn = io.StringIO()
+    report_console.console(drawn, text.WIDTH_NOT_A_TERMINAL).print(text._rank_table(doc))
+    assert "\n".join(lines) + "\n" == drawn.getvalue()
+
+
+def test_the_rank_table_is_left_to_rich_on_a_terminal_or_when_too_wide() -> None:
+    doc = _doc(3, big=True)
+    assert text._rank_table_lines(doc, Console(file=io.StringIO(), force_terminal=True)) is None
+    assert text._rank_table_lines(doc, report_console.console(io.StringIO(), 40)) is None
+
+
+# --- cross-rank sums and intervals ----------------------------------------------------------------------------
+def test_group_sums_are_pandas_to_the_last_bit() -> None:
+    rng = np.random.default_rng(0)
+    for trial in range(40):
+        n = int(rng.integers(1, 400))
+        ids = np.sort(rng.integers(0, 9, n)) if trial % 2 else rng.integers(0, 9, n)
+        values = rng.random(n) * 10.0 ** rng.integers(0, 6, n)
+        if trial % 3 == 0:
+            values[rng.random(n) < 0.1] = np.nan
+        k = int(ids.max()) + 1
+        present = np.bincount(ids, minlength=k) > 0
+        expected = pd.Series(values).groupby(ids).sum().to_numpy()
+        assert np.array_equal(cr.pandas_group_sum(values, ids, k)[present], expected)
+        unsorted = pd.Series(values).groupby(ids, sort=False).transform("sum").to_numpy()
+        assert np.array_equal(cr.pandas_group_sum(values, ids, k, sort=False)[ids], unsorted)
+
+
+def test_segment_reductions_are_numpy_s_own() -> None:
+    rng = np.random.default_rng(1)
+    counts = rng.integers(0, 30, 50)
+    first = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    values = rng.random(int(counts.sum())) * 1e4
+    seg = cr._Segments(first, counts)
+    for fn in (np.sum, np.median):
+        got = seg.reduce(fn, values)
+        want = [
+            fn(values[a : a + c]) if c else (0.0 if fn is np.sum else got[i])
+            for i, (a, c) in enumerate(zip(first, counts, strict=True))
+        ]
+        assert np.array_equal(got, np.asarray(want), equal_nan=True)
+
+
+def test_python_union_and_coverage_are_the_intervals_module_s() -> None:
+    rng = np.random.default_rng(2)
+    for _ in range(200):
+        n = int(rng.integers(0, 25))
+        start = np.round(rng.random(n) * 1000, int(rng.integers(0, 3)))
+        end = start + np.where(rng.random(n) < 0.2, 0.0, rng.random(n) * 200)
+        lo = np.sort(rng.random(5) * 1200)
+        hi = lo + rng.random(5) * 300
+        want = iv.coverage(iv.union(start, end), lo, hi)
+        merged = cr._union(start.tolist(), end.tolist())
+        assert [list(merged[0]), list(merged[1])] == [x.tolist() for x in iv.union(start, end)]
+        assert cr._coverage(merged, lo.tolist(), hi.tolist()) == want.tolist()
+
+
+def test_columns_are_inferred_as_a_dataframe_infers_them() -> None:
+    cases = [[1, 2], [1, None], [1.5, None, 2], [True, False], [True, None], ["a", None], [None, None], [], [1, "a"]]
+    for values in cases:
+        got = column(values)
+        want = pd.Series(values, dtype=None if values else object).to_numpy()
+        if values:
+            assert got.dtype == want.dtype or (got.dtype == object and want.dtype.kind in "OU")
+        assert [x if x == x else None for x in got.tolist()] == [x if x == x else None for x in want.tolist()]
