@@ -26,12 +26,21 @@ def clean_value(value: Any) -> Any:
     return value
 
 
+_PLAIN = frozenset({int, str, bool, type(None)})
+_PLAIN_OR_FLOAT = _PLAIN | {float}
+
+
 def jsonable(value: Any) -> Any:
     """``value`` ready for ``json.dumps``: dict keys as strings, tuples as lists, scalars through
     ``clean_value``, anything else that JSON cannot hold as its ``str``."""
     if isinstance(value, dict):
         return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
+        kinds = set(map(type, value))  # exact types: numpy scalars (even np.float64) take the slow path
+        if kinds <= _PLAIN:
+            return list(value)
+        if kinds <= _PLAIN_OR_FLOAT:  # a column of numbers: NaN and inf (v - v is not 0) become None
+            return [None if v.__class__ is float and v - v != 0 else v for v in value]
         return [jsonable(v) for v in value]
     value = clean_value(value)
     if value is None or isinstance(value, (bool, int, float, str)):
