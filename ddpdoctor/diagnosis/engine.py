@@ -24,13 +24,23 @@ ALL_RANK, RUN = catalog.RULE_RANK, catalog.RULE_RUN
 _MODE_WORDS = {"dp": "DataParallel (dp)", "ddp": "DistributedDataParallel (ddp)"}
 
 
+_PLAIN = frozenset((type(None), bool, int, str))
+
+
+def _clean_row(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """``clean_value`` of every value (plain values and finite floats, nearly all of them, as they are)."""
+    return {
+        k: v if (t := type(v)) in _PLAIN or (t is float and v - v == 0.0) else clean_value(v) for k, v in raw.items()
+    }
+
+
 def _rows(metrics: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     raw_run = dict(getattr(metrics, "run", {}) or {})
     run = {k: v if k == "not_measured" else clean_value(v) for k, v in raw_run.items()}
     derived = derived_rank_metrics(metrics)
     rows = []
     for i, raw in enumerate(getattr(metrics, "ranks", []) or []):
-        row = {k: clean_value(v) for k, v in dict(raw).items()}
+        row = _clean_row(raw)
         rank = row.get("rank")
         row["rank"] = int(rank) if rank is not None else i
         rows.append({**derived.get(row["rank"], {}), **row})
@@ -121,9 +131,13 @@ def _gain(expr: Expr | None, values: Values) -> float | None:
     return round(max(0.0, float(value)), 3)
 
 
-def _fire(rule: Rule, run: dict[str, Any], rows: list[dict[str, Any]]) -> Finding | bool | None:
-    """A Finding, False (evaluated, silent) or None (undecidable)."""
-    base = Values(run, rows, rule.params)
+def _fire(
+    rule: Rule, run: dict[str, Any], rows: list[dict[str, Any]], columns: dict[str, Any] | None = None
+) -> Finding | bool | None:
+    """A Finding, False (evaluated, silent) or None (undecidable). ``columns``: the metric columns (and their
+    aggregates) over ``rows``, shared by the rules of one evaluation."""
+    columns = {} if columns is None else columns
+    base = Values(run, rows, rule.params, columns=columns)
     if rule.scope == "run":
         outcome = eval_expr(rule.when, base)
         if outcome is None or not outcome:
@@ -131,21 +145,24 @@ def _fire(rule: Rule, run: dict[str, Any], rows: list[dict[str, Any]]) -> Findin
         if rule.ranks_where is None:
             ranks = [r["rank"] for r in rows]
         else:
-            ranks = [r["rank"] for r in rows if eval_expr(rule.ranks_where, Values(run, rows, rule.params, r))]
+            ranks = [r["rank"] for r in rows if eval_expr(rule.ranks_where, Values(run, rows, rule.params, r, columns))]
         firing = {r["rank"]: r for r in rows if r["rank"] in ranks}
         gain, shown = _gain(rule.estimated_gain, base), base
     else:
-        outcomes = {r["rank"]: eval_expr(rule.when, Values(run, rows, rule.params, r)) for r in rows}
+        outcomes = {r["rank"]: eval_expr(rule.when, Values(run, rows, rule.params, r, columns)) for r in rows}
         if all(v is None for v in outcomes.values()):
             return None
         firing = {r["rank"]: r for r in rows if outcomes[r["rank"]]}
         if not firing:
             return False
         ranks = list(firing)
-        gains = {rank: _gain(rule.estimated_gain, Values(run, rows, rule.params, row)) for rank, row in firing.items()}
+        gains = {
+            rank: _gain(rule.estimated_gain, Values(run, rows, rule.params, row, columns))
+            for rank, row in firing.items()
+        }
         known = {rank: g for rank, g in gains.items() if g is not None}
         worst = max(known, key=known.__getitem__) if known else ranks[0]
-        gain, shown = known.get(worst), Values(run, rows, rule.params, firing[worst])
+        gain, shown = known.get(worst), Values(run, rows, rule.params, firing[worst], columns)
     specials = {"ranks": format_ranks(ranks), "worst": ""}
     if rule.scope == "rank" and len(firing) > 1:
         label = "worst:" if gain is not None else "figures for"
@@ -224,6 +241,7 @@ def _threshold_edges(rule: Rule, values: Values) -> list[str]:
 def evaluate(rules: Iterable[Rule], metrics: Any) -> Diagnosis:
     """Run every rule over ``metrics``; findings come back sorted most costly first."""
     run, rows = _rows(metrics)
+    columns: dict[str, Any] = {}
     findings: list[Finding] = []
     not_evaluated: list[NotEvaluated] = []
     passed: list[str] = []
@@ -239,7 +257,7 @@ def evaluate(rules: Iterable[Rule], metrics: Any) -> Diagnosis:
             not_evaluated.append(NotEvaluated(rule.name, _missing_reason(rule, run, rows, rule.requires)))
             continue
         try:
-            result = _fire(rule, run, rows)
+            result = _fire(rule, run, rows, columns)
         except ExprError as exc:
             not_evaluated.append(NotEvaluated(rule.name, f"could not be evaluated: {exc}"))
             continue

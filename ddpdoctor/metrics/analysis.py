@@ -15,7 +15,7 @@ from ddpdoctor.metrics import catalog
 from ddpdoctor.metrics.capture import ddp_timers
 from ddpdoctor.metrics.cross_rank import all_collectives, cross_rank, transfer_bandwidth
 from ddpdoctor.metrics.evidence import run_evidence
-from ddpdoctor.metrics.result import RANK_METRICS, RunMetrics, column
+from ddpdoctor.metrics.result import RANK_METRICS, LazyTable, RunMetrics, column
 from ddpdoctor.metrics.setup import SETUP_RANK_METRICS, setup_metrics
 from ddpdoctor.table import Table
 
@@ -51,7 +51,7 @@ def analyze(run: Run, steps: tuple[int, int | None] | None = None) -> RunMetrics
         m.update(setup_ranks.get(s["rank"]) or dict.fromkeys(SETUP_RANK_METRICS))
         m.update(ddp_timers(run.capture.get(s["rank"])))
         ranks.append(m)
-    per_step = _per_step_frame(summaries)
+    per_step = LazyTable(lambda: _per_step_frame(summaries))  # made when a report or compare reads it
     devices = Table.from_records(
         [{"rank": s["rank"], **d} for s in summaries for d in s["devices"]],
         ["rank", "device", *catalog.group("device_memory")],

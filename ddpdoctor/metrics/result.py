@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +41,24 @@ class RunMetrics:
             "collectives": jsonable(records(self.collectives)),
             "devices": jsonable(records(self.devices)),
         }
+
+
+class LazyTable(Table):
+    """A ``Table`` made on first use by ``make()``: ``RunMetrics.per_step`` of a large run is millions of values
+    that ``diagnose`` (rules, text and JSON reports) never reads; charts, ``compare`` and ``to_json`` do."""
+
+    __slots__ = ("_make", "_made")
+
+    def __init__(self, make: Callable[[], Table]) -> None:  # no super().__init__: the columns come later
+        self._make: Callable[[], Table] | None = make
+        self._made: dict[str, Any] | None = None
+
+    @property  # type: ignore[override]
+    def _cols(self) -> dict[str, Any]:
+        if self._made is None:
+            assert self._make is not None
+            self._made, self._make = self._make()._cols, None
+        return self._made
 
 
 def column(values: list[Any]) -> np.ndarray:
