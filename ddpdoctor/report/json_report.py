@@ -4,13 +4,14 @@
 from __future__ import annotations
 
 import json
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from ddpdoctor.compare.diff import Comparison
-from ddpdoctor.compare.gate import GateResult
 from ddpdoctor.diagnosis.findings import Diagnosis
-from ddpdoctor.report import compare_document
 from ddpdoctor.report.document import build
+
+if TYPE_CHECKING:  # a diagnosis renders without the comparison machinery
+    from ddpdoctor.compare.diff import Comparison
+    from ddpdoctor.compare.gate import GateResult
 
 
 def _dump(doc: dict[str, Any], stream: TextIO) -> None:
@@ -26,8 +27,12 @@ def render(result: Diagnosis, stream: TextIO) -> None:
 
 
 def render_comparison(c: Comparison, stream: TextIO) -> None:
+    from ddpdoctor.report import compare_document
+
     _dump(compare_document.comparison(c), stream)
 
 
 def render_gate(result: GateResult, stream: TextIO) -> None:
+    from ddpdoctor.report import compare_document
+
     _dump(compare_document.gate(result), stream)
