@@ -18,8 +18,8 @@ same to the last bit as when each rank was summed on its own.
 from __future__ import annotations
 
 import math
-from bisect import bisect_right
 from functools import lru_cache
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -109,53 +109,105 @@ def _per_rank_waits(
     """Fill ``per_rank`` with each rank's collective_wait_ms and late_arrival_ms (``colls`` sorted by rank);
     returns each rank's median wait per analysed step (ms).
 
-    Per rank: the union of its wait intervals covering each analysed step's window, and its mean lateness in each
-    step. The few numbers of one rank are computed in Python (the same float operations as ``intervals.union``
-    and ``intervals.coverage``, in the same order); the means and medians over steps in 2-D blocks."""
-    rank_col = colls["rank"]
-    ranks_present, first = np.unique(rank_col, return_index=True)
-    last = np.append(first[1:], len(rank_col))
-    bounds = {int(r): (int(a), int(b)) for r, a, b in zip(ranks_present, first, last, strict=True)}
-    step_col = colls["step"].tolist()
-    start_col = colls["start_us"].astype(np.float64).tolist()
-    wait_col = colls["wait_us"].astype(np.float64).tolist()
-    late_col = colls["late_us"].astype(np.float64).tolist()
-    done: list[int] = []
-    waits_ms: list[list[float]] = []
-    late_ms: list[list[float]] = []
-    for s in summaries:
-        lo_hi = bounds.get(s["rank"])
-        steps = _analysed(s)
-        if lo_hi is None or len(steps["step"]) == 0:
-            continue
-        wanted = set(steps["step"].tolist())
-        rows = [i for i in range(*lo_hi) if step_col[i] in wanted]
-        if not rows:
-            continue
-        merged = _union([start_col[i] for i in rows], [start_col[i] + wait_col[i] for i in rows])
-        waits_ms.append([x / 1e3 for x in _coverage(merged, steps["start_us"].tolist(), steps["end_us"].tolist())])
-        late_ms.append(_mean_by_step([step_col[i] for i in rows], [late_col[i] for i in rows], steps["step"].tolist()))
-        done.append(s["rank"])
-    wait_mean = _rowwise(np.mean, waits_ms)
-    wait_median = _rowwise(_median, waits_ms)
-    late_mean = _rowwise(np.mean, late_ms)
+    Per rank: the union of its wait intervals (``intervals.union``) covering each analysed step's window
+    (``intervals.coverage``), and its mean lateness in each step; then the mean and median over the steps. All
+    ranks at once, with the float operations of those functions in the same order (a rank's running sums are
+    added one position at a time over all ranks), so the numbers are theirs to the last bit."""
+    windows = _Windows(summaries)
+    win_rank, win_step, win_lo, win_hi, counts = (
+        windows.rank,
+        windows.step,
+        windows.start_us,
+        windows.end_us,
+        windows.counts,
+    )
+    rows = colls[_in_analysed_steps(colls, summaries, windows)]
+    present, n_rows = np.unique(rows["rank"], return_counts=True)
+    rank_of = rows["rank"]
+    rid = np.searchsorted(present, rank_of)
+    n_ranks = len(present)
+
+    # the union of each rank's wait intervals: sorted by start (ties in row order), merged where they touch
+    start = rows["start_us"].astype(np.float64)
+    end = start + rows["wait_us"].astype(np.float64)
+    keep = end > start
+    order = np.lexsort((start[keep], rid[keep]))
+    s, e, g = start[keep][order], end[keep][order], rid[keep][order]
+    seg_new = np.r_[True, g[1:] != g[:-1]] if len(g) else np.zeros(0, dtype=bool)
+    reach = _running_max(e, np.cumsum(seg_new) - 1) if len(g) else e
+    new = seg_new.copy()
+    if len(g):
+        new[1:] |= s[1:] > reach[:-1]
+    first = np.flatnonzero(new)
+    last = np.append(first[1:] - 1, len(s) - 1) if len(first) else first
+    m_start, m_end, m_rank = s[first], reach[last], g[first]
+    m_len = m_end - m_start
+    # per rank: its merged intervals in a row of a 2-D block, and the covered length before each
+    m_count = np.bincount(m_rank, minlength=n_ranks)
+    width = int(m_count.max()) if len(m_count) else 0
+    pos = np.arange(len(m_rank)) - np.repeat(np.cumsum(m_count) - m_count, m_count)
+    starts2 = np.full((n_ranks, max(width, 1)), np.inf)
+    lens2 = np.zeros((n_ranks, max(width, 1)))
+    before2 = np.zeros((n_ranks, max(width, 1)))
+    starts2[m_rank, pos] = m_start
+    lens2[m_rank, pos] = m_len
+    for j in range(1, width):  # before[j] = before[j-1] + len[j-1], one position at a time (a cumsum's order)
+        before2[:, j] = before2[:, j - 1] + lens2[:, j - 1]
+
+    # each window of a rank that has rows: how much of it the rank's merged intervals cover
+    wr = np.minimum(np.searchsorted(present, win_rank), max(n_ranks - 1, 0))
+
+    def until(t: np.ndarray) -> np.ndarray:
+        below = (starts2[wr] <= t[:, None]).sum(axis=1)
+        below = np.where(np.isnan(t), m_count[wr], below)  # a NaN bound lies after every start, as it sorts
+        i = below - 1
+        j = np.maximum(i, 0)
+        covered = before2[wr, j] + np.minimum(np.maximum(t - starts2[wr, j], 0.0), lens2[wr, j])
+        return np.where(i >= 0, covered, 0.0)
+
+    d = until(win_hi) - until(win_lo)
+    wait_ms = np.where((d > 0.0) | np.isnan(d), d, 0.0) / 1e3
+    # each window's mean lateness over the rank's rows in that step (0 without any)
+    row_key, win_key = _pair_keys(rank_of, rows["step"], win_rank, win_step)
+    keys, pair_id = np.unique(row_key, return_inverse=True)
+    late_sum = np.bincount(pair_id, weights=rows["late_us"].astype(np.float64), minlength=len(keys))
+    late_n = np.bincount(pair_id, minlength=len(keys))
+    at = np.minimum(np.searchsorted(keys, win_key), max(len(keys) - 1, 0))
+    found = (keys[at] == win_key) if len(keys) else np.zeros(len(win_key), dtype=bool)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        win_late = np.where(found, late_sum[at] / np.maximum(late_n[at], 1), 0.0) if len(keys) else win_key * 0.0
+
+    # per rank (the summaries' order): mean and median over its windows, numpy's own reductions
+    in_rows = set(present.tolist())
+    ranks_all = [s["rank"] for s in summaries]
+    done = np.array([c > 0 and r in in_rows for r, c in zip(ranks_all, counts.tolist(), strict=True)], dtype=bool)
+    first_win = (np.cumsum(counts) - counts)[done]
+    seg = _Segments(first_win, counts[done])
+    wait_mean = seg.reduce(np.mean, wait_ms)
+    wait_median = seg.reduce(_median, wait_ms)
+    late_mean = seg.reduce(np.mean, win_late)
     typical: dict[int, float] = {}
-    for i, r in enumerate(done):
+    ranks_done = [r for r, ok in zip(ranks_all, done.tolist(), strict=True) if ok]
+    for i, r in enumerate(ranks_done):
         per_rank[r] = {"collective_wait_ms": float(wait_mean[i]), "late_arrival_ms": float(late_mean[i] / 1e3)}
         typical[r] = float(wait_median[i])
     return typical
 
 
-def _rowwise(fn: Any, rows: list[list[float]]) -> np.ndarray:
-    """``fn(row)`` of each row (numpy's own reduction, row by row of 2-D blocks of rows of one length)."""
-    out = np.zeros(len(rows))
-    by_length: dict[int, list[int]] = {}
-    for i, row in enumerate(rows):
-        by_length.setdefault(len(row), []).append(i)
-    for length, idx in by_length.items():
-        block = np.array([rows[i] for i in idx], dtype=np.float64).reshape(len(idx), length)
-        out[idx] = fn(block, axis=1)
-    return out
+def _pair_keys(
+    rank: np.ndarray, step: np.ndarray, other_rank: np.ndarray, other_step: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """One integer key per (rank, step) for two sets of pairs (equal pairs, equal keys; a pair of the second set
+    that is not in the first gets -1 where the steps are not integers)."""
+    if step.dtype.kind == "i" and other_step.dtype.kind == "i" and (len(step) or len(other_step)):
+        both = np.concatenate([step, other_step])
+        lo = int(both.min())
+        span = int(both.max()) - lo + 1
+        return rank * span + (step - lo), other_rank * span + (other_step - lo)
+    index: dict[tuple[Any, Any], int] = {}
+    keys = [index.setdefault(p, len(index)) for p in zip(rank.tolist(), step.tolist(), strict=True)]
+    other = [index.get(p, -1) for p in zip(other_rank.tolist(), other_step.tolist(), strict=True)]
+    return np.array(keys, dtype=np.int64), np.array(other, dtype=np.int64)
 
 
 def _median(block: np.ndarray, axis: int = 1) -> np.ndarray:
@@ -167,56 +219,6 @@ def _median(block: np.ndarray, axis: int = 1) -> np.ndarray:
         return np.full(len(ordered), np.nan)
     mid = ordered[:, n // 2] if n % 2 else (ordered[:, n // 2 - 1] + ordered[:, n // 2]) / 2.0
     return np.where(np.isnan(block).any(axis=1), np.nan, mid)
-
-
-def _union(starts: list[float], ends: list[float]) -> tuple[list[float], list[float]]:
-    """``intervals.union`` of a few intervals, in Python (the same comparisons; no arithmetic)."""
-    pairs = sorted(((s, e) for s, e in zip(starts, ends, strict=True) if e > s), key=lambda p: p[0])
-    out_s: list[float] = []
-    out_e: list[float] = []
-    reach = -math.inf
-    for s, e in pairs:
-        if out_s and not s > reach:
-            reach = max(reach, e)
-            out_e[-1] = reach
-        else:
-            reach = e if not out_s else max(reach, e)
-            out_s.append(s)
-            out_e.append(reach)
-    return out_s, out_e
-
-
-def _coverage(iv: tuple[list[float], list[float]], lo: list[float], hi: list[float]) -> list[float]:
-    """``intervals.coverage`` in Python: for each window, how much of it the disjoint sorted intervals cover."""
-    starts, ends = iv
-    if not starts:
-        return [0.0] * len(lo)
-    lengths = [e - s for s, e in zip(starts, ends, strict=True)]
-    before = [0.0]
-    for x in lengths:
-        before.append(before[-1] + x)
-
-    def until(t: float) -> float:
-        i = bisect_right(starts, t) - 1
-        if i < 0:
-            return 0.0
-        return before[i] + min(max(t - starts[i], 0.0), lengths[i])
-
-    out = []
-    for a, b in zip(lo, hi, strict=True):
-        d = until(b) - until(a)
-        out.append(d if d > 0.0 or d != d else 0.0)
-    return out
-
-
-def _mean_by_step(step: list[Any], values: list[float], steps: list[int]) -> list[float]:
-    """For each entry of ``steps``, the mean of ``values`` whose ``step`` equals it (0 when there are none)."""
-    sums: dict[Any, float] = {}
-    counts: dict[Any, int] = {}
-    for k, v in zip(step, values, strict=True):
-        sums[k] = sums.get(k, 0.0) + v
-        counts[k] = counts.get(k, 0) + 1
-    return [sums[k] / counts[k] if k in sums else 0.0 for k in steps]
 
 
 # Family-wise significance of "this rank arrives last more often than chance", over all ranks tested
@@ -541,6 +543,33 @@ def _analysed(summary: dict[str, Any]) -> dict[str, np.ndarray]:
     }
 
 
+class _Windows:
+    """The analysed steps of every rank, one after the other (summaries' order): ``rank``, ``step``,
+    ``start_us``, ``end_us`` per step and ``counts`` per summary; what ``_analysed`` gives each rank."""
+
+    def __init__(self, summaries: list[dict[str, Any]]) -> None:
+        tables = [s["per_step"] for s in summaries]
+        lengths = [len(t.get("analyzed") or []) for t in tables]
+        flags = _flat(tables, "analyzed", lengths, bool)
+        keep = flags.astype(bool)
+        owner = np.repeat(np.arange(len(summaries)), lengths)
+        self.counts = np.bincount(owner[keep], minlength=len(summaries))
+        self.rank = np.repeat(np.array([s["rank"] for s in summaries], dtype=np.int64), lengths)[keep]
+        self.step = _flat(tables, "step", lengths, np.int64)[keep]
+        self.start_us = _flat(tables, "start_us", lengths, np.float64)[keep]
+        self.end_us = _flat(tables, "end_us", lengths, np.float64)[keep]
+
+
+def _flat(tables: list[dict[str, Any]], key: str, lengths: list[int], dtype: Any) -> np.ndarray:
+    """Column ``key`` of every table joined (each cut or padded to its length, as ``_analysed`` would index it)."""
+    parts = [t.get(key) or [] for t in tables]
+    if all(len(p) == n for p, n in zip(parts, lengths, strict=True)):
+        return np.asarray(list(chain.from_iterable(parts)), dtype=dtype).reshape(sum(lengths))
+    return np.concatenate(
+        [np.asarray(p, dtype=dtype)[:n] for p, n in zip(parts, lengths, strict=True)] or [np.zeros(0)]
+    )
+
+
 def _analysed_steps(summaries: list[dict[str, Any]]) -> set[int]:
     steps: set[int] = set()
     for s in summaries:
@@ -607,14 +636,15 @@ def transfer_bandwidth(summaries: list[dict[str, Any]], colls: Table | None = No
     return Table.from_records(rows, out_columns)
 
 
-def _in_analysed_steps(colls: Table, summaries: list[dict[str, Any]]) -> np.ndarray:
+def _in_analysed_steps(colls: Table, summaries: list[dict[str, Any]], windows: _Windows | None = None) -> np.ndarray:
     """Rows of ``colls`` whose step is one of its rank's analysed steps."""
-    pairs = [(s["rank"], _analysed(s)["step"]) for s in summaries]
-    ranks = np.concatenate([np.full(len(st), r, dtype=np.int64) for r, st in pairs]) if pairs else np.zeros(0, np.int64)
-    steps = np.concatenate([st for _, st in pairs]) if pairs else np.zeros(0, np.int64)
+    windows = _Windows(summaries) if windows is None else windows
+    ranks, steps = windows.rank, windows.step
     step_col = colls["step"]
     if step_col.dtype.kind != "i" or not len(steps):  # steps that are not whole numbers: one row at a time
-        analysed = {r: set(st.tolist()) for r, st in pairs}
+        analysed: dict[int, set[Any]] = {}
+        for r, st in zip(ranks.tolist(), steps.tolist(), strict=True):
+            analysed.setdefault(r, set()).add(st)
         return np.fromiter(
             (st in analysed.get(r, ()) for r, st in zip(colls["rank"].tolist(), step_col.tolist(), strict=True)),
             dtype=bool,

@@ -224,18 +224,70 @@ def test_segment_reductions_are_numpy_s_own() -> None:
         assert np.array_equal(got, np.asarray(want), equal_nan=True)
 
 
-def test_python_union_and_coverage_are_the_intervals_module_s() -> None:
-    rng = np.random.default_rng(2)
-    for _ in range(200):
-        n = int(rng.integers(0, 25))
-        start = np.round(rng.random(n) * 1000, int(rng.integers(0, 3)))
-        end = start + np.where(rng.random(n) < 0.2, 0.0, rng.random(n) * 200)
-        lo = np.sort(rng.random(5) * 1200)
-        hi = lo + rng.random(5) * 300
-        want = iv.coverage(iv.union(start, end), lo, hi)
-        merged = cr._union(start.tolist(), end.tolist())
-        assert [list(merged[0]), list(merged[1])] == [x.tolist() for x in iv.union(start, end)]
-        assert cr._coverage(merged, lo.tolist(), hi.tolist()) == want.tolist()
+def _waits_reference(colls, summaries):
+    """The per-rank loop ``_per_rank_waits`` replaces (one rank at a time, ``metrics.intervals`` and numpy)."""
+    per_rank, typical = {}, {}
+    for s in summaries:
+        steps = cr._analysed(s)
+        mine = (colls["rank"] == s["rank"]) & np.isin(colls["step"], steps["step"])
+        if not len(steps["step"]) or not mine.any():
+            continue
+        start, step = colls["start_us"][mine], colls["step"][mine]
+        wait_ms = iv.coverage(iv.union(start, start + colls["wait_us"][mine]), steps["start_us"], steps["end_us"]) / 1e3
+        uniq, inverse = np.unique(step, return_inverse=True)
+        means = np.bincount(inverse, weights=colls["late_us"][mine]) / np.bincount(inverse)
+        pos = np.minimum(np.searchsorted(uniq, steps["step"]), len(uniq) - 1)
+        late = np.where(uniq[pos] == steps["step"], means[pos], 0.0)
+        per_rank[s["rank"]] = {
+            "collective_wait_ms": float(np.mean(wait_ms)),
+            "late_arrival_ms": float(np.mean(late) / 1e3),
+        }
+        typical[s["rank"]] = float(np.median(wait_ms))
+    return per_rank, typical
+
+
+def test_per_rank_waits_are_the_per_rank_loop_s() -> None:
+    rng = np.random.default_rng(3)
+    for trial in range(30):
+        ranks = int(rng.integers(1, 9))
+        summaries, rows = [], []
+        for r in range(ranks):
+            n_steps = int(rng.integers(0, 12))
+            lo = np.sort(rng.random(n_steps) * 1e4)
+            hi = lo + rng.random(n_steps) * 2e3
+            if trial % 5 == 0 and n_steps:
+                lo[0] = np.nan
+            analysed = (rng.random(n_steps) < 0.8).tolist()
+            summaries.append(
+                {
+                    "rank": r,
+                    "per_step": {
+                        "step": list(range(n_steps)),
+                        "start_us": lo.tolist(),
+                        "end_us": hi.tolist(),
+                        "analyzed": analysed,
+                    },
+                }
+            )
+            for _ in range(int(rng.integers(0, 30))):
+                start = float(np.round(rng.random() * 1.2e4, int(rng.integers(0, 3))))
+                wait = 0.0 if rng.random() < 0.2 else float(rng.random() * 500)
+                rows.append((r, int(rng.integers(0, 14)), start, wait, float(rng.random() * 50)))
+        rows.sort(key=lambda x: x[0])
+        cols = list(zip(*rows, strict=True)) if rows else [[]] * 5
+        colls = cr.Table(
+            {
+                "rank": np.array(cols[0], dtype=np.int64),
+                "step": np.array(cols[1], dtype=np.int64),
+                "start_us": np.array(cols[2], dtype=float),
+                "wait_us": np.array(cols[3], dtype=float),
+                "late_us": np.array(cols[4], dtype=float),
+            }
+        )
+        per_rank: dict = {}
+        typical = cr._per_rank_waits(colls, summaries, per_rank)
+        want_rank, want_typical = _waits_reference(colls, summaries)
+        assert json.dumps(per_rank) == json.dumps(want_rank) and json.dumps(typical) == json.dumps(want_typical)
 
 
 def test_columns_are_inferred_as_a_dataframe_infers_them() -> None:
