@@ -233,12 +233,20 @@ def _read_checked(path: Path, kind: type[msgspec.Struct]) -> tuple[dict[str, Any
 
 
 def _rank_files(run_dir: Path, suffix: str) -> list[tuple[int, Path]]:
-    folder = run_dir / RANKS_DIR
-    if not folder.is_dir():
+    return [(rank, Path(path)) for rank, _, path in _rank_paths(run_dir, suffix)]
+
+
+def _rank_paths(run_dir: Path, suffix: str) -> list[tuple[int, str, str]]:
+    """(rank, file name, path) of ``ranks/rank<R><suffix>``, by rank (paths as strings: a Path per file costs
+    more than reading a small one)."""
+    folder = os.path.join(run_dir, RANKS_DIR)
+    try:
+        names = os.listdir(folder)
+    except (FileNotFoundError, NotADirectoryError):
         return []
     pattern = re.compile(rf"^rank(\d{{1,9}}){re.escape(suffix)}$")
-    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := pattern.match(p.name))]
-    return sorted(found)
+    found = [(int(m.group(1)), name) for name in names if (m := pattern.match(name))]
+    return [(rank, name, os.path.join(folder, name)) for rank, name in sorted(found)]
 
 
 # Reading many ranks' files quickly: msgspec decodes a file that is valid in one pass; a file it refuses (or that
@@ -248,7 +256,7 @@ _JSON = msgspec.json.Decoder()
 _SUMMARY = msgspec.json.Decoder(RankSummaryWire)
 
 
-def _read_capture(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+def _read_capture(path: str) -> tuple[dict[str, Any] | None, str | None]:
     try:
         with open(path, "rb") as f:
             data = _JSON.decode(f.read())
@@ -257,7 +265,7 @@ def _read_capture(path: Path) -> tuple[dict[str, Any] | None, str | None]:
             return data, None
     except (OSError, msgspec.MsgspecError, ValueError, RecursionError):
         pass
-    return _read_checked(path, RankCapture)
+    return _read_checked(Path(path), RankCapture)
 
 
 _PG_KEY = b'"pg_config": '
@@ -294,21 +302,22 @@ class _SharedGroups:
 _MISSING = object()
 
 
-def _read_summary(path: Path, shared: _SharedGroups) -> tuple[dict[str, Any] | None, str | None]:
+def _read_summary(path: str, shared: _SharedGroups) -> tuple[dict[str, Any] | None, str | None]:
     """``(data, None)`` or ``(None, why)``: a summary file checked against ``RankSummary`` (the process groups'
     text decoded once for the ranks that share it, ``_SharedGroups``)."""
     try:
         with open(path, "rb") as f:
             wire, groups = shared.decode(f.read())
     except (OSError, msgspec.MsgspecError, ValueError, RecursionError):
-        return _read_checked(path, RankSummary)
+        return _read_checked(Path(path), RankSummary)
     data = {name: getattr(wire, name) for name in wire.__struct_fields__}
     data["devices"] = [msgspec.structs.asdict(d) for d in wire.devices]
     if wire.distributed_info is not None:
-        data["distributed_info"] = {
-            key: groups if key == "pg_config" and groups is not _MISSING else _JSON.decode(raw)
-            for key, raw in wire.distributed_info.items()
-        }
+        info = wire.distributed_info
+        rest = [key for key in info if not (key == "pg_config" and groups is not _MISSING)]
+        values = _JSON.decode(b"[" + b",".join(bytes(info[key]) for key in rest) + b"]")  # one call for them all
+        decoded = dict(zip(rest, values, strict=True))
+        data["distributed_info"] = {key: decoded[key] if key in decoded else groups for key in info}
     return data, None
 
 
@@ -317,13 +326,13 @@ def read_rank_captures(run_dir: Path) -> tuple[dict[int, dict[str, Any]], list[s
     out. The rank is the one the file states (a copied file keeps its own)."""
     out: dict[int, dict[str, Any]] = {}
     notes: list[str] = []
-    for _, path in _rank_files(run_dir, ".json"):
+    for _, name, path in _rank_paths(run_dir, ".json"):
         data, why = _read_capture(path)
         if data is None:
-            notes.append(f"{RANKS_DIR}/{path.name}: skipped: {why}")
+            notes.append(f"{RANKS_DIR}/{name}: skipped: {why}")
             continue
         if data["rank"] in out:
-            notes.append(f"{RANKS_DIR}/{path.name}: skipped: rank {data['rank']} is already in another file")
+            notes.append(f"{RANKS_DIR}/{name}: skipped: rank {data['rank']} is already in another file")
             continue
         out[data["rank"]] = data
     return dict(sorted(out.items())), notes
@@ -336,10 +345,10 @@ def read_summaries(run_dir: Path, version: str) -> tuple[dict[int, dict[str, Any
     out: dict[int, dict[str, Any]] = {}
     notes: list[str] = []
     shared = _SharedGroups()
-    for _, path in _rank_files(run_dir, ".summary.json"):
+    for _, name, path in _rank_paths(run_dir, ".summary.json"):
         data, why = _read_summary(path, shared)
         if data is None:
-            notes.append(f"{RANKS_DIR}/{path.name}: skipped: {why}; the rank's trace is read instead")
+            notes.append(f"{RANKS_DIR}/{name}: skipped: {why}; the rank's trace is read instead")
         elif data["ddpdoctor_version"] == version and data["rank"] not in out:
             out[data["rank"]] = data
     return dict(sorted(out.items())), notes

@@ -31,7 +31,9 @@ class StepRecord(msgspec.Struct, forbid_unknown_fields=False):
     profiled: list[tuple[int, int]] = []
 
     def __post_init__(self) -> None:
-        if not all(_plain_value(v, text=False) and v is not None for v in self.wall_ms):
+        if (None in self.wall_ms or not _all_plain(self.wall_ms, text=False)) and not all(
+            _plain_value(v, text=False) and v is not None for v in self.wall_ms
+        ):
             raise ValueError("steps.wall_ms holds a value that is not a finite number")
 
 

@@ -87,7 +87,7 @@ def build(result: Diagnosis) -> dict[str, Any]:
                 "p90": jsonable(row.get("step_ms_p90")),
             },
         }
-        entry.update({k: jsonable(row.get(k)) for k in (*RANK_KEYS, *BREAKDOWN_KEYS)})
+        entry.update({k: _json_value(row.get(k)) for k in _ENTRY_KEYS})
         entry["devices"] = _devices(devices, rank, row)
         ranks.append(entry)
     return {
@@ -109,6 +109,16 @@ def build(result: Diagnosis) -> dict[str, Any]:
         "not_evaluated": [n.to_json() for n in result.not_evaluated],
         "passed": list(result.passed),
     }
+
+
+_ENTRY_KEYS = (*RANK_KEYS, *BREAKDOWN_KEYS)
+_PLAIN = frozenset((type(None), bool, int, str))
+
+
+def _json_value(value: Any) -> Any:
+    """``jsonable(value)``, without a call for the plain values and finite floats that nearly all are."""
+    t = type(value)
+    return value if t in _PLAIN or (t is float and value - value == 0.0) else jsonable(value)
 
 
 def _lines(value: Any) -> list[str]:
