@@ -1,5 +1,6 @@
-"""Scale: diagnose a 16,384-rank run from its per-rank summary files (target: < 10 s on 2 cores), and how the
-time grows from 8 to 16,384 ranks.
+"""Scale: a 16,384-rank run diagnosed from its per-rank summary files (< 10 s on 2 cores), growth from 8 ranks.
+
+``diagnose`` of runs of 8 to 16,384 ranks, each timed in a fresh process; the target is on the largest.
 
 The runs are synthetic-from-real: a real 2-rank run of ``samples/ddp_train.py`` (traced here once and cached)
 gives ``ranks/rank<R>.summary.json`` and ``ranks/rank<R>.json``; rank R of the N-rank run is a copy of real
