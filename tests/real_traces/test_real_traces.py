@@ -9,6 +9,7 @@ import time
 import tracemalloc
 from pathlib import Path
 
+import numpy as np
 import orjson
 import pytest
 
@@ -57,7 +58,8 @@ def test_megatron_eight_ranks_from_distributed_info(traces_dir: Path) -> None:
     assert [r.rank for r in run.ranks] == list(range(8)) and run.rank_source == "distributedInfo"
     m = analyze(run)
     # README: 84 ncclDevKernel_AllReduce kernels per rank
-    assert set(m.collectives.groupby("rank")["count"].sum()) == {84}
+    c = m.collectives
+    assert {int(c["count"][c["rank"] == r].sum()) for r in set(c["rank"].tolist())} == {84}
     # HTA: no compute/comm overlap on any rank
     assert all(r["overlap_ratio"] == 0.0 for r in m.ranks)
 
@@ -112,7 +114,7 @@ def test_mi300_trace_that_crashes_hta_loads(traces_dir: Path) -> None:
     assert run.ranks[0].rank == 0 and run.world_size == 8
     m = analyze(run)
     assert set(m.collectives["kind"]) == {"all_reduce", "broadcast"}
-    assert m.collectives["bytes"].notna().all()
+    assert not np.isnan(m.collectives["bytes"].astype(float)).any()
 
 
 def test_load_speed_and_memory_vs_orjson(traces_dir: Path, tmp_path: Path) -> None:
