@@ -3,17 +3,17 @@
     python benchmarks/floor_process.py FILE [FILE ...]
 
 Gunzip with ISA-L (``isal``) and decode each whole document with msgspec into typed structs holding only the
-fields ddpdoctor reads (the same fields and JSON names as ``ddpdoctor/load/schema.py``;
-tests/unit/test_benchmarks_smoke.py checks they agree), then drop it. Nothing is computed from the events. It
-imports nothing of ddpdoctor (whose package would bring numpy), so its time is interpreter start-up, two small
-extension modules, inflating and decoding: ``benchmarks/bench_floor.py`` compares a cold ``ddpdoctor diagnose``
-of the same files with this. Prints the number of events decoded.
+fields ddpdoctor reads (the same types, by phase, with the same fields and JSON names as
+``ddpdoctor/load/schema.py``; tests/unit/test_benchmarks_smoke.py checks they agree), then drop it. Nothing is
+computed from the events. It imports nothing of ddpdoctor (whose package would bring numpy), so its time is
+interpreter start-up, two small extension modules, inflating and decoding: ``benchmarks/bench_floor.py`` compares
+a cold ``ddpdoctor diagnose`` of the same files with this. Prints the number of events decoded.
 """
 
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import Any, Union
 
 import msgspec
 from isal import igzip
@@ -27,11 +27,6 @@ class Args(msgspec.Struct, gc=False):
     correlation: int = -1
     device: int = -1
     stream: int = -1
-    bytes: int = msgspec.field(default=0, name="Bytes")
-    total_allocated: int | None = msgspec.field(default=None, name="Total Allocated")
-    total_reserved: int | None = msgspec.field(default=None, name="Total Reserved")
-    device_type: int = msgspec.field(default=-1, name="Device Type")
-    device_id: int = msgspec.field(default=-1, name="Device Id")
     in_nelems: int = msgspec.field(default=-1, name="In msg nelems")
     out_nelems: int = msgspec.field(default=-1, name="Out msg nelems")
     group_size: int = msgspec.field(default=-1, name="Group size")
@@ -41,19 +36,54 @@ class Args(msgspec.Struct, gc=False):
     seq: int = msgspec.field(default=-1, name="Seq")
     input_dims: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input Dims")
     input_type: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input type")
+
+
+class MemoryArgs(msgspec.Struct, gc=False):
+    bytes: int = msgspec.field(default=0, name="Bytes")
+    total_allocated: int | None = msgspec.field(default=None, name="Total Allocated")
+    total_reserved: int | None = msgspec.field(default=None, name="Total Reserved")
+    device_type: int = msgspec.field(default=-1, name="Device Type")
+    device_id: int = msgspec.field(default=-1, name="Device Id")
+
+
+class MetaArgs(msgspec.Struct, gc=False):
     name: str | None = None
     labels: str | None = None
 
 
-class Event(msgspec.Struct, gc=False):
-    ph: str = ""
+class Complete(msgspec.Struct, gc=False, tag_field="ph", tag="X"):
     cat: str | None = None
     name: str = ""
     ts: float = 0.0
     dur: float = 0.0
     pid: int | str = 0
     tid: int | str = 0
-    args: Args | None = None
+    args: Args = msgspec.field(default_factory=Args)
+
+
+class Instant(msgspec.Struct, gc=False, tag_field="ph", tag="i"):
+    name: str = ""
+    ts: float = 0.0
+    pid: int | str = 0
+    tid: int | str = 0
+    args: MemoryArgs = msgspec.field(default_factory=MemoryArgs)
+
+
+class OldInstant(Instant, tag="I"):
+    pass
+
+
+class Metadata(msgspec.Struct, gc=False, tag_field="ph", tag="M"):
+    name: str = ""
+    pid: int | str = 0
+    tid: int | str = 0
+    args: MetaArgs = msgspec.field(default_factory=MetaArgs)
+
+
+OTHER_PHASES = "BEbneSTpFstfPCONDVvRc()"
+OTHER_TYPES = tuple(msgspec.defstruct(f"Phase_{ord(ph)}", [], gc=False, tag_field="ph", tag=ph) for ph in OTHER_PHASES)
+EVENT_TYPES = (Complete, Instant, OldInstant, Metadata, *OTHER_TYPES)
+Event = Union[EVENT_TYPES]  # noqa: UP007
 
 
 class Trace(msgspec.Struct):

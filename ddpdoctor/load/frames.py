@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import re
+from itertools import compress
 
 import numpy as np
 
 from ddpdoctor.load.categories import DEVICE_CATS
-from ddpdoctor.load.decode import FileColumns, RankTables
+from ddpdoctor.load.decode import COMM_COLUMNS, FileColumns, RankTables
 from ddpdoctor.load.model import EventTables, RankTrace
 from ddpdoctor.table import Codes, Table
 
@@ -31,7 +32,7 @@ def build_rank_trace(rank: int, files: list[FileColumns], tables: RankTables) ->
     names = _table(tables.names.index)
     cats = _table(tables.cats.index)
 
-    x, comm_rows = _concat_x(files)
+    x, comm = _concat_x(files)
     cat_codes = x["cat"]
     device_cat = np.array([c in DEVICE_CATS for c in cats] + [False], dtype=bool)
     on_device = device_cat[cat_codes] if len(cat_codes) else np.zeros(0, dtype=bool)
@@ -68,7 +69,7 @@ def build_rank_trace(rank: int, files: list[FileColumns], tables: RankTables) ->
 
     row_to_op = np.cumsum(~on_device) - 1
     steps = _steps(ops)
-    comm_ops = _comm_ops(ops, comm_rows, row_to_op, on_device)
+    comm_ops = _comm_ops(ops, comm, row_to_op, on_device)
 
     first = files[0] if files else None
     thread_names: dict[tuple[int, int], str] = {}
@@ -105,7 +106,7 @@ def _file_start(f: FileColumns) -> float:
     return float(min(a.min() for a in ts if len(a))) if ts and any(len(a) for a in ts) else 0.0
 
 
-def _concat_x(files: list[FileColumns]) -> tuple[dict[str, np.ndarray], list[dict]]:
+def _concat_x(files: list[FileColumns]) -> tuple[dict[str, np.ndarray], dict[str, list]]:
     dtypes = {
         "name": np.int32,
         "cat": np.int32,
@@ -129,13 +130,15 @@ def _concat_x(files: list[FileColumns]) -> tuple[dict[str, np.ndarray], list[dic
         if files
         else np.zeros(0, dtype=np.int32)
     )
-    comm_rows: list[dict] = []
+    comm: dict[str, list] = {key: [] for key in COMM_COLUMNS}  # the files' collective calls, rows offset
     offset = 0
     for f in files:
-        for row in f.comm_rows:
-            comm_rows.append({**row, "row": row["row"] + offset})
+        if f.comm:
+            comm["row"] += [row + offset for row in f.comm["row"]] if offset else f.comm["row"]
+            for key in _COMM_ARG_COLUMNS:
+                comm[key] += f.comm[key]
         offset += f.n_x
-    return x, comm_rows
+    return x, comm
 
 
 def _memory_table(files: list[FileColumns]) -> Table:
@@ -194,13 +197,13 @@ def _steps(ops: Table) -> Table:
 _OBJECT_ARGS = ("dtype", "collective_name", "pg_name", "input_dims", "input_type")
 
 
-def _comm_ops(ops: Table, rows: list[dict], row_to_op: np.ndarray, on_device: np.ndarray) -> Table:
-    at = np.fromiter((r["row"] for r in rows), dtype=np.int64, count=len(rows))
-    kept = ~on_device[at] if len(rows) else np.zeros(0, dtype=bool)
-    keep = [r for r, k in zip(rows, kept.tolist(), strict=True) if k] if not kept.all() else rows
+def _comm_ops(ops: Table, comm: dict[str, list], row_to_op: np.ndarray, on_device: np.ndarray) -> Table:
+    at = np.array(comm["row"], dtype=np.int64)
+    kept = ~on_device[at] if len(at) else np.zeros(0, dtype=bool)
+    mask = None if kept.all() else kept.tolist()
     out = ops[row_to_op[at[kept]]]
     for key in _COMM_ARG_COLUMNS:
-        values = [r[key] for r in keep]
+        values = comm[key] if mask is None else list(compress(comm[key], mask))
         out[key] = objects(values) if key in _OBJECT_ARGS else np.array(values, dtype=np.int64)
     return out
 

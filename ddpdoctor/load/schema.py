@@ -1,14 +1,18 @@
 """msgspec types for the parts of a Kineto Chrome trace that ddpdoctor reads; every other field is skipped
 unparsed.
 
-``Event``/``Args`` are the strict, fast types. Traces whose values do not fit them (a string where a number is
-expected, say) are decoded again with ``LooseEvent`` and coerced field by field.
+An event is decoded by its phase (``ph``, a tagged union): complete events (``"X"``) into ``Complete``, instants
+(``"i"``/``"I"``, for ``[memory]``) into ``Instant``, metadata (``"M"``) into ``Metadata``, each with the ``args``
+keys ddpdoctor reads of that kind; every other phase (flows, counters, async...) into an empty struct, its fields
+skipped. These are the strict, fast types. Traces whose values do not fit them (a string where a number is
+expected, a phase that is no Chrome phase, no ``ph``) are decoded again with ``LooseEvent`` and coerced field by
+field into the same types (``loosen``); a value that fits gives the same result either way.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Union
 
 import msgspec
 
@@ -16,18 +20,14 @@ _NO_RAW = msgspec.Raw(b"")
 
 
 class Args(msgspec.Struct, gc=False):
-    """The few ``args`` keys ddpdoctor uses; ints default to -1 ("absent"), strings to None."""
+    """The ``args`` keys ddpdoctor reads of a complete ("X") event; ints default to -1 ("absent"), strings to
+    None."""
 
     external_id: int = msgspec.field(default=-1, name="External id")
     external_id_v1: int = msgspec.field(default=-1, name="external id")  # torch 1.9 device events
     correlation: int = -1
     device: int = -1
     stream: int = -1
-    bytes: int = msgspec.field(default=0, name="Bytes")
-    total_allocated: int | None = msgspec.field(default=None, name="Total Allocated")
-    total_reserved: int | None = msgspec.field(default=None, name="Total Reserved")
-    device_type: int = msgspec.field(default=-1, name="Device Type")
-    device_id: int = msgspec.field(default=-1, name="Device Id")
     in_nelems: int = msgspec.field(default=-1, name="In msg nelems")
     out_nelems: int = msgspec.field(default=-1, name="Out msg nelems")
     group_size: int = msgspec.field(default=-1, name="Group size")
@@ -38,20 +38,63 @@ class Args(msgspec.Struct, gc=False):
     # kept raw: decoded only for the few collective calls that need them
     input_dims: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input Dims")
     input_type: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input type")
-    # metadata ("M") events
+
+
+class MemoryArgs(msgspec.Struct, gc=False):
+    """The ``args`` of a ``[memory]`` instant."""
+
+    bytes: int = msgspec.field(default=0, name="Bytes")
+    total_allocated: int | None = msgspec.field(default=None, name="Total Allocated")
+    total_reserved: int | None = msgspec.field(default=None, name="Total Reserved")
+    device_type: int = msgspec.field(default=-1, name="Device Type")
+    device_id: int = msgspec.field(default=-1, name="Device Id")
+
+
+class MetaArgs(msgspec.Struct, gc=False):
+    """The ``args`` of a metadata event (``thread_name``, ``process_labels``)."""
+
     name: str | None = None
     labels: str | None = None
 
 
-class Event(msgspec.Struct, gc=False):
-    ph: str = ""
+class Complete(msgspec.Struct, gc=False, tag_field="ph", tag="X"):
     cat: str | None = None
     name: str = ""
     ts: float = 0.0
     dur: float = 0.0
     pid: int | str = 0
     tid: int | str = 0
-    args: Args | None = None
+    args: Args = msgspec.field(default_factory=Args)
+
+
+class Instant(msgspec.Struct, gc=False, tag_field="ph", tag="i"):
+    name: str = ""
+    ts: float = 0.0
+    pid: int | str = 0
+    tid: int | str = 0
+    args: MemoryArgs = msgspec.field(default_factory=MemoryArgs)
+
+
+class OldInstant(Instant, tag="I"):
+    """``"I"``, the instant's phase in older traces."""
+
+
+class Metadata(msgspec.Struct, gc=False, tag_field="ph", tag="M"):
+    name: str = ""
+    pid: int | str = 0
+    tid: int | str = 0
+    args: MetaArgs = msgspec.field(default_factory=MetaArgs)
+
+
+# The other phases of the Chrome trace format: counted, their fields skipped.
+OTHER_PHASES = "BEbneSTpFstfPCONDVvRc()"
+OTHER_TYPES = tuple(msgspec.defstruct(f"Phase_{ord(ph)}", [], gc=False, tag_field="ph", tag=ph) for ph in OTHER_PHASES)
+EVENT_TYPES: tuple[type[msgspec.Struct], ...] = (Complete, Instant, OldInstant, Metadata, *OTHER_TYPES)
+Event = Union[EVENT_TYPES]  # noqa: UP007 (a union built from a tuple)
+
+
+class Ignored(msgspec.Struct, gc=False):
+    """What ``loosen`` makes of an event of any other phase (none, or one that is not a string)."""
 
 
 class LooseEvent(msgspec.Struct, gc=False):
@@ -74,9 +117,6 @@ class Header(msgspec.Struct):
     baseTimeNanoseconds: Any = None
 
 
-_ARG_FIELDS = {
-    f: (Args.__struct_encode_fields__[i]) for i, f in enumerate(Args.__struct_fields__)
-}
 _INT_FIELDS = {
     "external_id",
     "external_id_v1",
@@ -124,7 +164,6 @@ def clean_distributed_info(info: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-
 def _to_int(value: Any, default: int | None) -> int | None:
     """An int64 from a number or numeric string; ``default`` for anything else (bools, beyond int64...)."""
     if isinstance(value, bool):
@@ -154,15 +193,14 @@ def _to_id(value: Any) -> int | str:
     return _to_int(value, 0) or 0
 
 
-def loosen(event: LooseEvent) -> Event:
-    """Coerce one loosely decoded event into an ``Event`` (values that do not fit become defaults)."""
-    args = None
-    if isinstance(event.args, dict):
-        kw: dict[str, Any] = {}
-        for attr, key in _ARG_FIELDS.items():
-            if key not in event.args:
+def _loose_args(cls: type[msgspec.Struct], args: Any) -> Any:
+    """``args`` (any JSON value) as ``cls``: the values that fit its fields, coerced; defaults for the rest."""
+    kw: dict[str, Any] = {}
+    if isinstance(args, dict):
+        for attr, key in zip(cls.__struct_fields__, cls.__struct_encode_fields__, strict=True):
+            if key not in args:
                 continue
-            value = event.args[key]
+            value = args[key]
             if attr in _INT_FIELDS:
                 converted = _to_int(value, None)
                 if converted is not None:
@@ -173,14 +211,43 @@ def loosen(event: LooseEvent) -> Event:
                 kw[attr] = msgspec.Raw(msgspec.json.encode(value))
             elif isinstance(value, str):
                 kw[attr] = value
-        args = Args(**kw)
-    return Event(
-        ph=event.ph if isinstance(event.ph, str) else "",
-        cat=event.cat if isinstance(event.cat, str) else None,
-        name=event.name if isinstance(event.name, str) else str(event.name),
-        ts=_to_float(event.ts),
-        dur=_to_float(event.dur),
-        pid=_to_id(event.pid),
-        tid=_to_id(event.tid),
-        args=args,
-    )
+    return cls(**kw)
+
+
+_IGNORED = Ignored()
+
+
+def loosen(event: LooseEvent) -> Any:
+    """Coerce one loosely decoded event into the type its phase decodes to (values that do not fit become
+    defaults); ``Ignored`` for a phase ddpdoctor does not read."""
+    ph = event.ph if isinstance(event.ph, str) else ""
+    if ph == "X":
+        return Complete(
+            cat=event.cat if isinstance(event.cat, str) else None,
+            name=_to_name(event.name),
+            ts=_to_float(event.ts),
+            dur=_to_float(event.dur),
+            pid=_to_id(event.pid),
+            tid=_to_id(event.tid),
+            args=_loose_args(Args, event.args),
+        )
+    if ph == "i" or ph == "I":
+        return (Instant if ph == "i" else OldInstant)(
+            name=_to_name(event.name),
+            ts=_to_float(event.ts),
+            pid=_to_id(event.pid),
+            tid=_to_id(event.tid),
+            args=_loose_args(MemoryArgs, event.args),
+        )
+    if ph == "M":
+        return Metadata(
+            name=_to_name(event.name),
+            pid=_to_id(event.pid),
+            tid=_to_id(event.tid),
+            args=_loose_args(MetaArgs, event.args),
+        )
+    return _IGNORED
+
+
+def _to_name(value: Any) -> str:
+    return value if isinstance(value, str) else str(value)

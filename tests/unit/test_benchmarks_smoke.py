@@ -49,7 +49,12 @@ def test_the_floor_decodes_the_fields_ddpdoctor_reads() -> None:
 
     from ddpdoctor.load import schema
 
-    for ours, floor in ((schema.Event, floor_process.Event), (schema.Args, floor_process.Args)):
+    assert [t.__struct_config__.tag for t in floor_process.EVENT_TYPES] == [
+        t.__struct_config__.tag for t in schema.EVENT_TYPES
+    ]
+    pairs = [*zip(schema.EVENT_TYPES, floor_process.EVENT_TYPES, strict=True)]
+    pairs += [(getattr(schema, name), getattr(floor_process, name)) for name in ("Args", "MemoryArgs", "MetaArgs")]
+    for ours, floor in pairs:
         assert floor.__struct_fields__ == ours.__struct_fields__
         assert floor.__struct_encode_fields__ == ours.__struct_encode_fields__
         assert [str(t) for t in floor.__annotations__.values()] == [str(t) for t in ours.__annotations__.values()]
