@@ -40,12 +40,9 @@ one error policy: a file that cannot be read or does not fit its type is left ou
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import re
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +107,8 @@ _FILE_MODE = 0o666 & ~_umask()
 
 def _tmp_path(path: Path) -> str:
     """A temporary file beside ``path`` with the permissions a plain ``open()`` would give (mkstemp's are 0600)."""
+    import tempfile  # writers only: readers of a run do not pay for the import
+
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.fchmod(fd, _FILE_MODE)
     os.close(fd)
@@ -137,6 +136,9 @@ def atomic_write_json(path: Path, obj: Any) -> None:
 
 def atomic_gzip_file(src: str | os.PathLike[str], dest: Path, *, compresslevel: int = 3) -> None:
     """Compress ``src`` into ``dest`` atomically (level 3: near level 9's size at a fraction of its time)."""
+    import gzip
+    import shutil
+
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = _tmp_path(dest)
     try:
