@@ -115,7 +115,12 @@ def finish_run(
     started: float,
     launch: str | None = None,
 ) -> dict[str, Any]:
-    """Write this launcher's node record, then (re)build the manifest from every node and rank file present."""
+    """Write this launcher's node record, then (re)build the manifest from every node and rank file present.
+
+    The launchers of a multi-node run end together (torchrun's agents leave through one barrier) and each writes
+    the manifest: one that built it before another node's record landed may write it after that node's complete
+    one. So each reads the node and rank files again after writing, and builds again if they changed meanwhile.
+    """
     node_rank = _node_rank(tr)
     record = manifest_mod.node_record(
         node_rank=node_rank,
@@ -125,11 +130,27 @@ def finish_run(
         expected_ranks=_expected_ranks(tr, node_rank),
     )
     rundir.atomic_write_json(rundir.node_file(out, node_rank), record)
-    man = manifest_mod.build(
-        out, mode=mode, command=command, config=config.schedule_dict(), launch=launch_form(out, launch or mode)
-    )
-    manifest_mod.write(out, man)
+    man: dict[str, Any] = {}
+    for _ in range(5):
+        before = _run_files_state(out)
+        man = manifest_mod.build(
+            out, mode=mode, command=command, config=config.schedule_dict(), launch=launch_form(out, launch or mode)
+        )
+        manifest_mod.write(out, man)
+        if _run_files_state(out) == before:
+            break
     return man
+
+
+def _run_files_state(out: Path) -> tuple[Any, ...]:
+    nodes = []
+    for path in sorted((out / rundir.NODES_DIR).glob("node*.json")):
+        try:
+            stat = path.stat()
+        except OSError:
+            continue
+        nodes.append((path.name, stat.st_mtime_ns, stat.st_size))
+    return tuple(nodes), _rank_files_state(out)
 
 
 _WRITE_ERROR = re.compile(r"\[Errno (?:28|30|122)\] ([^:'\"]+)")  # ENOSPC, EROFS, EDQUOT
