@@ -97,58 +97,96 @@ def _rank_table(doc: dict[str, Any]) -> Table:
 
 
 def _rank_table_lines(doc: dict[str, Any], console: Console) -> list[str] | None:
-    """The rank table exactly as rich draws it (``_rank_table``) on a console without colour, as plain lines; None
-    where rich would do more than pad the cells (colour, a table wider than the console, a cell with a character
-    that is not one column wide). rich takes ~2 ms a row: half a minute for the 16,384 rows of a large job."""
+    """The rank table as rich draws it (``_rank_table``), as plain lines (``_plain_table``)."""
+    header = [short for _, short in RANK_TABLE_COLUMNS]
+    title = "Per-rank step breakdown (ms per step; p50/p90: step time)"
+    return _plain_table(console, title, header, "r" * len(header), rank_table_rows(doc), padding=0)
+
+
+def _plain_table(
+    console: Console, title: str, header: list[str], justify: str, rows: list[list[str]], padding: int
+) -> list[str] | None:
+    """A ``box.SIMPLE_HEAD`` table with a left-justified title exactly as rich draws it on a console without
+    colour, as plain lines: each column as wide as its widest cell, cells padded by ``padding`` and justified
+    ``justify`` ("r"/"l" per column). None where rich would do more than pad the cells (colour, a table wider
+    than the console, a cell with a character that is not one column wide or that ``fmt.plain`` escapes). rich
+    takes ~2 ms a row: half a minute for the 16,384 rows of a large job."""
     if console.is_terminal or console.color_system is not None:
         return None
-    rows = rank_table_rows(doc)
-    header = [short for _, short in RANK_TABLE_COLUMNS]
     cells = [header, *rows]
     for row in cells:  # printable (nothing for fmt.plain to escape), each character one column wide
         joined = "".join(row)
         if not (joined.isprintable() and (joined.isascii() or all(cell_len(c) == len(c) for c in row))):
             return None
     widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
-    inner = sum(widths) + len(widths) - 1
-    width = inner + 2
-    title = "Per-rank step breakdown (ms per step; p50/p90: step time)"
+    width = 2 + sum(w + 2 * padding for w in widths) + len(widths) - 1
     if width > console.width or len(title) > width:
         return None
+    pad = " " * padding
+    just = [str.rjust if j == "r" else str.ljust for j in justify]
 
     def line(row: list[str]) -> str:
-        return " " + " ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) + " "
+        return " " + " ".join(pad + j(c, w) + pad for c, w, j in zip(row, widths, just, strict=True)) + " "
 
     blank = " " * width
-    return [title.ljust(width), blank, line(header), " " + "─" * inner + " ", *map(line, rows), blank]
+    return [title.ljust(width), blank, line(header), " " + "─" * (width - 2) + " ", *map(line, rows), blank]
+
+
+def _print_table(console: Console, lines: list[str] | None, table: Any) -> None:
+    """``lines`` (``_plain_table``) written as they are, else ``table()`` printed by rich."""
+    if lines is None:
+        console.print(table())
+    else:
+        console.file.write("\n".join(lines) + "\n")
+
+
+_MEMORY_COLUMNS = (
+    ("rank", "right"),
+    ("device", "left"),
+    ("allocated", "right"),
+    ("reserved", "right"),
+    ("capacity", "right"),
+    ("used", "right"),
+)
+
+
+def _memory_rows(doc: dict[str, Any]) -> list[list[str]]:
+    out = []
+    for r in doc["ranks"]:
+        for d in r["devices"]:
+            used = None
+            if d["peak_reserved_bytes"] is not None and d["capacity_bytes"]:
+                used = d["peak_reserved_bytes"] / d["capacity_bytes"]
+            out.append(
+                [
+                    str(r["rank"]),
+                    str(d["device"] if d["device"] is not None else "?"),
+                    fmt.size(d["peak_allocated_bytes"]),
+                    fmt.size(d["peak_reserved_bytes"]),
+                    fmt.size(d["capacity_bytes"]),
+                    fmt.ratio_pct(used),
+                ]
+            )
+    return out
+
+
+def _memory_table_lines(doc: dict[str, Any], console: Console) -> list[str] | None:
+    """The memory table as rich draws it (``_memory_table``), as plain lines (``_plain_table``)."""
+    rows = _memory_rows(doc)
+    header = [name for name, _ in _MEMORY_COLUMNS]
+    justify = "".join(j[0] for _, j in _MEMORY_COLUMNS)
+    return _plain_table(console, "Memory per device (peak)", header, justify, rows, padding=1)
 
 
 def _memory_table(doc: dict[str, Any]) -> Table | None:
-    rows = [(r["rank"], d) for r in doc["ranks"] for d in r["devices"]]
+    rows = _memory_rows(doc)
     if not rows:
         return None
     table = Table(title="Memory per device (peak)", box=box.SIMPLE_HEAD, title_justify="left")
-    for col, justify in (
-        ("rank", "right"),
-        ("device", "left"),
-        ("allocated", "right"),
-        ("reserved", "right"),
-        ("capacity", "right"),
-        ("used", "right"),
-    ):
+    for col, justify in _MEMORY_COLUMNS:
         table.add_column(col, justify=justify, overflow="fold")  # type: ignore[arg-type]
-    for rank, d in rows:
-        used = None
-        if d["peak_reserved_bytes"] is not None and d["capacity_bytes"]:
-            used = d["peak_reserved_bytes"] / d["capacity_bytes"]
-        table.add_row(
-            _t(rank),
-            _t(d["device"] if d["device"] is not None else "?"),
-            _t(fmt.size(d["peak_allocated_bytes"])),
-            _t(fmt.size(d["peak_reserved_bytes"])),
-            _t(fmt.size(d["capacity_bytes"])),
-            _t(fmt.ratio_pct(used)),
-        )
+    for row in rows:
+        table.add_row(*(_t(cell) for cell in row))
     return table
 
 
@@ -166,14 +204,9 @@ def render(result: Diagnosis, stream: TextIO) -> None:
         for line in trials:
             console.print(_t("  " + line), overflow="fold")
         console.print()
-    lines = _rank_table_lines(doc, console)
-    if lines is None:
-        console.print(_rank_table(doc))
-    else:
-        console.file.write("\n".join(lines) + "\n")
-    memory = _memory_table(doc)
-    if memory is not None:
-        console.print(memory)
+    _print_table(console, _rank_table_lines(doc, console), lambda: _rank_table(doc))
+    if any(r["devices"] for r in doc["ranks"]):
+        _print_table(console, _memory_table_lines(doc, console), lambda: _memory_table(doc))
     if result.not_evaluated:
         console.print(Text(f"Not evaluated ({len(result.not_evaluated)})", style="bold"))
         for reason, names in grouped_not_evaluated(result).items():

@@ -186,6 +186,30 @@ def test_the_rank_table_is_the_one_rich_draws(rows: int, big: bool) -> None:
     assert "\n".join(lines) + "\n" == drawn.getvalue()
 
 
+@pytest.mark.parametrize("rows", [1, 3, 40])
+def test_the_memory_table_is_the_one_rich_draws(rows: int) -> None:
+    rng = np.random.default_rng(rows)
+    doc = {"ranks": []}
+    for r in range(rows):
+        devices = [
+            {
+                "device": f"cuda:{i}" if r % 5 else None,
+                "peak_allocated_bytes": int(rng.integers(1, 2**34)),
+                "peak_reserved_bytes": None if r % 3 == 1 else int(rng.integers(1, 2**36)),
+                "capacity_bytes": None if r % 4 == 2 else 80 * 2**30,
+            }
+            for i in range(int(rng.integers(0, 3)))
+        ]
+        doc["ranks"].append({"rank": r, "devices": devices})
+    if not any(r["devices"] for r in doc["ranks"]):
+        return
+    lines = text._memory_table_lines(doc, report_console.console(io.StringIO(), text.WIDTH_NOT_A_TERMINAL))
+    assert lines is not None
+    drawn = io.StringIO()
+    report_console.console(drawn, text.WIDTH_NOT_A_TERMINAL).print(text._memory_table(doc))
+    assert "\n".join(lines) + "\n" == drawn.getvalue()
+
+
 def test_the_rank_table_is_left_to_rich_on_a_terminal_or_when_too_wide() -> None:
     doc = _doc(3, big=True)
     assert text._rank_table_lines(doc, Console(file=io.StringIO(), force_terminal=True)) is None
