@@ -60,6 +60,7 @@ COMM_COLUMNS = (
 )
 # the text before and after traceEvents is copied to be decoded on its own: beyond this the plain way is cheaper
 _ENDS_MAX_BYTES = 16 << 20
+_KEY_TRIES = 8  # "traceEvents" found inside a string or a nested object before the key itself
 _KEPT = frozenset({Instant, OldInstant, Metadata})  # besides Complete; every other event is only counted
 _TRACE_CAT = -1  # RankTables.cat_codes: a raw category whose canonical name is "trace" (never interned)
 
@@ -247,21 +248,27 @@ def _locate(data: bytearray) -> tuple[int, int, _Part] | None:
     around it, without parsing the events; None when it cannot be told this way.
 
     The text before the key is decoded as ``<text>"traceEvents":0}``: valid only where the key is one of the
-    top-level object's (not inside a string or a nested value). The last event and everything after it are
-    decoded as ``{"traceEvents":[<text>``, which gives the array's end. The chunks between are decoded later;
-    all three valid is the whole document valid."""
-    key = data.find(b'"traceEvents"')
-    if key < 0 or key > _ENDS_MAX_BYTES:
-        return None
+    top-level object's (not inside a string or a nested value; then the next one is tried). The last event and
+    everything after it are decoded as ``{"traceEvents":[<text>``, which gives the array's end. The chunks
+    between are decoded later; all three valid is the whole document valid."""
+    key, before = -1, None
+    for _ in range(_KEY_TRIES):  # the first "traceEvents" that is a key of the top-level object
+        key = data.find(b'"traceEvents"', key + 1, _ENDS_MAX_BYTES)
+        if key < 0:
+            return None
+        try:
+            before = _PART.decode(b"".join((memoryview(data)[:key], b'"traceEvents":0}')))
+            break
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+            continue
     m = _EVENTS_KEY.match(data, key)
-    if m is None:
+    if before is None or m is None:
         return None
     start = m.end() - 1
     last = _last_event(data, start)
     if len(data) - last > _ENDS_MAX_BYTES:
         return None
     try:
-        before = _PART.decode(b"".join((memoryview(data)[:key], b'"traceEvents":0}')))
         after = _PART.decode(b"".join((b'{"traceEvents":[', memoryview(data)[last:])))
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         return None
