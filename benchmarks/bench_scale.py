@@ -178,22 +178,27 @@ def run(report: Report, quick: bool) -> None:
     )
     wall: dict[int, list[float]] = {n: [] for n in sizes}
     work: dict[int, list[float]] = {n: [] for n in sizes}
+    cpu: dict[int, list[float]] = {n: [] for n in sizes}
     for _ in range(reps):
         for n in sizes:  # interleaved: each round runs every size once
             child = run_child([str(CHILD), "summaries", str(runs[n])])
             wall[n].append(child["child_wall_s"])
             work[n].append(child["work_s"])
+            cpu[n].append(child.get("work_cpu_s") or float("nan"))
     section: dict[str, Any] = {"sizes": {}}
     for n in sizes:
         w, a = median(wall[n]), median(work[n])
-        section["sizes"][n] = {"wall_s": wall[n], "work_s": work[n]}
+        section["sizes"][n] = {"wall_s": wall[n], "work_s": work[n], "work_cpu_s": cpu[n]}
         target = ("<", TARGET_S) if n == TARGET_RANKS else None
         report.add(
             f"scale_diagnose_{n}_ranks",
             w,
             unit="s",
             target=target,
-            note=f"whole process; load+analyze+rules+report {a:.2f} s ({a / n * 1e3:.3f} ms/rank; synthetic-from-real)",
+            note=(
+                f"whole process; load+analyze+rules+report {a:.2f} s, {median(cpu[n]):.2f} s CPU "
+                f"({a / n * 1e3:.3f} ms/rank; synthetic-from-real)"
+            ),
         )
     lo, hi = sizes[-2], sizes[-1]
     per_rank = (median(work[hi]) - median(work[lo])) / (hi - lo) * 1e3

@@ -12,7 +12,8 @@ Writes OUT_JSON: ``import_s`` (interpreter start to the end of the imports), ``b
 everything is imported: the interpreter + imports baseline the harness subtracts), ``peak_rss_kb`` (VmHWM of
 this process at the end), ``children_peak_rss_kb`` (the largest peak of its worker processes),
 ``worker_baseline_rss_kb`` (RSS of a freshly forked worker that has done nothing: the part of a worker's peak
-that is not its work), ``work_s`` (the measured part alone).
+that is not its work), ``work_s`` (the measured part alone), ``work_cpu_s`` (its CPU time, this process's: on a
+shared machine the part of ``work_s`` that waiting for a core does not inflate).
 """
 
 from __future__ import annotations
@@ -99,9 +100,9 @@ def main() -> None:
         with ProcessPoolExecutor(max_workers=1) as pool:  # forked like the loader's workers
             worker_baseline = pool.submit(worker_rss_kb).result()
     with tempfile.TemporaryDirectory() as tmp:
-        t = time.perf_counter()
+        t, cpu = time.perf_counter(), time.process_time()
         rc = {"diagnose": diagnose, "summaries": from_summaries, "floor": floor}[mode](run, tmp)
-        work = time.perf_counter() - t
+        work, work_cpu = time.perf_counter() - t, time.process_time() - cpu
     if rc not in (0, 1):
         raise SystemExit(f"{mode} {run}: exit code {rc}")
     result = {
@@ -109,6 +110,7 @@ def main() -> None:
         "run": run,
         "import_s": imported,
         "work_s": work,
+        "work_cpu_s": work_cpu,
         "baseline_rss_kb": baseline,
         "peak_rss_kb": status_kb("VmHWM"),
         "children_peak_rss_kb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss,
