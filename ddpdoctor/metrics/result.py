@@ -60,6 +60,9 @@ class LazyTable(Table):
             self._made, self._make = self._make()._cols, None
         return self._made
 
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled or copied as the plain Table it stands for
+        return (Table, (self._cols,))
+
 
 def column(values: list[Any]) -> np.ndarray:
     """A list of Python values as the column a DataFrame makes of it: int64 or bool when all are, float64 with NaN

@@ -322,3 +322,19 @@ def test_columns_are_inferred_as_a_dataframe_infers_them() -> None:
         if values:
             assert got.dtype == want.dtype or (got.dtype == object and want.dtype.kind in "OU")
         assert [x if x == x else None for x in got.tolist()] == [x if x == x else None for x in want.tolist()]
+
+
+def test_per_step_is_made_on_first_use_and_pickles_as_a_table() -> None:
+    import copy
+    import pickle
+
+    from ddpdoctor.metrics.result import LazyTable
+    from ddpdoctor.pipeline import analyze_run
+    from ddpdoctor.table import Table
+
+    metrics = analyze_run(SAMPLE).metrics
+    assert isinstance(metrics.per_step, LazyTable) and metrics.per_step._made is None  # diagnose never read it
+    again = pickle.loads(pickle.dumps(metrics))
+    assert type(again.per_step) is Table and again.to_json() == metrics.to_json()
+    assert copy.deepcopy(metrics).to_json() == metrics.to_json()
+    assert len(metrics.per_step) == 8 and metrics.per_step.columns[0] == "rank"
