@@ -455,11 +455,9 @@ def _in_int64(value: int) -> int:
 def _ids(values: list[int | str] | tuple[int | str, ...], strings: dict[str, int]) -> np.ndarray:
     """pids/tids as int64: numbers as they are, strings by ``_id_of`` (each distinct value once, in the order
     they first appear, so ``strings`` grows as it would value by value)."""
-    if set(map(type, values)) == {int}:
-        try:
-            return np.array(values, dtype=np.int64)
-        except OverflowError:
-            pass
+    ints = np.array(values)  # int64 only when every value is an int within int64 (a string makes it "<U")
+    if ints.dtype == np.int64:
+        return ints
     codes, uniques = factorize(values)
     table = [v if v.__class__ is int and _I64_MIN <= v <= _I64_MAX else _id_of(v, strings) for v in uniques]
     return np.array(table, dtype=np.int64)[codes]
