@@ -32,6 +32,9 @@ from pathlib import Path  # noqa: E402
 import orjson  # noqa: E402
 
 import ddpdoctor.cli  # noqa: E402
+
+if sys.argv[1:2] in (["diagnose"], ["summaries"]):
+    ddpdoctor.cli._import_numpy_single_threaded()  # as `ddpdoctor diagnose` imports it (before the imports below)
 import ddpdoctor.cli.diagnose_cmd  # noqa: E402,F401
 import ddpdoctor.diagnosis  # noqa: E402
 import ddpdoctor.load  # noqa: E402
