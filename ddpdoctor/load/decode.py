@@ -41,6 +41,7 @@ from ddpdoctor.load.schema import (
 CHUNK_BYTES = 1 << 20
 _EVENT_GAP = re.compile(rb"\}\s*,\s*\{")
 _ARRAY_START = re.compile(rb"\s*\[")
+_EVENTS_NAME = re.compile(rb'"traceEvents"')
 _EVENTS_KEY = re.compile(rb'"traceEvents"[ \t\n\r]*:[ \t\n\r]*\[')
 _STREAM_TID = re.compile(r"^\s*stream\s+([0-9]{1,18})\s*$", re.IGNORECASE)
 _NUMERIC_ID = re.compile(r"^\s*(-?[0-9]{1,18})\s*$")
@@ -212,11 +213,11 @@ def decode_file(path: Path, tables: RankTables) -> FileColumns:
 
 
 # ------------------------------------------------------------------------------------------- the fast way
-def _decode_fast(path: Path, data: bytes | bytearray, tables: RankTables) -> FileColumns | None:
+def _decode_fast(path: Path, data: bytes | np.ndarray, tables: RankTables) -> FileColumns | None:
     """``path``'s columns, its events decoded in place; None (and ``tables`` as they were) where the document
     is not the usual ``{..., "traceEvents": [...], ...}`` or any part of it fails to decode: the plain way
     then reads it again and gives the same columns, or says what is wrong."""
-    if not isinstance(data, bytearray):
+    if not isinstance(data, np.ndarray):  # bytes (several gzip members) cannot be written to
         return None
     located = _locate(data)
     if located is None:
@@ -243,7 +244,7 @@ class _Unchecked(Exception):
     """The last chunk is not JSON: the events do not end where ``_locate`` found."""
 
 
-def _locate(data: bytearray) -> tuple[int, int, _Part] | None:
+def _locate(data: np.ndarray) -> tuple[int, int, _Part] | None:
     """Where the top-level ``traceEvents`` array starts and ends (its ``[`` and ``]``) and the header keys
     around it, without parsing the events; None when it cannot be told this way.
 
@@ -253,9 +254,10 @@ def _locate(data: bytearray) -> tuple[int, int, _Part] | None:
     between are decoded later; all three valid is the whole document valid."""
     key, before = -1, None
     for _ in range(_KEY_TRIES):  # the first "traceEvents" that is a key of the top-level object
-        key = data.find(b'"traceEvents"', key + 1, _ENDS_MAX_BYTES)
-        if key < 0:
+        found = _EVENTS_NAME.search(data, key + 1, _ENDS_MAX_BYTES)
+        if found is None:
             return None
+        key = found.start()
         try:
             before = _PART.decode(b"".join((memoryview(data)[:key], b'"traceEvents":0}')))
             break
@@ -273,7 +275,7 @@ def _locate(data: bytearray) -> tuple[int, int, _Part] | None:
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         return None
     end = last + len(after.traceEvents) - 2
-    if end < start or data[end] != 0x5D or data.find(b'"traceEvents"', end) >= 0:  # "]", no second key
+    if end < start or data[end] != 0x5D or _EVENTS_NAME.search(data, end):  # "]", no second key
         return None
     header = before
     for name in ("deviceProperties", "distributedInfo", "baseTimeNanoseconds"):
@@ -282,7 +284,7 @@ def _locate(data: bytearray) -> tuple[int, int, _Part] | None:
     return start, end, header
 
 
-def _last_event(data: bytearray, start: int) -> int:
+def _last_event(data: np.ndarray, start: int) -> int:
     """The ``{`` of the last event of the array whose ``[`` is at ``start`` (found as the last ``}, {`` of the
     document, searched from its end); ``start + 1`` when there is none (one event or none)."""
     size = 1 << 16
@@ -298,7 +300,7 @@ def _last_event(data: bytearray, start: int) -> int:
         size *= 16
 
 
-def _chunk_bounds(data: bytearray, start: int, end: int) -> list[tuple[int, int]]:
+def _chunk_bounds(data: np.ndarray, start: int, end: int) -> list[tuple[int, int]]:
     """``(first, stop)`` of each ~CHUNK_BYTES chunk of the array at ``data[start:end + 1]``, cut between two
     events: ``data[first]`` is the byte before the chunk's first event (``[`` or a separator) and
     ``data[stop - 1]`` the byte after its last (``]`` or a separator)."""
@@ -314,7 +316,7 @@ def _chunk_bounds(data: bytearray, start: int, end: int) -> list[tuple[int, int]
     return bounds
 
 
-def _chunks_in_place(data: bytearray, view: memoryview, start: int, end: int):
+def _chunks_in_place(data: np.ndarray, view: memoryview, start: int, end: int):
     """Yield each chunk as a view of ``data`` reading ``[event, ..., event]``: the byte before it is set to
     ``[`` and the byte after it to ``]`` while it is decoded, and put back after."""
     bounds = _chunk_bounds(data, start, end)
@@ -335,7 +337,7 @@ class _bracketed:
 
     __slots__ = ("data", "first", "stop", "saved")
 
-    def __init__(self, data: bytearray, first: int, stop: int) -> None:
+    def __init__(self, data: np.ndarray, first: int, stop: int) -> None:
         self.data, self.first, self.stop = data, first, stop
 
     def __enter__(self) -> None:
@@ -349,7 +351,7 @@ class _bracketed:
 
 
 # ------------------------------------------------------------------------------------------ the plain way
-def _decode_checked(path: Path, data: bytes | bytearray, tables: RankTables) -> FileColumns:
+def _decode_checked(path: Path, data: bytes | np.ndarray, tables: RankTables) -> FileColumns:
     """The whole document validated by msgspec first (``traceEvents`` kept raw), then its events decoded in
     chunks copied out of it; one raw slice per event where a cut falls inside a string."""
     out = FileColumns(path=str(path))
@@ -372,7 +374,7 @@ def _decode_checked(path: Path, data: bytes | bytearray, tables: RankTables) -> 
     return out
 
 
-def _header(path: Path, data: bytes | bytearray, out: FileColumns) -> msgspec.Raw:
+def _header(path: Path, data: bytes | np.ndarray, out: FileColumns) -> msgspec.Raw:
     try:
         header = _HEADER.decode(data)
     except msgspec.ValidationError:

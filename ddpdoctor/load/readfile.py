@@ -1,7 +1,9 @@
 """Read a trace file's bytes: plain JSON or gzip, into one preallocated buffer, with the size bounded so a gzip
 bomb stops early and a file that is not JSON is told at its first bytes.
 
-Gzip is inflated with ISA-L (``isal``), about twice as fast as zlib here (53.7 MB of JSON: 0.047 s vs 0.083 s)."""
+Gzip is inflated with ISA-L (``isal``), about twice as fast as zlib here (53.7 MB of JSON: 0.047 s vs 0.083 s).
+The buffer is a numpy uint8 array left uninitialised (``np.empty``): a ``bytearray`` of that size is zero-filled
+first, which cost more than the inflating itself (53.7 MB: 0.043 s in all vs 0.019 s)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from isal import igzip, isal_zlib
 
 from ddpdoctor.errors import TraceError
@@ -26,7 +29,7 @@ GZIP_MIN_LIMIT = 64 << 20
 _JSON_START = (b"{", b"[")
 
 
-def read_bytes(path: Path) -> bytes | bytearray:
+def read_bytes(path: Path) -> bytes | np.ndarray:
     """The (decompressed) bytes of a trace file; TraceError naming the file when it is empty or corrupt."""
     try:
         with open(path, "rb") as f:
@@ -46,14 +49,14 @@ def read_bytes(path: Path) -> bytes | bytearray:
         raise TraceError(f"{shown(path)}: too large to read into memory") from None
 
 
-def _read_plain(f: Any) -> bytearray:
+def _read_plain(f: Any) -> np.ndarray:
     # read into a buffer of the file's size: f.read() may briefly hold the file twice
     size = os.fstat(f.fileno()).st_size
     f.seek(0)
     return _fill(f, size)
 
 
-def _gunzip(f: Any) -> bytes | bytearray:
+def _gunzip(f: Any) -> bytes | np.ndarray:
     # The gzip trailer holds the uncompressed size (mod 4 GiB): decompress straight into a buffer of that size
     # instead of growing one (which briefly needs twice the memory). A corrupt trailer must not make us
     # allocate 4 GiB: the buffer is never larger than what deflate can expand the file to.
@@ -69,7 +72,7 @@ def _gunzip(f: Any) -> bytes | bytearray:
         start = head.lstrip(b" \t\r\n").removeprefix(b"\xef\xbb\xbf")[:1]
         if head and start not in _JSON_START:  # JSON or not, told before the rest is decompressed
             raise TraceError(f"{shown(Path(f.name))}: not valid JSON (it starts with {head[:8]!r})")
-        buf = _fill(gz, size - len(head), bytearray(head))
+        buf = _fill(gz, size - len(head), head)
         parts, total = [], len(buf)  # what the trailer did not count (> 4 GiB, several members), bounded
         while total <= limit and (part := gz.read(READ_CHUNK)):
             parts.append(part)
@@ -83,14 +86,14 @@ def _gunzip(f: Any) -> bytes | bytearray:
     return bytes(buf) + rest if rest else buf  # > 4 GiB or several gzip members
 
 
-def _fill(f: Any, size: int, head: bytearray | None = None) -> bytearray:
-    """``head`` then up to ``size`` more bytes from ``f`` in one buffer, 1 MiB at a time (no full-size
+def _fill(f: Any, size: int, head: bytes | None = None) -> np.ndarray:
+    """``head`` then up to ``size`` more bytes from ``f`` in one uint8 buffer, 1 MiB at a time (no full-size
     temporaries)."""
     got = len(head) if head else 0
     size += got
-    buf = bytearray(size)
+    buf = np.empty(size, dtype=np.uint8)
     if head:
-        buf[:got] = head
+        buf[:got] = np.frombuffer(head, dtype=np.uint8)
     view = memoryview(buf)
     while got < size:
         n = f.readinto(view[got : got + READ_CHUNK])
@@ -98,6 +101,4 @@ def _fill(f: Any, size: int, head: bytearray | None = None) -> bytearray:
             break
         got += n
     view.release()
-    if got < size:
-        del buf[got:]
-    return buf
+    return buf[:got] if got < size else buf
