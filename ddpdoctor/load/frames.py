@@ -121,8 +121,8 @@ def _concat_x(files: list[FileColumns]) -> tuple[dict[str, np.ndarray], dict[str
     }
     x: dict[str, np.ndarray] = {}
     for key, dtype in dtypes.items():
-        parts = [f.column("x", key, dtype) for f in files]
-        x[key] = np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
+        parts = [f.column("x", key, dtype) for f in files]  # each a new array: one file's is used as it is
+        x[key] = parts[0] if len(parts) == 1 else np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
         for f in files:
             f.x.pop(key, None)  # free as we go
     x["span"] = (
@@ -210,9 +210,4 @@ def _comm_ops(ops: Table, comm: dict[str, list], row_to_op: np.ndarray, on_devic
 
 def objects(values: list) -> np.ndarray:
     """A 1-d object array of ``values`` (lists stay elements, not a second dimension)."""
-    out = np.array([*values, None], dtype=object)[:-1]
-    if out.ndim != 1:  # cannot be (the None ends any nesting), but be sure
-        out = np.empty(len(values), dtype=object)
-        for i, v in enumerate(values):
-            out[i] = v
-    return out
+    return np.fromiter(values, dtype=object, count=len(values))  # each value one element, never looked into
