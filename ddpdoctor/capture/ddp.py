@@ -70,11 +70,12 @@ def _install_destroy_grace() -> None:
     group and joins that worker with the GIL held. Both wait forever. A short sleep (GIL released) before and
     after the teardown lets the worker finish first.
     """
-    global _original_destroy
+    global _original_destroy, destroy_started
     import torch.distributed as dist
 
     if _original_destroy is not None or not hasattr(dist, "destroy_process_group"):
         return
+    destroy_started = None  # this session's script has destroyed nothing yet
     _original_destroy = dist.destroy_process_group
 
     def destroy_process_group(*args: Any, **kwargs: Any) -> Any:

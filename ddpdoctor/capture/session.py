@@ -279,7 +279,6 @@ class Session:
             self.trace_files.append(name)
             self.claimed = True
             self.write_rank_file()
-            self._compressor.submit(name)
             if self.identity.local_rank == 0 and not self.config.quiet:
                 size_mb = (self.out / name).stat().st_size / 1e6
                 print(
@@ -290,6 +289,11 @@ class Session:
                 )
         except Exception as exc:  # never break the user's training because a trace could not be written
             self.capture_errors.append(f"writing trace failed: {type(exc).__name__}: {exc}")
+            return
+        try:
+            self._compressor.submit(name)
+        except Exception as exc:  # no thread to be had: the trace stays uncompressed
+            self.capture_errors.append(f"compressing trace {name} failed (kept uncompressed): {exc}")
 
     def _export(self, prof: Any) -> str:
         """Write the profiler's window as ``rank<R>.<span>.pt.trace.json`` (the profiler's own exporter, then a
