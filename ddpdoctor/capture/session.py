@@ -283,7 +283,7 @@ class Session:
                 size_mb = (self.out / name).stat().st_size / 1e6
                 print(
                     f"ddpdoctor: rank {self.rank}: profiled window {len(self.trace_files)} written "
-                    f"({name}, {size_mb:.1f} MB)",
+                    f"({name}, {size_mb:.1f} MB; gzipped in the background)",
                     file=sys.stderr,
                     flush=True,
                 )
