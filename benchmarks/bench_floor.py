@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench_common import BENCH, Report, interleave, label, mb, median, real_set, trace_files, uncompressed_size
+from bench_common import BENCH, REPO, Report, interleave, label, mb, median, real_set, trace_files, uncompressed_size
 
 NAME = "floor"
 TARGET = 1.5
@@ -85,4 +85,34 @@ def run(report: Report, quick: bool) -> None:
             target=("<=", TARGET),
             note=f"diagnose {r['diagnose_s']:.2f} s, floor process {r['floor_s']:.2f} s; {what}",
         )
+    section["startup"] = startup(report, reps)
     report.sections[NAME] = section
+
+
+STARTUP_TARGET_S = 0.15
+SAMPLE_RUN = REPO / "samples" / "recorded" / "ddp_straggler"
+
+
+def startup(report: Report, reps: int) -> dict[str, Any]:
+    """Cold ``ddpdoctor --help`` and ``ddpdoctor diagnose`` of a run with per-rank summaries (the bundled
+    recorded sample: 2 ranks, no trace decoded), as a user runs them, against a bare interpreter's start."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = str(Path(tmp) / "report.txt")
+        times = interleave(
+            {
+                "python": _child([sys.executable, "-c", "pass"]),
+                "help": _child([sys.executable, "-m", "ddpdoctor", "--help"]),
+                "summaries": _child([sys.executable, "-m", "ddpdoctor", "diagnose", str(SAMPLE_RUN), "--output", out]),
+            },
+            max(reps, 5),
+        )
+    medians = {k: median(v) for k, v in times.items()}
+    for key, what in (("help", "ddpdoctor --help"), ("summaries", "ddpdoctor diagnose of a run from its summaries")):
+        report.add(
+            f"startup_{key}_s",
+            medians[key],
+            unit="s",
+            target=("<=", STARTUP_TARGET_S),
+            note=f"cold process, {what}; a bare `python -c pass` takes {medians['python']:.3f} s here",
+        )
+    return {"times_s": times, **{f"{k}_s": v for k, v in medians.items()}}

@@ -10,6 +10,8 @@ medians. ddpdoctor does more in its time than HTA in its: every metric, every ru
 
 from __future__ import annotations
 
+import contextlib
+import io
 import subprocess
 import sys
 import tempfile
@@ -18,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 from bench_common import BENCH, Report, label, median, real_set, run_child, trace_files, uncompressed_size
-from bench_floor import diagnose
 
 NAME = "hta"
 HTA_VERSION = "0.5.0"
@@ -34,6 +35,20 @@ SETS = (
     "tracelens/mi300_resnet_act_checkpoint",
 )
 QUICK_SETS = ("hta/df_index_resolver",)
+
+
+def diagnose(path: Path, out_dir: str):  # noqa: ANN201 - a timed callable
+    """``ddpdoctor diagnose`` through the CLI's own ``main`` in this process (after its imports), the report
+    written to a file: like HTA's own timing, without interpreter start-up (bench_floor times cold processes)."""
+    from ddpdoctor.cli import main
+
+    def run() -> None:
+        with contextlib.redirect_stderr(io.StringIO()):  # its "wrote the report to ..." line
+            rc = main(["diagnose", str(path), "--output", str(Path(out_dir) / "report.txt")])
+        if rc not in (0, 1):
+            raise RuntimeError(f"ddpdoctor diagnose {path} exited {rc}")
+
+    return run
 
 
 def hta_python() -> tuple[Path | None, str]:
