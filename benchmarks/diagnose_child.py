@@ -43,6 +43,13 @@ import ddpdoctor.pipeline  # noqa: E402,F401
 import ddpdoctor.report  # noqa: E402
 import ddpdoctor.report.text  # noqa: E402,F401
 
+if sys.argv[1:2] == ["diagnose"]:  # what diagnose imports once it reads traces: code, not the analysis's memory
+    import ddpdoctor.load.consistency  # noqa: F401
+    import ddpdoctor.load.decode  # noqa: F401
+    import ddpdoctor.load.frames  # noqa: F401
+    import ddpdoctor.metrics.analysis  # noqa: F401
+    import ddpdoctor.metrics.summary  # noqa: F401
+
 
 def status_kb(field: str) -> int:
     """``VmRSS``/``VmHWM`` of this process in kB (Linux /proc); ru_maxrss where /proc is missing."""
