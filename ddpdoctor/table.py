@@ -124,7 +124,7 @@ class Table:
     def from_records(cls, records: list[Mapping[str, Any]], columns: Iterable[str]) -> Table:
         """Rows given as dicts (missing keys become None); numeric columns become numeric arrays."""
         columns = list(columns)
-        return cls({c: _array([r.get(c) for r in records]) for c in columns})
+        return cls({c: column([r.get(c) for r in records]) for c in columns})
 
     @classmethod
     def concat(cls, tables: list[Table]) -> Table:
@@ -245,12 +245,12 @@ class Table:
         return f"Table({len(self)} rows: {', '.join(self.columns)})"
 
 
-def _array(values: list[Any]) -> np.ndarray:
-    """A list of Python values as the array pandas would make: float64 with NaN for None among numbers,
-    int64/bool when all are, else object."""
+def column(values: list[Any]) -> np.ndarray:
+    """A list of Python values as the column a DataFrame makes of it: int64 or bool when all are, float64 with NaN
+    for None among numbers, else object (one element per value, lists included), with the types found in one pass."""
     if not values:
         return np.zeros(0, dtype=np.float64)
-    kinds = {type(v) for v in values}
+    kinds = set(map(type, values))
     if kinds <= {int}:
         try:
             return np.array(values, dtype=np.int64)
@@ -259,8 +259,10 @@ def _array(values: list[Any]) -> np.ndarray:
     if kinds <= {bool}:
         return np.array(values, dtype=bool)
     if kinds <= {int, float, type(None)} and kinds != {type(None)}:
-        return np.array([np.nan if v is None else v for v in values], dtype=np.float64)
-    return np.array(values, dtype=object)
+        return np.array(values, dtype=np.float64)  # None becomes NaN
+    out = np.empty(len(values), dtype=object)
+    out[:] = values
+    return out
 
 
 def _sort_key(col: Column) -> np.ndarray:

@@ -13,17 +13,7 @@ from ddpdoctor.load.model import EventTables, RankTrace
 from ddpdoctor.table import Codes, Table
 
 _STEP = re.compile(r"^ProfilerStep\s*#\s*(\d{1,18})$")  # a longer number is no step a profiler counted
-_COMM_ARG_COLUMNS = (
-    "in_nelems",
-    "out_nelems",
-    "group_size",
-    "dtype",
-    "collective_name",
-    "pg_name",
-    "seq",
-    "input_dims",
-    "input_type",
-)
+_COMM_ARG_COLUMNS = COMM_COLUMNS[1:]  # the collective call's arguments (not its row)
 
 
 def build_rank_trace(rank: int, files: list[FileColumns], tables: RankTables) -> RankTrace:

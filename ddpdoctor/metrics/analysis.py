@@ -15,9 +15,9 @@ from ddpdoctor.metrics import catalog
 from ddpdoctor.metrics.capture import ddp_timers
 from ddpdoctor.metrics.cross_rank import all_collectives, cross_rank, transfer_bandwidth
 from ddpdoctor.metrics.evidence import run_evidence
-from ddpdoctor.metrics.result import RANK_METRICS, LazyTable, RunMetrics, column
+from ddpdoctor.metrics.result import RANK_METRICS, LazyTable, RunMetrics
 from ddpdoctor.metrics.setup import SETUP_RANK_METRICS, setup_metrics
-from ddpdoctor.table import Table
+from ddpdoctor.table import Table, column
 
 
 def analyze(run: Run, steps: tuple[int, int | None] | None = None) -> RunMetrics:

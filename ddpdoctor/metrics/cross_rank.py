@@ -24,8 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ddpdoctor.metrics.result import column
-from ddpdoctor.table import Codes, Table, group_ids, group_median, group_min, group_nunique
+from ddpdoctor.table import Codes, Table, column, group_ids, group_median, group_min, group_nunique
 
 KEY = ["step", "kind", "index"]
 

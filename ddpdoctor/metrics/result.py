@@ -6,8 +6,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from ddpdoctor.metrics import catalog
 from ddpdoctor.table import Table
 from ddpdoctor.values import jsonable
@@ -62,26 +60,6 @@ class LazyTable(Table):
 
     def __reduce__(self) -> tuple[Any, ...]:  # pickled or copied as the plain Table it stands for
         return (Table, (self._cols,))
-
-
-def column(values: list[Any]) -> np.ndarray:
-    """A list of Python values as the column a DataFrame makes of it: int64 or bool when all are, float64 with NaN
-    for None among numbers, else object (``ddpdoctor.table``'s inference, with the types found in one pass)."""
-    if not values:
-        return np.zeros(0, dtype=np.float64)
-    kinds = set(map(type, values))
-    if kinds <= {int}:
-        try:
-            return np.array(values, dtype=np.int64)
-        except OverflowError:
-            return np.array(values, dtype=object)
-    if kinds <= {bool}:
-        return np.array(values, dtype=bool)
-    if kinds <= {int, float, type(None)} and kinds != {type(None)}:
-        return np.array(values, dtype=np.float64)  # None becomes NaN
-    out = np.empty(len(values), dtype=object)
-    out[:] = values
-    return out
 
 
 def records(table: Any) -> list[dict[str, Any]]:

@@ -21,9 +21,9 @@ from ddpdoctor import rundir
 from ddpdoctor._version import __version__
 from ddpdoctor.metrics import cross_rank as cr
 from ddpdoctor.metrics import intervals as iv
-from ddpdoctor.metrics.result import column
 from ddpdoctor.report import console as report_console
 from ddpdoctor.report import text
+from ddpdoctor.table import column
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "samples" / "recorded" / "ddp_straggler"
