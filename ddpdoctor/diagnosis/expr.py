@@ -18,10 +18,8 @@ they are unknown. ``count(x)`` is the number of ranks where ``x`` is set and non
 from __future__ import annotations
 
 import ast
-import difflib
 import math
 import operator
-import statistics
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -195,6 +193,8 @@ class _Checker:
 
 
 def _unknown(kind: str, name: str, choices: Collection[str]) -> str:
+    import difflib  # only for an error message: not imported at start-up
+
     close = difflib.get_close_matches(name, list(choices), n=1)
     hint = f"; did you mean {close[0]}?" if close else ""
     return f"unknown {kind} {name!r}{hint}"
@@ -295,11 +295,23 @@ def _p90(values: list[float]) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
+def _mean(values: list[float]) -> float:
+    import statistics  # imported when a rule first aggregates (statistics imports random, fractions, ...)
+
+    return statistics.fmean(values)
+
+
+def _median(values: list[float]) -> float:
+    import statistics
+
+    return statistics.median(values)
+
+
 _AGG_FUNCS = {
     "max": max,
     "min": min,
-    "mean": statistics.fmean,
-    "median": statistics.median,
+    "mean": _mean,
+    "median": _median,
     "p90": _p90,
     "sum": math.fsum,
 }

@@ -4,7 +4,6 @@ msgspec types, and its errors said in a rule file's words with did-you-mean sugg
 
 from __future__ import annotations
 
-import difflib
 import re
 from typing import Literal
 
@@ -80,6 +79,8 @@ def schema_message(exc: msgspec.ValidationError) -> str:
         field = match.group(1)
         allowed = list(msgspec.structs.fields(_FIELDS.get(section, ClauseFile)))
         names = [f.name for f in allowed]
+        import difflib  # only for an error message
+
         close = difflib.get_close_matches(field, names, n=1)
         hint = f"; did you mean {close[0]}?" if close else ""
         kind = "key(s)" if not section else f"{section} section(s)" if section == "[docs]" else "key(s)"

@@ -5,31 +5,132 @@ Nothing from a trace or a rule file is ever parsed as rich markup: every string 
 
 from __future__ import annotations
 
-from typing import Any, TextIO
-
-from rich import box
-from rich.cells import cell_len
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
+import io
+import re
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TextIO
 
 from ddpdoctor.diagnosis.findings import Diagnosis, format_ranks
-from ddpdoctor.report import console as report_console
 from ddpdoctor.report import fmt
 from ddpdoctor.report.document import RANK_TABLE_COLUMNS, build, grouped_not_evaluated, rank_table_rows, trial_lines
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
 
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 WIDTH_NOT_A_TERMINAL = 100
 
 
 def _console(stream: TextIO) -> Console:
+    from ddpdoctor.report import console as report_console
+
     return report_console.console(stream, WIDTH_NOT_A_TERMINAL)
 
 
-_t = report_console.text
+def _t(value: Any, style: str = "") -> Text:
+    from ddpdoctor.report import console as report_console
+
+    return report_console.text(value, style)
 
 
-def _header(doc: dict[str, Any]) -> Text:
+def _cell_len(text: str) -> int:
+    from rich.cells import cell_len
+
+    return cell_len(text)
+
+
+class _NeedsRich(Exception):
+    """The plain writer met something rich would do more with than write it as it is."""
+
+
+class _PlainText:
+    """The part of ``rich.text.Text`` the report uses, without styles: on a console without colour rich writes a
+    Text's string as it is when each of its lines is printable and fits the width (``_PlainConsole`` checks)."""
+
+    __slots__ = ("plain",)
+
+    def __init__(self, text: str = "", style: str = "") -> None:
+        self.plain = text
+
+    def append(self, text: str, style: str = "") -> _PlainText:
+        self.plain += text
+        return self
+
+    def __add__(self, other: _PlainText) -> _PlainText:
+        return _PlainText(self.plain + other.plain)
+
+
+def _plain_t(value: Any, style: str = "") -> _PlainText:
+    return _PlainText(fmt.plain(value))
+
+
+_ONE_COLUMN = frozenset("·→─")  # the report's own non-ASCII characters: one column each (rich.cells agrees)
+_WORD = re.compile(r"\s*\S+\s*")  # rich._wrap's word: leading blanks, the word, its trailing blanks
+_TRAILING_BLANKS = re.compile(r"\s+$")
+
+
+class _PlainConsole:
+    """Writes the text report as rich would on a console without colour (not a terminal), without importing rich
+    (~25 ms of a cold start). Lines are wrapped at spaces as ``rich.text.Text.wrap`` wraps them (``_wrap``);
+    anything else rich would do (a word wider than the console, a character that is not printable or not one
+    column wide) raises ``_NeedsRich``, and the report is then drawn by rich from the start: the output is the
+    same either way (tests/unit/test_report_plain.py compares them)."""
+
+    is_terminal = False
+    color_system = None
+
+    def __init__(self, width: int) -> None:
+        self.width = width
+        self.file = io.StringIO()
+
+    def _wrap(self, line: str) -> str:
+        """``line`` as ``Text.wrap`` (justify and overflow left to their defaults, "fold") lays it out."""
+        if not line.isprintable() or not (line.isascii() or all(c.isascii() or c in _ONE_COLUMN for c in line)):
+            raise _NeedsRich
+        width = self.width
+        if len(line) <= width:  # every word fits: rich_wrap.divide_line breaks nowhere
+            return line
+        breaks = []
+        offset = 0
+        match = _WORD.match(line, 0)
+        while match is not None:  # rich._wrap.divide_line, for words that fit on a line of their own
+            start, end = match.span()
+            word = match.group(0)
+            length = len(word.rstrip())
+            if width - offset >= length:
+                offset += len(word)
+            elif length > width:
+                raise _NeedsRich  # rich folds the word
+            elif offset and start:
+                breaks.append(start)
+                offset = len(word)
+            match = _WORD.match(line, end)
+        pieces = []
+        for a, b in zip([0, *breaks], [*breaks, len(line)], strict=True):
+            piece = line[a:b]
+            if len(piece) > width:  # Text.rstrip_end: blanks beyond the width go
+                blanks = _TRAILING_BLANKS.search(piece)
+                if blanks:
+                    piece = piece[: len(piece) - min(len(blanks.group(0)), len(piece) - width)]
+                if len(piece) > width:
+                    raise _NeedsRich  # rich crops it
+            pieces.append(piece)
+        return "\n".join(pieces)
+
+    def print(self, *objects: Any, style: str = "", overflow: str = "") -> None:
+        if not objects:
+            self.file.write("\n")
+            return
+        if len(objects) != 1 or not isinstance(objects[0], _PlainText):
+            raise _NeedsRich
+        self.file.write("\n".join(map(self._wrap, objects[0].plain.split("\n"))) + "\n")
+
+
+def _header(doc: dict[str, Any], Text: Any = None) -> Text:
+    if Text is None:
+        from rich.text import Text
     run = doc["run"]
     title = Text("ddpdoctor diagnosis: ", style="bold")
     title.append(fmt.plain(run["path"] or "(unknown run)"))
@@ -44,7 +145,7 @@ def _header(doc: dict[str, Any]) -> Text:
     return title
 
 
-def _input(console: Console, doc: dict[str, Any]) -> None:
+def _input(console: Console, doc: dict[str, Any], Text: Any, _t: Callable[..., Any]) -> None:
     """Files that could not be used and what else to know about the input, before any finding."""
     skipped, notes = doc["run"]["skipped"], doc["run"]["notes"]
     if skipped:
@@ -59,7 +160,7 @@ def _input(console: Console, doc: dict[str, Any]) -> None:
         console.print()
 
 
-def _findings(console: Console, result: Diagnosis) -> None:
+def _findings(console: Console, result: Diagnosis, Text: Any, _t: Callable[..., Any]) -> None:
     if not result.findings:
         console.print(Text("No findings.", style="bold green"))
         return
@@ -80,6 +181,9 @@ def _findings(console: Console, result: Diagnosis) -> None:
 
 
 def _rank_table(doc: dict[str, Any]) -> Table:
+    from rich import box
+    from rich.table import Table
+
     table = Table(
         title="Per-rank step breakdown (ms per step; p50/p90: step time)",
         box=box.SIMPLE_HEAD,
@@ -116,7 +220,7 @@ def _plain_table(
     cells = [header, *rows]
     for row in cells:  # printable (nothing for fmt.plain to escape), each character one column wide
         joined = "".join(row)
-        if not (joined.isprintable() and (joined.isascii() or all(cell_len(c) == len(c) for c in row))):
+        if not (joined.isprintable() and (joined.isascii() or all(_cell_len(c) == len(c) for c in row))):
             return None
     widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
     width = 2 + sum(w + 2 * padding for w in widths) + len(widths) - 1
@@ -135,6 +239,8 @@ def _plain_table(
 def _print_table(console: Console, lines: list[str] | None, table: Any) -> None:
     """``lines`` (``_plain_table``) written as they are, else ``table()`` printed by rich."""
     if lines is None:
+        if isinstance(console, _PlainConsole):
+            raise _NeedsRich
         console.print(table())
     else:
         console.file.write("\n".join(lines) + "\n")
@@ -179,6 +285,9 @@ def _memory_table_lines(doc: dict[str, Any], console: Console) -> list[str] | No
 
 
 def _memory_table(doc: dict[str, Any]) -> Table | None:
+    from rich import box
+    from rich.table import Table
+
     rows = _memory_rows(doc)
     if not rows:
         return None
@@ -192,12 +301,28 @@ def _memory_table(doc: dict[str, Any]) -> Table | None:
 
 def render(result: Diagnosis, stream: TextIO) -> None:
     """Write the terminal report of ``result`` to ``stream`` (colour only when it is a terminal)."""
-    console = _console(stream)
     doc = build(result)
-    console.print(_header(doc))
+    if not bool(getattr(stream, "isatty", lambda: False)()):  # the same test as report.console.console
+        plain = _PlainConsole(WIDTH_NOT_A_TERMINAL)
+        try:
+            _write(plain, result, doc, _PlainText, _plain_t)
+        except _NeedsRich:
+            pass
+        else:
+            stream.write(plain.file.getvalue())
+            stream.flush()
+            return
+    from rich.text import Text
+
+    _write(_console(stream), result, doc, Text, _t)
+
+
+def _write(console: Any, result: Diagnosis, doc: dict[str, Any], Text: Any, _t: Callable[..., Any]) -> None:
+    """The report on ``console``: rich's, or ``_PlainConsole`` with ``_PlainText`` for Text."""
+    console.print(_header(doc, Text))
     console.print()
-    _input(console, doc)
-    _findings(console, result)
+    _input(console, doc, Text, _t)
+    _findings(console, result, Text, _t)
     trials = trial_lines(doc)
     if trials:
         console.print(Text(f"Trials of this run ({len(trials)}, ddpdoctor try)", style="bold"))
