@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import html
 import re
 from typing import Any
 
@@ -19,12 +18,16 @@ def plain(value: Any) -> str:
 
 def md(value: Any) -> str:
     """Text made inert in Markdown: markup characters backslash-escaped, HTML entities escaped, one line."""
+    import html  # not at start-up: the text report does not need it
+
     text = plain(value).replace("\r", " ").replace("\n", " ")
     return html.escape(_MD_SPECIAL.sub(r"\\\1", text), quote=False)
 
 
 def esc(value: Any) -> str:
     """Text made inert in HTML (content and attribute values)."""
+    import html
+
     return html.escape(plain(value), quote=True)
 
 
