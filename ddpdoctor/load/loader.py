@@ -183,9 +183,10 @@ def _decode_group(
     return key, traces, errors
 
 
-# Below this much JSON in all, ranks are decoded in this process: starting worker processes and sending the
-# decoded columns back costs more than decoding in parallel saves (measured on 2 cores: 8 ranks of 4 MB and
-# 2 ranks of 35 MB are faster in-process; 2 ranks of 316 MB are faster in parallel).
+# Below this much JSON in all, ranks are decoded (and summarised) in this process: starting worker processes,
+# which then import the decoder and the metrics each, costs about what decoding in parallel saves. Measured on 2
+# cores, cold `diagnose`: 8 ranks of 4 MB 0.40 s in two workers vs 0.42 s in-process (medians of 5); 2 ranks of
+# 35 MB 0.29 s vs 0.25 s (load() alone); 2 ranks of 315 MB decode in parallel at 250-266 MB/s.
 PARALLEL_MIN_BYTES = 256 << 20
 
 
