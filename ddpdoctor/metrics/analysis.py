@@ -164,7 +164,7 @@ def _run_level(
 
 def _sum_by_name(names: list[str], values: np.ndarray) -> dict[str, float]:
     """Per device name: the sum of its values as pandas' group sum makes it (NaN skipped; NaN when all are)."""
-    from ddpdoctor.metrics.cross_rank import pandas_group_sum
+    from ddpdoctor.metrics.group_sums import pandas_group_sum
 
     uniq = sorted(set(names))
     index = {n: i for i, n in enumerate(uniq)}

@@ -11,19 +11,26 @@ matched collectives in which the straggler arrived last (about 1/world_size when
 
 Everything runs on numpy columns over all ranks at once (``ddpdoctor.table``): a per-rank Python or pandas step
 costs milliseconds, minutes at 16,384 ranks. Sums over a rank's rows are numpy's own (``np.sum`` row by row of
-a 2-D block), and the sums per matched collective compensated as pandas' group sums are, so the numbers are the
-same to the last bit as when each rank was summed on its own.
+a 2-D block), and the sums per matched collective compensated as pandas' group sums are
+(``ddpdoctor.metrics.group_sums``), so the numbers are the same to the last bit as when each rank was summed on its
+own. Which ranks are slow: ``ddpdoctor.metrics.slow_ranks``.
 """
 
 from __future__ import annotations
 
-import math
-from functools import lru_cache
 from itertools import chain
 from typing import Any
 
 import numpy as np
 
+from ddpdoctor.metrics.group_sums import (
+    Segments,
+    n_distinct,
+    pairwise_group_sum,
+    pandas_group_sum,
+    running_max,
+)
+from ddpdoctor.metrics.slow_ranks import slow_ranks
 from ddpdoctor.table import Codes, Table, column, group_ids, group_median, group_min, group_nunique
 
 KEY = ["step", "kind", "index"]
@@ -49,7 +56,7 @@ def cross_rank(
         "slow_rank_undecidable": None,
     }
     colls = all_collectives(summaries) if colls is None else colls
-    if _n_distinct(colls["rank"]) < 2:
+    if n_distinct(colls["rank"]) < 2:
         return per_rank, run
     colls = colls[_keyed(colls) & (colls["step"] >= 0)]
     gid, n = _key_ids(colls)
@@ -133,7 +140,7 @@ def _per_rank_waits(
     order = np.lexsort((start[keep], rid[keep]))
     s, e, g = start[keep][order], end[keep][order], rid[keep][order]
     seg_new = np.r_[True, g[1:] != g[:-1]] if len(g) else np.zeros(0, dtype=bool)
-    reach = _running_max(e, np.cumsum(seg_new) - 1) if len(g) else e
+    reach = running_max(e, np.cumsum(seg_new) - 1) if len(g) else e
     new = seg_new.copy()
     if len(g):
         new[1:] |= s[1:] > reach[:-1]
@@ -181,7 +188,7 @@ def _per_rank_waits(
     ranks_all = [s["rank"] for s in summaries]
     done = np.array([c > 0 and r in in_rows for r, c in zip(ranks_all, counts.tolist(), strict=True)], dtype=bool)
     first_win = (np.cumsum(counts) - counts)[done]
-    seg = _Segments(first_win, counts[done])
+    seg = Segments(first_win, counts[done])
     wait_mean = seg.reduce(np.mean, wait_ms)
     wait_median = seg.reduce(_median, wait_ms)
     late_mean = seg.reduce(np.mean, win_late)
@@ -218,253 +225,6 @@ def _median(block: np.ndarray, axis: int = 1) -> np.ndarray:
         return np.full(len(ordered), np.nan)
     mid = ordered[:, n // 2] if n % 2 else (ordered[:, n // 2 - 1] + ordered[:, n // 2]) / 2.0
     return np.where(np.isnan(block).any(axis=1), np.nan, mid)
-
-
-# Family-wise significance of "this rank arrives last more often than chance", over all ranks tested
-# (Bonferroni over ranks and the two tests): at most one healthy run in fifty may name a slow rank by chance, and
-# the rule's wait thresholds must hold as well.
-SLOW_RANK_ALPHA = 0.02
-
-
-def slow_ranks(analysed: Table, ranks: list[int]) -> dict[str, Any]:
-    """Which ranks arrive last at the matched collectives more often, or at more cost, than chance allows.
-
-    ``analysed``: one row per rank and matched collective (``KEY`` columns, ``rank``, ``start_us``,
-    ``aligned_start``, ``wait_us``; a ``Table``, or anything with those columns). In a collective of k ranks,
-    noise alone makes each rank the last with chance 1/k. Two tests per rank, each against that chance:
-
-    - how often: last at ``x`` of its ``n`` collectives, P(X >= x) for X ~ Binomial(n, 1/k) (exact);
-    - at what cost: the others' wait in the collectives it was last at (each collective weighs its wait w), against
-      the share 1/k of all the wait that chance gives it; Hoeffding's bound exp(-2 t^2 / sum w^2) on exceeding it
-      by t (conservative; one long stall cannot reach significance, a wait repeated over many collectives can).
-
-    A rank is slow when the smaller p value, doubled for the two tests, is below ``SLOW_RANK_ALPHA`` / ranks tested
-    (Bonferroni). Returns per rank ``last_arrival_share`` (0-1), ``last_arrival_p_value`` (that doubled smaller p,
-    at most 1), ``slow_rank`` (None when no rank could reach significance even if it were last at every
-    collective) and ``wait_caused_ms`` (the others' mean wait per analysed step in the collectives it entered
-    last); ``count`` of slow ranks (None when undecidable), ``collectives`` matched, ``undecidable`` (why, or None).
-    """
-    out: dict[str, Any] = {"ranks": {}, "count": None, "collectives": 0, "undecidable": None}
-    if len(analysed) == 0:
-        out["undecidable"] = "no collective was matched across ranks in the analysed steps"
-        return out
-    a = analysed if isinstance(analysed, Table) else Table({c: np.asarray(analysed[c]) for c in analysed.columns})
-    gid, n_groups = _key_ids(a)
-    size = np.bincount(gid, minlength=n_groups)[gid]
-    aligned = a["aligned_start"].astype(np.float64)
-    # the last to arrive at each collective: its latest aligned start (the first such row on a tie)
-    order = np.lexsort((np.arange(len(a)), -aligned, gid))
-    head = np.r_[True, gid[order][1:] != gid[order][:-1]]
-    last_idx = order[head]
-    is_last = np.zeros(len(a), dtype=bool)
-    is_last[last_idx] = True
-    # who was last at each collective, and the others' mean wait in it (its weight), on every row of it
-    wait = a["wait_us"].astype(np.float64)
-    total_wait = pandas_group_sum(wait, gid, n_groups, sort=False)
-    weight = (total_wait[gid] - np.where(is_last, wait, 0.0)) / np.maximum(size - 1, 1)
-    last_rank = np.empty(n_groups, dtype=np.int64)
-    last_rank[gid[last_idx]] = a["rank"][last_idx]
-    group_weight = np.empty(n_groups)
-    group_weight[gid[last_idx]] = weight[last_idx]
-    last_of_row = last_rank[gid]
-    weight_of_row = group_weight[gid]
-    steps = _n_distinct(a["step"])
-    n_steps = max(steps, 1)
-    out["collectives"] = int(len(last_idx))
-    tested = max(len(ranks), 1)
-    best_possible = 1.0
-    # per rank (rows in rank order, each rank's rows in their order): the sums numpy gives for each rank's rows
-    rank_col = a["rank"]
-    by_rank = np.argsort(rank_col, kind="stable")
-    present, first, counts = np.unique(rank_col[by_rank], return_index=True, return_counts=True)
-    chance = 1.0 / size[by_rank]
-    w = weight_of_row[by_rank]
-    last_sorted = is_last[by_rank]
-    seg = _Segments(first, counts)
-    mean_chance = seg.reduce(np.mean, chance)
-    spread = seg.reduce(np.sum, w**2)
-    expected = seg.reduce(np.sum, w * chance)
-    w_total = seg.reduce(np.sum, w)
-    lasts = np.add.reduceat(last_sorted.astype(np.int64), first) if len(first) else np.zeros(0, dtype=np.int64)
-    caused = _Segments.of_mask(first, counts, last_sorted).reduce(np.sum, w[last_sorted])
-    caused_wait = _wait_caused(a, last_of_row, n_steps)
-    index = {int(r): i for i, r in enumerate(present)}
-    for r in ranks:
-        i = index.get(int(r))
-        if i is None:
-            continue
-        n = int(counts[i])
-        x = int(lasts[i])
-        p_chance = float(mean_chance[i])
-        p_count = binomial_sf(x, n, p_chance)
-        p_cost, best_cost = _hoeffding(float(caused[i]), float(spread[i]), float(expected[i]), float(w_total[i]))
-        p_value = min(1.0, 2.0 * min(p_count, p_cost))
-        best_possible = min(best_possible, 2.0 * min(p_chance**n, best_cost))
-        out["ranks"][r] = {
-            "last_arrival_share": x / n,
-            "last_arrival_p_value": p_value,
-            "slow_rank": p_value * tested < SLOW_RANK_ALPHA,
-            "wait_caused_ms": caused_wait.get(int(r), 0.0),
-        }
-    if best_possible * tested >= SLOW_RANK_ALPHA:
-        out["undecidable"] = (
-            f"{out['collectives']} collective(s) matched across ranks in {steps} analysed step(s) cannot tell a "
-            f"slow rank from chance: even a rank last at every one of them would be last by chance with "
-            f"probability {best_possible:.2g}; profile more steps (--active)"
-        )
-        for values in out["ranks"].values():
-            values["slow_rank"] = None
-        return out
-    out["count"] = sum(1 for v in out["ranks"].values() if v["slow_rank"])
-    return out
-
-
-class _Segments:
-    """Consecutive runs of rows (``first`` index and ``counts`` of each); ``reduce`` applies a numpy reduction to
-    each run as ``fn(run)`` would (runs of one length are reduced as the rows of a 2-D block)."""
-
-    def __init__(self, first: np.ndarray, counts: np.ndarray) -> None:
-        self.first = np.asarray(first, dtype=np.int64)
-        self.counts = np.asarray(counts, dtype=np.int64)
-
-    @classmethod
-    def of_mask(cls, first: np.ndarray, counts: np.ndarray, mask: np.ndarray) -> _Segments:
-        """The runs of ``values[mask]``: each run keeps its rows where ``mask`` holds."""
-        kept = np.add.reduceat(mask.astype(np.int64), first) if len(first) else np.zeros(0, dtype=np.int64)
-        return cls(np.concatenate(([0], np.cumsum(kept)[:-1])) if len(kept) else kept, kept)
-
-    def reduce(self, fn: Any, values: np.ndarray) -> np.ndarray:
-        out = np.zeros(len(self.counts))
-        for length in np.unique(self.counts, return_counts=True)[0]:
-            idx = np.flatnonzero(self.counts == length)
-            if length == 0:
-                out[idx] = 0.0 if fn is np.sum else np.nan  # an empty run: numpy's sum, else nothing to reduce
-                continue
-            rows = self.first[idx][:, None] + np.arange(length)
-            out[idx] = fn(values[rows], axis=1)
-        return out
-
-
-def pandas_group_sum(values: np.ndarray, ids: np.ndarray, n: int, *, sort: bool = True) -> np.ndarray:
-    """Per group: the sum of the values (NaN skipped), added as pandas' ``groupby(..., sort=sort).sum()`` adds
-    them, to the last bit: ``np.add.reduceat`` over the groups when the rows come group after group (in the
-    order pandas numbers the groups: by key with ``sort``, by first appearance without) and no value is NaN;
-    else Kahan-compensated, rows added in their order."""
-    v = np.asarray(values, dtype=np.float64)
-    total = np.zeros(n)
-    if not len(v):
-        return total
-    numbered = ids if sort else _by_first_appearance(ids, n)
-    if not np.isnan(v).any() and bool(np.all(numbered[1:] >= numbered[:-1])):
-        starts = np.flatnonzero(np.r_[True, numbered[1:] != numbered[:-1]])
-        total[ids[starts]] = np.add.reduceat(v, starts)
-        return total
-    return kahan_group_sum(v, ids, n)
-
-
-def _by_first_appearance(ids: np.ndarray, n: int) -> np.ndarray:
-    first = np.full(n, len(ids), dtype=np.int64)
-    np.minimum.at(first, ids, np.arange(len(ids)))
-    rank = np.empty(n, dtype=np.int64)
-    rank[np.argsort(first, kind="stable")] = np.arange(n)
-    return rank[ids]
-
-
-def kahan_group_sum(values: np.ndarray, ids: np.ndarray, n: int) -> np.ndarray:
-    """Per group: the sum of the values (NaN skipped), Kahan-compensated, rows added in their order (pandas'
-    Cython group sum)."""
-    v = np.asarray(values, dtype=np.float64)
-    ok = ~np.isnan(v)
-    v, g = v[ok], ids[ok]
-    total = np.zeros(n)
-    comp = np.zeros(n)
-    if not len(v):
-        return total
-    order = np.argsort(g, kind="stable")
-    g, v = g[order], v[order]
-    starts = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
-    pos = np.arange(len(g)) - np.repeat(starts, np.diff(np.r_[starts, len(g)]))
-    by_pos = np.argsort(pos, kind="stable")
-    cuts = np.searchsorted(pos[by_pos], np.arange(int(pos.max()) + 2))
-    for j in range(len(cuts) - 1):
-        rows = by_pos[cuts[j] : cuts[j + 1]]
-        k = g[rows]
-        y = v[rows] - comp[k]
-        t = total[k] + y
-        comp[k] = (t - total[k]) - y
-        total[k] = t
-    return total
-
-
-def _hoeffding(caused: float, spread: float, expected: float, w_total: float) -> tuple[float, float]:
-    """(p, best p possible) that chance alone makes a rank cause ``caused`` of the waits or more, when it is last at
-    each collective with its chance (``spread``: the sum of the squared waits w, ``expected``: the sum of w times
-    the chance, ``w_total``: the sum of w; Hoeffding's bound for a sum of independent terms in [0, w])."""
-    if spread <= 0:
-        return 1.0, 1.0
-    excess = caused - expected
-    best = w_total - expected
-    p = math.exp(-2.0 * excess**2 / spread) if excess > 0 else 1.0
-    return p, math.exp(-2.0 * best**2 / spread) if best > 0 else 1.0
-
-
-def _wait_caused(a: Table, last_of_row: np.ndarray, n_steps: int) -> dict[int, float]:
-    """Per rank r that entered some collective last: the other ranks' mean wall time per step (ms) spent waiting
-    in the collectives r entered last (union of each waiting rank's wait intervals: concurrent collectives are not
-    counted twice)."""
-    rank = a["rank"]
-    others = max(_n_distinct(rank) - 1, 1)
-    waiting = last_of_row != rank
-    start = a["start_us"].astype(np.float64)[waiting]
-    end = start + a["wait_us"].astype(np.float64)[waiting]
-    leader, waiter = last_of_row[waiting], rank[waiting]
-    keep = end > start  # empty intervals are dropped (as intervals.union does)
-    start, end, leader, waiter = start[keep], end[keep], leader[keep], waiter[keep]
-    out: dict[int, float] = {}
-    if not len(start):
-        return out
-    # each (leader, waiter) pair's intervals by start (ties in row order), merged as intervals.union merges them
-    order = np.lexsort((start, waiter, leader))
-    start, end, leader, waiter = start[order], end[order], leader[order], waiter[order]
-    pair_new = np.r_[True, (leader[1:] != leader[:-1]) | (waiter[1:] != waiter[:-1])]
-    pair = np.cumsum(pair_new) - 1
-    reach = _running_max(end, pair)
-    new = pair_new.copy()
-    new[1:] |= start[1:] > reach[:-1]
-    first = np.flatnonzero(new)
-    last = np.append(first[1:] - 1, len(start) - 1)
-    lengths = reach[last] - start[first]
-    pair_of = pair[first]
-    pair_first = np.flatnonzero(np.r_[True, pair_of[1:] != pair_of[:-1]])
-    totals = _Segments(pair_first, np.diff(np.r_[pair_first, len(pair_of)])).reduce(np.sum, lengths)
-    pair_leader = leader[pair_new]
-    # per leader: the waiting ranks' totals added in rank order
-    for r in np.unique(pair_leader, return_counts=True)[0]:
-        mine = totals[pair_leader == r].tolist()
-        out[int(r)] = sum(mine) / others / n_steps / 1e3
-    return out
-
-
-def _running_max(values: np.ndarray, segment: np.ndarray) -> np.ndarray:
-    """The running maximum of ``values`` within each run of equal ``segment`` (sorted), exactly."""
-    uniq, inverse = np.unique(values, return_inverse=True)
-    key = segment.astype(np.int64) * (len(uniq) + 1) + inverse.reshape(-1)
-    return uniq[np.maximum.accumulate(key) - segment.astype(np.int64) * (len(uniq) + 1)]
-
-
-@lru_cache(maxsize=4096)
-def binomial_sf(x: int, n: int, p: float) -> float:
-    """P(X >= x) for X ~ Binomial(n, p), exact (log-space sum of the tail)."""
-    if x <= 0:
-        return 1.0
-    if x > n or p <= 0.0:
-        return 0.0
-    if p >= 1.0:
-        return 1.0
-    i = np.arange(x, n + 1)
-    log_fact = np.concatenate(([0.0], np.cumsum(np.log(np.arange(1, n + 1)))))
-    log_pmf = log_fact[n] - log_fact[i] - log_fact[n - i] + i * np.log(p) + (n - i) * np.log1p(-p)
-    return float(min(1.0, np.exp(log_pmf).sum()))
 
 
 def all_collectives(summaries: list[dict[str, Any]]) -> Table:
@@ -600,7 +360,7 @@ def transfer_bandwidth(summaries: list[dict[str, Any]], colls: Table | None = No
     first = np.full(n, len(c), dtype=np.int64)
     np.minimum.at(first, gid, np.arange(len(c)))
     count = np.bincount(gid, minlength=n)
-    bytes_sum = _pairwise_group_sum(np.where(np.isnan(nbytes), 0.0, nbytes), gid, n)
+    bytes_sum = pairwise_group_sum(np.where(np.isnan(nbytes), 0.0, nbytes), gid, n)
     bytes_seen = np.bincount(gid, weights=(~np.isnan(nbytes)).astype(np.float64), minlength=n)
     dur = pandas_group_sum(c["dur_us"], gid, n)
     sized_bytes = pandas_group_sum(np.where(sized, nbytes, 0.0), gid, n)
@@ -652,17 +412,3 @@ def _in_analysed_steps(colls: Table, summaries: list[dict[str, Any]], windows: _
     lo = min(int(steps.min()), int(step_col.min()) if len(step_col) else 0)
     span = max(int(steps.max()), int(step_col.max()) if len(step_col) else 0) - lo + 1
     return np.isin(colls["rank"] * span + (step_col - lo), ranks * span + (steps - lo))
-
-
-def _pairwise_group_sum(values: np.ndarray, ids: np.ndarray, n: int) -> np.ndarray:
-    """Per group: ``np.sum`` of its values in row order (as a pandas Series' ``sum`` of the group)."""
-    order = np.argsort(ids, kind="stable")
-    g = ids[order]
-    first = np.searchsorted(g, np.arange(n))
-    counts = np.bincount(g, minlength=n)
-    return _Segments(first, counts).reduce(np.sum, np.asarray(values, dtype=np.float64)[order])
-
-
-def _n_distinct(values: np.ndarray) -> int:
-    """How many distinct values (``np.unique`` without a second output imports ``numpy.ma``, ~10 ms)."""
-    return len(np.unique(values, return_counts=True)[0])

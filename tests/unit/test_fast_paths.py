@@ -20,6 +20,7 @@ from rich.console import Console
 from ddpdoctor import rundir
 from ddpdoctor._version import __version__
 from ddpdoctor.metrics import cross_rank as cr
+from ddpdoctor.metrics import group_sums as gs
 from ddpdoctor.metrics import intervals as iv
 from ddpdoctor.report import console as report_console
 from ddpdoctor.report import text
@@ -228,9 +229,9 @@ def test_group_sums_are_pandas_to_the_last_bit() -> None:
         k = int(ids.max()) + 1
         present = np.bincount(ids, minlength=k) > 0
         expected = pd.Series(values).groupby(ids).sum().to_numpy()
-        assert np.array_equal(cr.pandas_group_sum(values, ids, k)[present], expected)
+        assert np.array_equal(gs.pandas_group_sum(values, ids, k)[present], expected)
         unsorted = pd.Series(values).groupby(ids, sort=False).transform("sum").to_numpy()
-        assert np.array_equal(cr.pandas_group_sum(values, ids, k, sort=False)[ids], unsorted)
+        assert np.array_equal(gs.pandas_group_sum(values, ids, k, sort=False)[ids], unsorted)
 
 
 def test_segment_reductions_are_numpy_s_own() -> None:
@@ -238,7 +239,7 @@ def test_segment_reductions_are_numpy_s_own() -> None:
     counts = rng.integers(0, 30, 50)
     first = np.concatenate(([0], np.cumsum(counts)[:-1]))
     values = rng.random(int(counts.sum())) * 1e4
-    seg = cr._Segments(first, counts)
+    seg = gs.Segments(first, counts)
     for fn in (np.sum, np.median):
         got = seg.reduce(fn, values)
         want = [

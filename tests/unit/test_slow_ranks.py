@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 import scipy.stats
 
-from ddpdoctor.metrics.cross_rank import SLOW_RANK_ALPHA, binomial_sf, slow_ranks
+from ddpdoctor.metrics.slow_ranks import SLOW_RANK_ALPHA, binomial_sf, slow_ranks
 
 
 def _collectives(last: list[int], world: int, wait_us: float = 1000.0, per_step: int = 10) -> pd.DataFrame:
