@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from ddpdoctor.errors import TraceError
-from ddpdoctor.load.decode import FileColumns
+from ddpdoctor.load.columns import FileColumns
 from ddpdoctor.load.discover import shown
 from ddpdoctor.load.model import RankTrace
 from ddpdoctor.load.schema import valid_world_size

@@ -8,7 +8,7 @@ from itertools import compress
 import numpy as np
 
 from ddpdoctor.load.categories import DEVICE_CATS
-from ddpdoctor.load.decode import COMM_COLUMNS, FileColumns, RankTables
+from ddpdoctor.load.columns import COMM_COLUMNS, FileColumns, RankTables
 from ddpdoctor.load.model import EventTables, RankTrace
 from ddpdoctor.table import Codes, Table
 

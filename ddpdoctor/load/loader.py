@@ -23,7 +23,7 @@ from ddpdoctor.load.schema import valid_rank, valid_world_size
 from ddpdoctor.rundir import is_run_dir
 
 if TYPE_CHECKING:
-    from ddpdoctor.load.decode import FileColumns
+    from ddpdoctor.load.columns import FileColumns
 
 # The trace decoder, its tables and the checks across trace files are imported where traces are read: a run read
 # from its per-rank summaries needs none of them (start-up time of `diagnose`).
@@ -157,8 +157,9 @@ def _decode_group(
 ) -> tuple[str, list[RankTrace], list[str]]:
     """The files of one worker name, decoded: one RankTrace (more when its files state different ranks, as
     with one ``worker_name`` for every rank; summarised with ``plan``), and why files were skipped."""
+    from ddpdoctor.load.columns import RankTables
     from ddpdoctor.load.consistency import drop_copies
-    from ddpdoctor.load.decode import RankTables, decode_file
+    from ddpdoctor.load.decode import decode_file
     from ddpdoctor.load.frames import build_rank_trace
 
     tables = RankTables()

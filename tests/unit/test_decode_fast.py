@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from ddpdoctor.errors import TraceError
-from ddpdoctor.load import decode
+from ddpdoctor.load import columns, decode
 from ddpdoctor.load.readfile import read_bytes
 
 _FAST = decode._decode_fast
@@ -62,7 +62,7 @@ def _values(column: np.ndarray) -> tuple[str, list[Any]]:
     return str(column.dtype), [None if v != v else v for v in column.tolist()]  # NaN equal to NaN
 
 
-def _state(out: decode.FileColumns, tables: decode.RankTables) -> dict[str, Any]:
+def _state(out: columns.FileColumns, tables: columns.RankTables) -> dict[str, Any]:
     return {
         "x": {k: _values(out.column("x", k, None)) for k in out.x},
         "mem": {k: _values(out.column("mem", k, None)) for k in out.mem},
@@ -85,12 +85,12 @@ def _both(path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Any, bool]:
     results = []
     for fast in (spy, lambda *args: None):
         monkeypatch.setattr(decode, "_decode_fast", fast)
-        tables = decode.RankTables()
+        tables = columns.RankTables()
         tables.names.code("seen before")  # a rank's tables already hold another file's names
         try:
             results.append(_state(decode.decode_file(path, tables), tables))
         except TraceError as exc:
-            results.append((str(exc), _state(decode.FileColumns(path=""), tables)["tables"]))
+            results.append((str(exc), _state(columns.FileColumns(path=""), tables)["tables"]))
     return results[0], results[1], taken[0]
 
 
@@ -170,7 +170,7 @@ def test_the_file_text_is_as_it_was_after_the_fast_way(tmp_path, monkeypatch) ->
     for text in (good, bad):
         data = read_bytes(_write(tmp_path, text))
         copy = bytes(data)
-        decode._decode_fast(Path("x"), data, decode.RankTables())
+        decode._decode_fast(Path("x"), data, columns.RankTables())
         assert bytes(data) == copy
 
 
