@@ -200,10 +200,20 @@ def write_summary(session: Session, summary: dict[str, Any] | None) -> None:
 
 
 def own_files(out: Path, rank: int) -> list[Path]:
-    """The files rank ``rank`` writes in run directory ``out`` (what an in-rank ``--force`` may replace)."""
+    """The files rank ``rank`` writes in run directory ``out`` (what an in-rank ``--force`` may replace): regular
+    files only, never a link or a folder of the same name (``rundir.own_entries`` refuses those first)."""
+    import stat
+
     files = [rundir.rank_file(out, rank), rundir.summary_file(out, rank)]
     for path in out.glob(f"rank{rank}.*"):
         match = rundir.TRACE_FILE_RE.match(path.name)
         if match and int(match["rank"]) == rank:
             files.append(path)
-    return [p for p in files if p.exists()]
+
+    def regular(path: Path) -> bool:
+        try:
+            return stat.S_ISREG(os.lstat(path).st_mode)
+        except OSError:
+            return False
+
+    return [p for p in files if regular(p)]

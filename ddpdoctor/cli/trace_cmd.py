@@ -83,24 +83,29 @@ def _check_command(command: list[str]) -> None:
 
 
 def _prepare_rank_out(out: Path, rank: int, *, force: bool) -> None:
-    """In-rank mode: every rank of the job shares ``out``; this one only checks and replaces its own files."""
+    """In-rank mode: every rank of the job shares ``out``; this one only checks and replaces its own files.
+    Everything in ``out`` must be ddpdoctor's (the other ranks' files and unfinished writes as they start
+    alongside), checked before anything is deleted."""
     from ddpdoctor.capture import rank_file
 
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} exists and is not a directory")
     if out.is_dir():
-        owned = rundir.ddpdoctor_owned(out)
-        # Hidden entries are the other ranks' temporary files (written, then renamed) as they start alongside.
-        visible = [entry for entry in out.iterdir() if not entry.name.startswith(".")]
-        if len(owned) != len(visible):
-            raise UsageError(f"--out {out} holds files that are not ddpdoctor's; choose another directory")
+        found = rundir.own_entries(out)
+        if found.foreign is not None:
+            raise UsageError(f"--out {out}: {found.message(out)}; choose another directory (nothing was deleted)")
         mine = rank_file.own_files(out, rank)
         if mine and not force:
             raise UsageError(
                 f"--out {out} already holds rank {rank} of a run; choose another directory or pass --force"
             )
         for path in mine:
-            path.unlink()
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                raise UsageError(f"--force: cannot delete {path}: {exc.strerror or exc}") from None
     try:
         (out / rundir.RANKS_DIR).mkdir(parents=True, exist_ok=True)
         probe = out / f".ddpdoctor-write-test-{os.getpid()}"
@@ -114,18 +119,25 @@ def _prepare_out(out: Path, *, force: bool, multi_node: bool) -> None:
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} exists and is not a directory")
     if out.is_dir() and any(out.iterdir()):
-        owned = rundir.ddpdoctor_owned(out)
         finished_run = (out / rundir.MANIFEST).exists()
         if multi_node and not finished_run:
             pass  # the other nodes of this run write here too
         elif not force:
-            what = "a ddpdoctor run" if owned else "files that are not ddpdoctor's"
+            what = "a ddpdoctor run" if rundir.ddpdoctor_owned(out) else "files that are not ddpdoctor's"
             raise UsageError(f"--out {out} already holds {what}; choose another directory or pass --force")
-        elif len(owned) != len(list(out.iterdir())):
-            raise UsageError(f"--out {out} holds files that are not ddpdoctor's; --force only replaces a ddpdoctor run")
-        else:
-            for entry in owned:
-                shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+        else:  # everything decided before anything is deleted: ddpdoctor's own files and folders, or nothing
+            found = rundir.own_entries(out)
+            if found.foreign is not None:
+                raise UsageError(
+                    f"--out {out}: {found.message(out)}; --force only replaces a ddpdoctor run (nothing was deleted)"
+                )
+            try:
+                found.remove()
+            except OSError as exc:
+                raise UsageError(
+                    f"--force: cannot delete {exc.filename or out}: {exc.strerror or exc} "
+                    "(something was written there meanwhile?)"
+                ) from None
     try:
         (out / rundir.RANKS_DIR).mkdir(parents=True, exist_ok=True)
         (out / rundir.NODES_DIR).mkdir(parents=True, exist_ok=True)
