@@ -8,6 +8,7 @@ applies them through its own hooks (``ddpdoctor.capture.knobs``); rules prescrib
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -32,21 +33,34 @@ def _bool(text: str) -> bool:
     raise ValueError("must be true or false")
 
 
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0 or value != value or value == float("inf"):
-        raise ValueError("must be a number above 0")
-    return value
+# Bounds far above any real setting that keep the value something the job's own code can take (torch's C++
+# takes threads as a 64-bit int; DataLoader starts num_workers processes; DDP turns MB into a byte count).
+MAX_COUNT = 1024
+MAX_BUCKET_MB = 1024 * 1024  # 1 TiB
 
 
-def _count(minimum: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
+def _positive_float(maximum: float) -> Callable[[str], float]:
+    def parse(text: str) -> float:
         try:
-            value = int(text.strip())
+            value = float(text)
         except ValueError:
-            raise ValueError(f"must be a whole number, at least {minimum}") from None
-        if value < minimum:
-            raise ValueError(f"must be at least {minimum}")
+            value = math.nan
+        if not (math.isfinite(value) and 0 < value <= maximum):
+            raise ValueError(f"must be a number above 0, at most {maximum:.0f}")
+        return value
+
+    return parse
+
+
+def _count(minimum: int, maximum: int = MAX_COUNT) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        digits = text.strip()
+        # ASCII digits only: the env.* knobs put the text itself in the job's environment ('+4', '٣' are not read)
+        if not (digits.isascii() and digits.isdigit() and len(digits) <= 19):
+            raise ValueError(f"must be a whole number from {minimum} to {maximum}")
+        value = int(digits)
+        if not minimum <= value <= maximum:
+            raise ValueError(f"must be from {minimum} to {maximum}")
         return value
 
     return parse
@@ -97,10 +111,10 @@ KNOBS: tuple[Knob, ...] = (
         "bucket_cap_mb= of every DistributedDataParallel the script builds: the size of its gradient buckets",
         "no",
         _NO_DDP,
-        "a number of MB above 0",
+        "a number of MB above 0 (at most 1048576)",
         "DDP(model, ..., bucket_cap_mb={value})",
         "ddp",
-        _positive_float,
+        _positive_float(MAX_BUCKET_MB),
     ),
     Knob(
         "ddp.gradient_as_bucket_view",
@@ -158,7 +172,7 @@ KNOBS: tuple[Knob, ...] = (
         "num_workers= of every DataLoader the script builds: worker processes that load batches",
         "no (random augmentations draw from the workers' seeds instead)",
         _NO_LOADER,
-        "a whole number, 0 or more, or cpus_per_rank",
+        "a whole number from 0 to 1024, or cpus_per_rank",
         "DataLoader(dataset, ..., num_workers={value})",
         "loader",
         _count(0),
@@ -189,7 +203,7 @@ KNOBS: tuple[Knob, ...] = (
         "prefetch_factor= of every DataLoader: batches each worker loads ahead (needs num_workers > 0)",
         "no",
         _NO_LOADER,
-        "a whole number, 1 or more",
+        "a whole number from 1 to 1024",
         "DataLoader(dataset, ..., prefetch_factor={value})",
         "loader",
         _count(1),
@@ -199,7 +213,7 @@ KNOBS: tuple[Knob, ...] = (
         "torch.set_num_threads() in every rank before the script runs (the script's own calls are then ignored)",
         "no (sums may be added in another order: last-bit differences)",
         "never (every job has intra-op threads)",
-        "a whole number, 1 or more, or cpus_per_rank",
+        "a whole number from 1 to 1024, or cpus_per_rank",
         "torch.set_num_threads({value})",
         "process",
         _count(1),
@@ -210,7 +224,7 @@ KNOBS: tuple[Knob, ...] = (
         "OMP_NUM_THREADS in the environment of every process of the job (torchrun sets 1 when it is unset)",
         "no (sums may be added in another order: last-bit differences)",
         "never",
-        "a whole number, 1 or more, or cpus_per_rank",
+        "a whole number from 1 to 1024, or cpus_per_rank",
         "OMP_NUM_THREADS={value} torchrun ...",
         "process",
         _count(1),
@@ -292,7 +306,7 @@ def parse_settings(texts: Iterable[str]) -> dict[str, str]:
 def cpus_per_rank(nproc_per_node: int) -> int:
     """CPU cores this node gives each of its ``nproc_per_node`` ranks."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(cores // max(nproc_per_node, 1), 1)
+    return min(max(cores // max(nproc_per_node, 1), 1), MAX_COUNT)
 
 
 def environment(settings: dict[str, str]) -> dict[str, str]:

@@ -7,13 +7,22 @@ from __future__ import annotations
 import argparse
 import os
 
+from ddpdoctor.cli.argtypes import count, seconds
 from ddpdoctor.errors import UsageError
 
 _TORCHRUN_SKIP = {"-h", "--help", "-m", "--module", "--no-python", "--no_python", "--run-path", "--run_path"}
 
 
+class _Parser(argparse.ArgumentParser):
+    """Errors as one line (``UsageError``), not argparse's usage text and exit: ``trace`` prints it, and
+    ``ddpdoctor try`` checks a recorded command with this parser without printing anything."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"{message} (see `ddpdoctor trace --help`)")
+
+
 def _own_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="ddpdoctor trace",
         usage="ddpdoctor trace [OPTIONS] [TORCHRUN OPTIONS] (SCRIPT | -m MODULE) [ARGS...]\n"
         "       ddpdoctor trace [OPTIONS] -- COMMAND [ARGS...]",
@@ -29,11 +38,11 @@ def _own_parser() -> argparse.ArgumentParser:
     g.add_argument("-h", "--help", action="store_true", help="show this help and exit")
     g.add_argument("--out", "-o", metavar="DIR", help="run directory (default: ddpdoctor-runs/<script>-<time>)")
     g.add_argument("--force", action="store_true", help="replace ddpdoctor's files in an existing run directory")
-    g.add_argument("--wait", type=int, default=5, metavar="N", help="steps to skip before profiling (default 5)")
-    g.add_argument("--warmup", type=int, default=2, metavar="N", help="profiler warm-up steps (default 2)")
-    g.add_argument("--active", type=int, default=5, metavar="N", help="steps recorded per window (default 5)")
+    g.add_argument("--wait", type=count(0), default=5, metavar="N", help="steps to skip before profiling (default 5)")
+    g.add_argument("--warmup", type=count(0), default=2, metavar="N", help="profiler warm-up steps (default 2)")
+    g.add_argument("--active", type=count(1), default=5, metavar="N", help="steps recorded per window (default 5)")
     g.add_argument(
-        "--repeat", type=int, default=1, metavar="N", help="number of windows, 0 = until the end (default 1)"
+        "--repeat", type=count(0), default=1, metavar="N", help="number of windows, 0 = until the end (default 1)"
     )
     g.add_argument("--with-stack", action="store_true", help="record Python stacks (larger traces)")
     g.add_argument("--no-record-shapes", action="store_true", help="do not record operator input shapes")
@@ -48,21 +57,21 @@ def _own_parser() -> argparse.ArgumentParser:
     g.add_argument("--no-gil", action="store_true", help="do not measure GIL contention")
     g.add_argument(
         "--no-step-limit",
-        type=float,
+        type=seconds(),
         default=60.0,
         metavar="SECONDS",
         help="when no step is ever seen, record the run's first SECONDS (default 60)",
     )
     g.add_argument(
         "--hang-timeout",
-        type=float,
+        type=seconds(),
         default=None,
         metavar="SECONDS",
         help="end a rank that makes no step for SECONDS (after its first), recording where it was stuck",
     )
     g.add_argument(
         "--max-steps",
-        type=int,
+        type=count(1),
         default=None,
         metavar="N",
         help="end the job cleanly after N training steps, every rank at the same step (exit 0)",
@@ -158,26 +167,15 @@ def split_argv(argv: list[str]) -> tuple[list[str], list[str], list[str], list[s
 
 
 def _parse_own(own: list[str]) -> argparse.Namespace:
-    parser = _own_parser()
-    try:
-        args = parser.parse_args(own)
-    except SystemExit as exc:
-        raise UsageError("invalid ddpdoctor option (see `ddpdoctor trace --help`)") from exc
-    for name in ("wait", "warmup", "repeat"):
-        if getattr(args, name) < 0:
-            raise UsageError(f"--{name} must be 0 or more")
-    if args.active < 1:
-        raise UsageError("--active must be at least 1")
-    if args.hang_timeout is not None and args.hang_timeout <= 0:
-        raise UsageError("--hang-timeout must be positive")
-    if args.no_step_limit <= 0:
-        raise UsageError("--no-step-limit must be positive")
-    if args.max_steps is not None and args.max_steps < 1:
-        raise UsageError("--max-steps must be at least 1")
+    """trace's own options, checked (numbers in range, knobs known); ``UsageError`` in one line otherwise."""
+    args = _own_parser().parse_args(own)
     from ddpdoctor import knobs
 
     args.knobs = knobs.parse_settings(args.set)
     return args
+
+
+parse_own = _parse_own
 
 
 def _print_help() -> None:

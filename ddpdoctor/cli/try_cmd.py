@@ -12,6 +12,7 @@ import argparse
 import sys
 from typing import Any
 
+from ddpdoctor.cli.argtypes import count, seconds
 from ddpdoctor.cli.diagnose_cmd import add_rule_options, add_rule_selection, rule_options
 from ddpdoctor.errors import UsageError
 
@@ -44,21 +45,21 @@ def register(subparsers: Any, name: str, help_text: str) -> None:
     )
     p.add_argument(
         "--nproc-per-node",
-        type=int,
+        type=count(1, 1024),
         default=None,
         metavar="N",
         help="with --as-ddp: ranks (default: the GPUs DataParallel used, 2 on a CPU)",
     )
     p.add_argument(
         "--max-steps",
-        type=int,
+        type=count(1),
         default=None,
         metavar="N",
         help="steps each trial runs (default: the end of RUN's profiled window + 10)",
     )
     p.add_argument(
         "--timeout",
-        type=float,
+        type=seconds(),
         default=None,
         metavar="SECONDS",
         help="stop a trial that runs longer (default: 4x RUN's duration, at least 180 s)",
@@ -83,12 +84,8 @@ def run(args: argparse.Namespace) -> int:
 
     if sum((bool(args.set), args.findings, args.as_ddp)) != 1:
         raise UsageError("give one of --set KNOB=VALUE (one trial), --findings (the rules' prescriptions) or --as-ddp")
-    if args.nproc_per_node is not None and (not args.as_ddp or args.nproc_per_node < 1):
-        raise UsageError("--nproc-per-node goes with --as-ddp and must be at least 1")
-    if args.max_steps is not None and args.max_steps < 1:
-        raise UsageError("--max-steps must be at least 1")
-    if args.timeout is not None and args.timeout <= 0:
-        raise UsageError("--timeout must be positive")
+    if args.nproc_per_node is not None and not args.as_ddp:
+        raise UsageError("--nproc-per-node goes with --as-ddp")
     settings = knobs.parse_settings(args.set)
     cmd = plan.read_run(args.run)
     rules = resolve_rules(rule_options(args))

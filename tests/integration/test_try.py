@@ -243,7 +243,8 @@ def test_a_knob_that_does_not_apply_fails_the_trial_with_the_reason(tmp_path):
     [
         (["--set", "ddp.bucket_cap_mb=25"], "not a ddpdoctor run directory"),
         (["--set", "nope=1"], "unknown knob 'nope'"),
-        (["--set", "loader.num_workers=-1"], "loader.num_workers=-1: must be at least 0"),
+        (["--set", "loader.num_workers=-1"], "loader.num_workers=-1: must be a whole number from 0 to 1024"),
+        (["--set", "torch.intra_op_threads=" + "9" * 30], "torch.intra_op_threads=999"),
         ([], "give one of --set KNOB=VALUE (one trial), --findings"),
     ],
 )
@@ -254,6 +255,28 @@ def test_bad_input_is_one_line_exit_2(tmp_path, args, message):
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0 and message in result.stderr, result.stderr
     assert not (tmp_path / "folder.trials").exists()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--timeout", "nan"],
+        ["--timeout", "inf"],
+        ["--timeout", "-5"],
+        ["--max-steps", "9" * 30],
+        ["--as-ddp", "--nproc-per-node", "100000"],
+    ],
+)
+def test_numbers_out_of_range_are_refused_naming_the_option(tmp_path, args):
+    """`try --timeout nan` was accepted (nan <= 0 is false) and stopped every trial at once."""
+    not_a_run = tmp_path / "folder"
+    not_a_run.mkdir()
+    extra = [] if "--as-ddp" in args else ["--set", "loader.num_workers=1"]
+    result = run_cli("try", str(not_a_run), *args, *extra, cwd=tmp_path)
+    assert result.returncode == 2
+    assert f"argument {args[-2]}: must be" in result.stderr, result.stderr
+    assert "not a ddpdoctor run directory" not in result.stderr
 
 
 @pytest.mark.timeout(600)

@@ -83,3 +83,31 @@ def test_explain_names_the_prescriptions():
 
     text = rule_markdown(find_rule(load_rules(), "poor-comm-compute-overlap"))
     assert "Tried by `ddpdoctor try RUN --findings`" in text and "- `ddp.bucket_cap_mb` = 1, 5, 25" in text
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("torch.intra_op_threads", "9" * 30),  # crashed the rank: Overflow when unpacking long long
+        ("torch.intra_op_threads", "5000"),
+        ("env.OMP_NUM_THREADS", "9" * 25),
+        ("env.OMP_NUM_THREADS", "+4"),  # set as text in the job's environment: digits only
+        ("loader.num_workers", "100000"),  # would start that many worker processes per loader
+        ("loader.prefetch_factor", "9" * 20),
+        ("ddp.bucket_cap_mb", "nan"),
+        ("ddp.bucket_cap_mb", "inf"),
+        ("ddp.bucket_cap_mb", "1e300"),
+        ("ddp.bucket_cap_mb", "-1"),
+    ],
+)
+def test_values_out_of_range_are_refused_in_one_line(name, value):
+    with pytest.raises(knobs.KnobError) as raised:
+        knobs.parse_setting(f"{name}={value}")
+    message = str(raised.value)
+    assert message.startswith(f"{name}=") and "\n" not in message, message
+
+
+def test_values_in_range_are_taken():
+    assert knobs.parse_value("torch.intra_op_threads", "64") == 64
+    assert knobs.parse_value("loader.num_workers", "0") == 0
+    assert knobs.parse_value("ddp.bucket_cap_mb", "1024") == 1024.0
