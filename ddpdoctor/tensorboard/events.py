@@ -13,18 +13,22 @@ Each rank gets ``<run>/tensorboard/rank<R>/`` (TensorBoard run ``tensorboard/ran
 - ``memory/<device>/peak_allocated_bytes``, ``peak_reserved_bytes`` (peak since the start of the run) and
   ``capacity_bytes``;
 
-and the findings about that rank as markdown text (``ddpdoctor/findings``). Writing again replaces the folder.
+and the findings about that rank as markdown text (``ddpdoctor/findings``). Writing again replaces the event
+files in the folder; nothing else is deleted (a file of the user's in it stays), and nothing is written or deleted
+through a symbolic link: a linked ``tensorboard/`` or ``tensorboard/rank<R>`` is a one-line error.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
+import stat
+import tempfile
 from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
-from ddpdoctor import rundir
+from ddpdoctor import escape, rundir
+from ddpdoctor.errors import DDPDoctorError
 from ddpdoctor.metrics import catalog
 from ddpdoctor.tensorboard.report import STACK_ORDER, analyze_for_dashboard, build_report
 
@@ -125,14 +129,16 @@ def write_events(run_dir: str | Path, *, rules: Any = None) -> Path:
 
     run_dir = Path(run_dir)
     out = run_dir / rundir.TENSORBOARD_DIR
+    _check_own_folder(out)
     analysis = analyze_for_dashboard(run_dir, rules)  # read once: the report and the per-rank files
     report = build_report(run_dir, analysis=analysis)
-    out.mkdir(parents=True, exist_ok=True)
+    for rank in analysis.captures:  # every folder checked before anything is written
+        _check_own_folder(out / f"rank{rank}")
+    out.mkdir(exist_ok=True)
     for rank, capture in analysis.captures.items():
-        tmp = out / f".rank{rank}.{os.getpid()}.tmp"  # mkdir, not mkdtemp: the umask's permissions
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
+        tmp = Path(tempfile.mkdtemp(prefix=f".rank{rank}.", suffix=".tmp", dir=out))
         try:
+            os.chmod(tmp, _DIR_MODE)  # the permissions a plain mkdir gives (mkdtemp's are 0700)
             writer = SummaryWriter(log_dir=str(tmp))
             try:
                 _write_rank(writer, rank, capture, report)
@@ -140,20 +146,70 @@ def write_events(run_dir: str | Path, *, rules: Any = None) -> Path:
                 writer.close()
             _replace(tmp, out / f"rank{rank}")
         finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            _remove_own(tmp, "events")
+        _remove_own(out / f".rank{rank}.old", "events")  # what an earlier version moved aside, if only its own
     return out
 
 
+_DIR_MODE = 0o777 & ~rundir._umask()
+
+
+def _check_own_folder(folder: Path) -> None:
+    """A folder the event files go in is a real folder or absent: never a link (what it points to is not the run
+    directory's) nor a file."""
+    try:
+        mode = os.lstat(folder).st_mode
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(mode):
+        return
+    what = rundir.entry_kind(mode)
+    raise DDPDoctorError(
+        f"{escape.terminal(folder)} is {what}: ddpdoctor writes its TensorBoard event files only into a folder of "
+        "its own, never through a link (move it away to have them written)"
+    )
+
+
 def _replace(new: Path, dest: Path) -> None:
-    """Put folder ``new`` at ``dest``, replacing what was there (the old folder is moved aside first)."""
-    old = None
-    if dest.exists():
-        old = dest.with_name(f".{dest.name}.old")
-        shutil.rmtree(old, ignore_errors=True)
-        dest.rename(old)
-    new.rename(dest)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    """Put the event files of folder ``new`` in ``dest`` in place of the event files there (ddpdoctor's: regular
+    files of that name); anything else in ``dest`` stays. A ``dest`` not there yet is ``new``, renamed."""
+    if not os.path.lexists(dest):
+        new.rename(dest)
+        return
+    ours = _own_event_files(dest)
+    written = os.listdir(new)
+    for name in written:
+        os.replace(new / name, dest / name)
+    for name in ours.difference(written):
+        try:
+            os.unlink(dest / name)
+        except FileNotFoundError:
+            pass
+
+
+def _own_event_files(folder: Path) -> set[str]:
+    """The event files in ``folder``: regular files of that name (what ddpdoctor writes there)."""
+    names = set()
+    for name in os.listdir(folder):
+        if rundir.EVENT_FILE_RE.match(name):
+            try:
+                if stat.S_ISREG(os.lstat(folder / name).st_mode):
+                    names.add(name)
+            except OSError:
+                pass
+    return names
+
+
+def _remove_own(folder: Path, kind: str) -> None:
+    """Remove ``folder`` when it holds nothing but what ddpdoctor writes there (else leave it as it is)."""
+    if not os.path.lexists(folder) or os.path.islink(folder):
+        return
+    found = rundir.own_entries(folder, kind, include_folder=True)
+    if found.foreign is None:
+        try:
+            found.remove()
+        except OSError:  # something appeared in it meanwhile: it stays
+            pass
 
 
 def has_events(run_dir: str | Path) -> bool:

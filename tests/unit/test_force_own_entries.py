@@ -86,11 +86,15 @@ def test_force_replaces_a_run_with_its_leftover_temporaries(tmp_path):
         pytest.param(lambda o: (o / "ranks" / ".backup.tmp").mkdir(), id="hidden .tmp directory in ranks"),
         pytest.param(lambda o: (o / "ranks" / ".keep.old" / "sub").mkdir(parents=True), id=".old dir in ranks"),
         pytest.param(lambda o: (o / "ranks" / ".backup.tmp").write_text("x"), id="hidden .tmp file not ours"),
-        pytest.param(lambda o: (o / "ranks" / "rank0.json").unlink() or (o / "ranks" / "rank0.json").mkdir(),
-                     id="rank file is a directory"),
+        pytest.param(
+            lambda o: (o / "ranks" / "rank0.json").unlink() or (o / "ranks" / "rank0.json").mkdir(),
+            id="rank file is a directory",
+        ),
         pytest.param(lambda o: (o / "tensorboard" / "rank0" / "sub").mkdir(), id="folder in an event folder"),
-        pytest.param(lambda o: (o / "tensorboard" / ".rank0.old" / "notes").mkdir(parents=True),
-                     id="folder in a moved-aside event folder"),
+        pytest.param(
+            lambda o: (o / "tensorboard" / ".rank0.old" / "notes").mkdir(parents=True),
+            id="folder in a moved-aside event folder",
+        ),
     ],
 )
 def test_force_refuses_a_directory_it_did_not_make(tmp_path, make):
@@ -151,8 +155,10 @@ def test_in_rank_force_replaces_only_that_ranks_files(tmp_path):
     "make",
     [
         pytest.param(lambda o: (o / "rank0.5.pt.trace.json").mkdir(), id="directory named like a trace"),
-        pytest.param(lambda o: (o / "ranks" / "rank0.json").unlink() or (o / "ranks" / "rank0.json").mkdir(),
-                     id="its rank file is a directory"),
+        pytest.param(
+            lambda o: (o / "ranks" / "rank0.json").unlink() or (o / "ranks" / "rank0.json").mkdir(),
+            id="its rank file is a directory",
+        ),
         pytest.param(lambda o: (o / "ranks" / ".keep.old").mkdir(), id="hidden directory in ranks"),
     ],
 )
