@@ -54,23 +54,26 @@ def _wall_times(capture: dict[str, Any]) -> dict[int, float]:
 
 
 def _findings_markdown(report: dict[str, Any], rank: int) -> str:
+    """Rank ``rank``'s findings as Markdown for TensorBoard's Text tab, which renders Markdown and some HTML: every
+    value from the run or a rule file escaped (``escape.markdown``), so only ddpdoctor's own markup renders."""
+    md = escape.markdown
     mine = [f for f in report.get("findings", []) if rank in (f.get("ranks") or [])]
     lines = [f"**ddpdoctor findings for rank {rank}** ({len(mine)} of {len(report.get('findings', []))})", ""]
     for f in mine:
         gain = f.get("estimated_gain_ms")
         gain_text = f" (could save ~{gain:.1f} ms/step)" if isinstance(gain, (int, float)) else ""
         lines += [
-            f"- **{f.get('severity')} {f.get('id')} {f.get('name')}**{gain_text}: {f.get('message')}",
-            f"  - *Recommendation:* {f.get('recommendation')}",
+            f"- **{md(f.get('severity'))} {md(f.get('id'))} {md(f.get('name'))}**{gain_text}: {md(f.get('message'))}",
+            f"  - *Recommendation:* {md(f.get('recommendation'))}",
         ]
     if not mine:
         lines.append("- no finding for this rank")
     skipped = report.get("not_evaluated", [])
     if skipped:
         lines += ["", f"Not evaluated ({len(skipped)}):", ""]
-        lines += [f"- {n.get('name')}: {n.get('reason')}" for n in skipped]
+        lines += [f"- {md(n.get('name'))}: {md(n.get('reason'))}" for n in skipped]
     for note in report.get("notes", []):
-        lines += ["", f"*Note:* {note}"]
+        lines += ["", f"*Note:* {md(note)}"]
     return "\n".join(lines)
 
 
