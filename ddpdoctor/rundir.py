@@ -49,6 +49,7 @@ from typing import Any
 import msgspec
 
 from ddpdoctor.runfile_types import (
+    DROPPABLE,
     SCHEMA_VERSION,
     DeviceMemory,
     Manifest,
@@ -342,8 +343,8 @@ def check(data: Any, kind: type[msgspec.Struct]) -> str | None:
     return None
 
 
-def _read_checked(path: Path, kind: type[msgspec.Struct]) -> tuple[dict[str, Any] | None, str | None]:
-    """``(data, None)`` or ``(None, why)``: the JSON object in ``path`` checked against ``kind``."""
+def _read_object(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """``(data, None)`` or ``(None, why)``: the JSON object in ``path``, unchecked."""
     try:
         data = read_json(path)
     except OSError as exc:
@@ -352,8 +353,31 @@ def _read_checked(path: Path, kind: type[msgspec.Struct]) -> tuple[dict[str, Any
         return None, f"not valid JSON: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
     if not isinstance(data, dict):
         return None, "not a JSON object"
+    return data, None
+
+
+def _read_checked(path: Path, kind: type[msgspec.Struct]) -> tuple[dict[str, Any] | None, str | None]:
+    """``(data, None)`` or ``(None, why)``: the JSON object in ``path`` checked against ``kind``."""
+    data, why = _read_object(path)
+    if data is None:
+        return None, why
     why = check(data, kind)
     return (None, why) if why else (data, None)
+
+
+def _without_unfit_records(data: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """``data`` less its optional records (``runfile_types.DROPPABLE``: GIL probe, schedule) that do not fit their
+    type, and a note for each (naming the field, ``$.gil.per_step.step[0]``)."""
+    notes = []
+    for key, kind in DROPPABLE.items():
+        try:
+            msgspec.convert(data.get(key), kind)
+        except msgspec.ValidationError as exc:
+            why = str(exc).splitlines()[0].replace("`$", f"`$.{key}")
+            why = why if "- at `" in why else f"{why} - at `$.{key}`"
+            notes.append(f"{key} left out ({why}); the rest of the file is used")
+            data = {k: v for k, v in data.items() if k != key}
+    return data, notes
 
 
 def _rank_files(run_dir: Path, suffix: str) -> list[tuple[int, Path]]:
@@ -381,6 +405,8 @@ _SUMMARY = msgspec.json.Decoder(RankSummaryWire)
 
 
 def _read_capture(path: str) -> tuple[dict[str, Any] | None, str | None]:
+    """``(data, None)``, ``(None, why)`` (the file left out), or ``(data, note)``: a rank capture whose optional
+    records that do not fit were left out (``_without_unfit_records``), the note saying which and why."""
     try:
         with open(path, "rb") as f:
             data = _JSON.decode(f.read())
@@ -389,7 +415,14 @@ def _read_capture(path: str) -> tuple[dict[str, Any] | None, str | None]:
             return data, None
     except (OSError, msgspec.MsgspecError, ValueError, RecursionError):
         pass
-    return _read_checked(Path(path), RankCapture)
+    data, why = _read_object(Path(path))
+    if data is None:
+        return None, why
+    data, dropped = _without_unfit_records(data)
+    why = check(data, RankCapture)
+    if why:
+        return None, why
+    return data, "; ".join(dropped) or None
 
 
 _PG_KEY = b'"pg_config": '
@@ -455,6 +488,8 @@ def read_rank_captures(run_dir: Path) -> tuple[dict[int, dict[str, Any]], list[s
         if data is None:
             notes.append(f"{RANKS_DIR}/{name}: skipped: {why}")
             continue
+        if why:  # optional records left out, the rest used
+            notes.append(f"{RANKS_DIR}/{name}: {why}")
         if data["rank"] in out:
             notes.append(f"{RANKS_DIR}/{name}: skipped: rank {data['rank']} is already in another file")
             continue

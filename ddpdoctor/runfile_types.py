@@ -20,26 +20,188 @@ Rank = Annotated[int, msgspec.Meta(ge=0, lt=1 << 31)]
 Size = Annotated[int, msgspec.Meta(ge=1, lt=1 << 31)]
 Number = int | float
 
+# Bounds of the values that size loops or are summed (a hand-edited 10**15 would build a range that never ends).
+MAX_STEP = 1 << 31  # step numbers and counts (a run of 2**31 optimizer steps is not a run ddpdoctor traced)
+MAX_PROFILED_STEPS = 1_000_000  # steps inside the profiled windows, all windows together
+Step = Annotated[int, msgspec.Meta(ge=0, lt=MAX_STEP)]
+Count = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]  # bytes, parameters, threads: a non-negative int64
+Int64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
+Finite = Annotated[float, msgspec.Meta(ge=-1.7976931348623157e308, le=1.7976931348623157e308)]  # no NaN, no inf
+Bytes = Count | Annotated[float, msgspec.Meta(ge=0, le=1.7976931348623157e308)]
+Scalar = str | bool | Int64 | Finite | None  # one JSON value that is not a container (a key, a label)
+
 
 class StepRecord(msgspec.Struct, forbid_unknown_fields=False):
-    """``steps`` of a rank capture: how steps were counted and every step's wall time (ms)."""
+    """``steps`` of a rank capture: how steps were counted and every step's wall time (ms). The profiled windows
+    ``[first_step, last_step]`` lie within the steps the rank recorded (steps ``first`` .. ``first + len(wall_ms)
+    - 1``, or up to ``count``), at most ``MAX_PROFILED_STEPS`` steps together."""
 
     source: str | None = None
-    count: int | None = None
-    first: int = 1
+    count: Step | None = None
+    first: Step = 1
     wall_ms: list[Number] = []
-    profiled: list[tuple[int, int]] = []
+    profiled: list[tuple[Step, Step]] = []
 
     def __post_init__(self) -> None:
         if (None in self.wall_ms or not _all_plain(self.wall_ms, text=False)) and not all(
             _plain_value(v, text=False) and v is not None for v in self.wall_ms
         ):
             raise ValueError("steps.wall_ms holds a value that is not a finite number")
+        last = max(self.first + len(self.wall_ms) - 1, self.count or 0)
+        inside = 0
+        for lo, hi in self.profiled:
+            if not lo <= hi <= last:
+                raise ValueError(f"steps.profiled window [{lo}, {hi}] is not within the recorded steps (0-{last})")
+            inside += hi - lo + 1
+        if inside > MAX_PROFILED_STEPS:
+            raise ValueError(f"steps.profiled holds {inside} steps (more than {MAX_PROFILED_STEPS:,})")
+
+
+# The records inside a rank capture that the metrics, compare and the gate read, typed down to the values they
+# use (what ``ddpdoctor.capture`` writes; unknown keys are allowed, newer versions add some).
+class CapturedDevice(msgspec.Struct, forbid_unknown_fields=False):
+    """``memory.devices[]``: one CUDA device's allocator counters (bytes)."""
+
+    device: str | None = None
+    index: Annotated[int, msgspec.Meta(ge=0, lt=1 << 31)] | None = None
+    name: str | None = None
+    capacity_bytes: Bytes | None = None
+    peak_allocated_bytes: Bytes | None = None
+    peak_reserved_bytes: Bytes | None = None
+    per_step: dict[str, list[Bytes | None]] | None = None
+
+    def __post_init__(self) -> None:
+        steps = (self.per_step or {}).get("step") or []
+        if any(type(s) is not int or s >= MAX_STEP for s in steps if s is not None):
+            raise ValueError("memory per_step.step holds a value that is not a step number")
+
+
+class MemoryRecord(msgspec.Struct, forbid_unknown_fields=False):
+    cuda_available: bool | None = None
+    devices: list[CapturedDevice] = []
+
+
+class GilSeries(msgspec.Struct, forbid_unknown_fields=False):
+    step: list[Step] = []
+    contention: list[Finite | None] = []
+    threads: list[Count | None] = []
+    native_threads: list[Count | None] = []
+    job_threads: list[Count | None] = []
+    active_threads: list[Count | None] = []
+    cpu_cores: list[Finite | None] = []
+
+
+class GilRecord(msgspec.Struct, forbid_unknown_fields=False):
+    probe: str | None = None
+    available: bool | None = None
+    reason: str | None = None
+    per_step: GilSeries | None = None
+
+
+class ScheduleRecord(msgspec.Struct, forbid_unknown_fields=False):
+    """``schedule``: the profiler's schedule (steps)."""
+
+    wait: Step | None = None
+    warmup: Step | None = None
+    active: Step | None = None
+    repeat: Step | None = None
+    skip_first: Step | None = None
+
+
+class DDPModule(msgspec.Struct, forbid_unknown_fields=False):
+    """``ddp[]``: one DDP module and ``_get_ddp_logging_data()`` (its values scalars)."""
+
+    module: str | None = None
+    logging_data: dict[str, Scalar] | None = None
+    device_ids: list[str | Int64] | None = None
+    error: str | None = None
+
+
+class DPModule(msgspec.Struct, forbid_unknown_fields=False):
+    """``dp[]``: one ``nn.DataParallel``."""
+
+    module: str | None = None
+    wrapper: str | None = None
+    device_ids: list[str | Int64] | None = None
+    output_device: str | Int64 | None = None
+    dim: Int64 | None = None
+
+
+class DPStep(msgspec.Struct, forbid_unknown_fields=False):
+    """``dp_steps[]``: DataParallel's stages in one step (ms) and the bytes its gather produced."""
+
+    step: Step | None = None
+    gathered_bytes: Bytes | None = None
+    scatter_ms: Finite | None = None
+    replicate_ms: Finite | None = None
+    parallel_apply_ms: Finite | None = None
+    gather_ms: Finite | None = None
+    replicas: Count | None = None
+    forwards: Count | None = None
+
+
+class LoaderPass(msgspec.Struct, forbid_unknown_fields=False):
+    """``setup.data_loaders[]``: one pass over a DataLoader (``ddpdoctor.capture.setup``)."""
+
+    loader: Int64 | str | None = None  # id(loader): which passes belong to one loader
+    dataset: str | None = None
+    dataset_len: Count | None = None
+    root_dataset_len: Count | None = None
+    iterable: bool | None = None
+    sampler: str | None = None
+    distributed_sampler: bool | None = None
+    shuffle: Scalar = None  # a sampler's own attributes: whatever the user's sampler holds
+    sampler_epoch: Scalar = None
+    sampler_num_replicas: Scalar = None
+    batch_size: Count | None = None
+    batches_per_epoch: Count | None = None
+    num_workers: Count | None = None
+    pin_memory: bool | None = None
+    persistent_workers: bool | None = None
+    batches_yielded: Count | None = None
+    exhausted: bool | None = None
+    first_indices_digest: str | None = None
+    first_batch_digest: str | None = None
+    first_labels_digest: str | None = None
+    content_digest: str | None = None
+
+
+class DDPModel(msgspec.Struct, forbid_unknown_fields=False):
+    """``setup.ddp_models[]``: the model inside one DDP wrapper."""
+
+    module: str | None = None
+    batchnorm_layers: Count | None = None
+    sync_batchnorm_layers: Count | None = None
+    parameters: Count | None = None
+    parameter_bytes: Count | None = None
+    device: str | None = None
+
+
+class SetupRecord(msgspec.Struct, forbid_unknown_fields=False):
+    """``setup``: what the capture observed of the job's set-up (``ddpdoctor.capture.setup``)."""
+
+    data_loaders: list[LoaderPass] = []
+    data_loader_epochs: Count | None = None
+    set_epoch_calls: list[Int64] = []
+    set_device_calls: list[str] = []
+    cuda_visible_devices: str | None = None
+    ddp_models: list[DDPModel] = []
+    ddp_sync_rounds_per_step: dict[str, Count] = {}  # histograms {count: number of steps}
+    ddp_forwards_per_step: dict[str, Count] = {}
+
+
+class ThreadsRecord(msgspec.Struct, forbid_unknown_fields=False):
+    cpu_count: Count | None = None
+    affinity_cpus: Count | None = None
+    omp_num_threads: str | Int64 | None = None
+    torch_intra_op_threads: Count | None = None
+    torch_inter_op_threads: Count | None = None
 
 
 class RankCapture(msgspec.Struct, forbid_unknown_fields=False):
-    """``ranks/rank<R>.json``: what the capture recorded in rank R (layout in the module docstring). Nested
-    records a single part reads (memory, GIL, DDP logging data, set-up observations) stay plain objects."""
+    """``ranks/rank<R>.json``: what the capture recorded in rank R (layout in the module docstring), typed down
+    to the nested values the metrics, compare and the gate read. The ``DROPPABLE`` records (GIL probe, profiler
+    schedule) are optional to every reader: one that does not fit is left out alone (``rundir``), not the file."""
 
     rank: Rank
     schema_version: int = SCHEMA_VERSION
@@ -56,16 +218,24 @@ class RankCapture(msgspec.Struct, forbid_unknown_fields=False):
     backend: str | None = None
     device: str | None = None
     steps: StepRecord | None = None
-    memory: dict[str, Any] | None = None
-    gil: dict[str, Any] | None = None
-    ddp: list[dict[str, Any]] = []
-    dp: list[dict[str, Any]] = []
-    setup: dict[str, Any] | None = None
-    threads: dict[str, Any] | None = None
+    memory: MemoryRecord | None = None
+    gil: GilRecord | None = None
+    schedule: ScheduleRecord | None = None
+    ddp: list[DDPModule] = []
+    dp: list[DPModule] = []
+    dp_steps: list[DPStep] = []
+    setup: SetupRecord | None = None
+    threads: ThreadsRecord | None = None
+    started_at: Finite | None = None
     trace_files: list[str] = []
     torch_version: str | None = None
     cuda_available: bool | None = None
     capture_errors: list[str] = []
+
+
+# Records of a rank capture that a reader may leave out alone when they do not fit (every reader treats them as
+# optional, and the README promises that their wrongly typed values are ignored): key -> type.
+DROPPABLE: dict[str, Any] = {"gil": GilRecord | None, "schedule": ScheduleRecord | None}
 
 
 class DeviceMemory(msgspec.Struct, forbid_unknown_fields=False):

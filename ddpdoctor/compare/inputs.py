@@ -10,6 +10,7 @@ read, those alone are used and the snapshot says why.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from ddpdoctor.compare import snapshot as snap
 from ddpdoctor.compare.baseline_file import from_json
 from ddpdoctor.errors import UsageError
 from ddpdoctor.pipeline import RuleOptions, analyze_run
+from ddpdoctor.rundir import MANIFEST, RANKS_DIR
 
 
 def _is_baseline_file(path: Path) -> bool:
@@ -66,5 +68,16 @@ def read_input(arg: str, *, rules: RuleOptions | Sequence[Any] | None = None) ->
             raise UsageError(f"{arg}: neither a ddpdoctor baseline nor a torch.profiler trace")
     analysis = analyze_run(path, rules=rules, traces_optional=True)
     captures = [analysis.captures[rank] for rank in sorted(analysis.captures)]
-    notes = analysis.notes if analysis.metrics is None else []
+    notes = analysis.notes if analysis.metrics is None else _run_file_notes(analysis.metrics.run)
     return snap.build(arg, captures, analysis.metrics, analysis.diagnosis, notes)
+
+
+_RUN_FILE_NOTE = re.compile(rf"^({re.escape(RANKS_DIR)}/rank\d+\.json|{re.escape(MANIFEST)}): ")
+
+
+def _run_file_notes(run: dict[str, Any]) -> list[str]:
+    """The notes on capture files left out or read in part (``ranks/rank1.json: skipped: ... - at
+    `$.memory.devices[0].index```): what the gate's "rank 1 is missing" comes from, named with the file and field."""
+    return [
+        n for n in [*run.get("skipped", []), *run.get("notes", [])] if isinstance(n, str) and _RUN_FILE_NOTE.match(n)
+    ]

@@ -152,4 +152,71 @@ def test_bad_values_inside_a_capture_record_are_left_out(good_run, tmp_path, cap
     code = main(["baseline", str(run)])
     out, err = capsys.readouterr()
     assert code == 0 and "Traceback" not in err, err
-    assert len(json.loads(out)["samples"]["step_ms"]) >= 5  # both ranks' step times are still read
+    doc = json.loads(out)
+    assert len(doc["samples"]["step_ms"]) >= 5  # both ranks' step times are still read
+    if case.endswith("a list") or case.startswith("schedule"):  # the record alone is left out, and said so
+        record = case.split()[0]
+        assert any(n.startswith(f"ranks/rank1.json: {record} left out") for n in doc["notes"]), doc["notes"]
+        assert not any("skipped" in n for n in doc["notes"]) and not doc.get("incomplete"), doc
+
+
+# --- issue 23, item 7: wrongly typed nested values in a real rank file ---------------------------------------
+RECORDED = Path(__file__).resolve().parents[2] / "samples" / "recorded" / "ddp_straggler"
+
+NESTED_TYPE_EDITS = {  # (edit, the field the note must name); each crashed diagnose, gate or compare before
+    "data_loaders a number": (_set("setup.data_loaders", 5), "setup.data_loaders"),
+    "ddp_models a number": (_set("setup.ddp_models", 5), "setup.ddp_models"),
+    "dp_steps a number": (_set("dp_steps", 5), "dp_steps"),
+    "a loader's id a list": (
+        _set("setup.data_loaders", [{"loader": [1], "batches_yielded": 3, "batch_size": 2}]),
+        "setup.data_loaders[0].loader",
+    ),
+    "a digest a list": (
+        _set("setup.data_loaders", [{"loader": 1, "batches_yielded": 3, "first_indices_digest": [1]}]),
+        "setup.data_loaders[0].first_indices_digest",
+    ),
+    "memory.devices a number": (_set("memory.devices", 5), "memory.devices"),
+    "memory.devices a string": (_set("memory.devices", "abc"), "memory.devices"),
+    "a device index a string": (
+        _set("memory.devices", [{"device": "cuda:0", "index": "x", "peak_reserved_bytes": 5}]),
+        "memory.devices[0].index",
+    ),
+    "a device index a list": (
+        _set("memory.devices", [{"device": "cuda:0", "index": [], "peak_reserved_bytes": 5}]),
+        "memory.devices[0].index",
+    ),
+    "a device index an object": (
+        _set("memory.devices", [{"device": "cuda:0", "index": {}, "peak_reserved_bytes": 5}]),
+        "memory.devices[0].index",
+    ),
+    "a profiled window of 10**15 steps": (_set("steps.profiled", [[0, 10**15]]), "steps"),
+    "a profiled window beyond the recorded steps": (_set("steps.profiled", [[4, 7000]]), "steps"),
+}
+
+
+@pytest.fixture(scope="module")
+def recorded_run(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("recorded") / "run"
+    shutil.copytree(RECORDED, out)
+    return out
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("case", NESTED_TYPE_EDITS)
+def test_wrongly_typed_nested_values_are_a_note_naming_the_file_and_field(recorded_run, tmp_path, capsys, case):
+    edit, field = NESTED_TYPE_EDITS[case]
+    run = _copy(recorded_run, tmp_path, "rank1.json", edit)
+    doc = _json_diagnose(capsys, run)
+    said = doc["run"]["skipped"] + doc["run"]["notes"]
+    assert any("rank1.json" in n and f"$.{field}" in n for n in said), said
+    assert [r["rank"] for r in doc["ranks"]] == [0, 1]  # the rank's trace is still read
+
+    code = main(["gate", str(run), "--baseline", str(recorded_run), "--format", "json"])
+    out, err = capsys.readouterr()
+    assert code in (0, 1) and "Traceback" not in err, err
+    notes = json.loads(out)["notes"]
+    assert any("rank1.json" in n and f"$.{field}" in n for n in notes), notes
+
+    code = main(["compare", str(recorded_run), str(run), "--format", "json"])
+    out, err = capsys.readouterr()
+    assert code in (0, 1) and "Traceback" not in err, err
