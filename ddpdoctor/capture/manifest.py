@@ -17,6 +17,7 @@ from typing import Any
 
 from ddpdoctor import rundir
 from ddpdoctor._version import __version__
+from ddpdoctor.capture import command_mark
 
 
 def read_rank_files(out: Path) -> dict[int, dict[str, Any]]:
@@ -143,11 +144,14 @@ def build(
         notes.append(_before_window(entries, config))
     stopped = sorted({str(d["stopped_by"]) for d in ranks.values() if d.get("stopped_by")})
     knobs = _knobs(ranks)
+    cwd = next((n["cwd"] for n in nodes if n.get("cwd")), None)
     return {
         "schema_version": rundir.SCHEMA_VERSION,
         "ddpdoctor_version": __version__,
         "command": command,
-        "cwd": next((n["cwd"] for n in nodes if n.get("cwd")), None),
+        "cwd": cwd,
+        # this user's mark on the command this trace ran (`try` runs a marked one without asking)
+        command_mark.FIELD: command_mark.mark(command, cwd) if cwd == os.getcwd() else None,
         # "ddpdoctor --max-steps N" when ddpdoctor ended the job there (every rank at the same step)
         "stopped_by": stopped[0] if stopped else None,
         "knobs": knobs,  # trace --set: knob -> {"value", "applied", "reason"} (rank 0's, or the first rank's)
@@ -194,13 +198,15 @@ def rebuild(out: Path) -> dict[str, Any]:
         previous = {}
     if not isinstance(previous, dict):
         previous = {}
-    return build(
+    rebuilt = build(
         out,
         mode=str(previous.get("mode") or "scheduler"),
         command=list(previous.get("command") or []),
         config=dict(previous.get("capture") or {}),
         launch=previous.get("launch"),
     )
+    rebuilt[command_mark.FIELD] = previous.get(command_mark.FIELD)  # a command read from a file is never marked
+    return rebuilt
 
 
 def write(out: Path, manifest: dict[str, Any]) -> None:

@@ -9,10 +9,11 @@ the control run (RUN's command without a knob) failed, so nothing could be measu
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from typing import Any
 
-from ddpdoctor.cli.argtypes import count, seconds
+from ddpdoctor.cli.argtypes import MAX_SECONDS, count, seconds
 from ddpdoctor.cli.diagnose_cmd import add_rule_options, add_rule_selection, rule_options
 from ddpdoctor.errors import UsageError
 
@@ -70,6 +71,12 @@ def register(subparsers: Any, name: str, help_text: str) -> None:
         default="text",
         help="text (default), or json: the session's results.json on stdout",
     )
+    p.add_argument(
+        "--yes",
+        action="store_true",
+        help="run RUN's command (always shown first) even without the mark of your own `ddpdoctor trace` (a run "
+        "directory someone handed you, or an edited one); otherwise try asks, or refuses when not at a terminal",
+    )
     add_rule_selection(p)
     add_rule_options(p)
     p.set_defaults(func=run)
@@ -109,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
         settings_list = [settings]
     max_steps = args.max_steps or cmd.default_max_steps()
     timeout_s = args.timeout or _default_timeout(cmd.manifest)
+    _confirm(cmd, trial_cmd, yes=args.yes)
     folder = plan.new_session_dir(cmd.run)
 
     def progress(text: str) -> None:
@@ -136,7 +144,40 @@ def run(args: argparse.Namespace) -> int:
     return 0 if session.control.ok else 1
 
 
+def _confirm(cmd: Any, trial_cmd: Any, *, yes: bool) -> None:
+    """Show what will run, and where; run it without asking only when this user's own trace marked it.
+
+    A run directory is data someone can hand you: its manifest can name any command and directory. A command
+    without this user's mark (``ddpdoctor.capture.command_mark``) runs only after ``--yes`` or a "y" typed at
+    the terminal; without a terminal it is refused (exit 2)."""
+    from ddpdoctor.capture import command_mark
+    from ddpdoctor.trial import plan
+
+    for line in plan.describe(cmd, trial_cmd):
+        print(f"ddpdoctor try: {line}" if not line.startswith(" ") else line, file=sys.stderr)
+    why = command_mark.check(cmd.manifest)
+    if why is None or yes:
+        if why is not None:
+            print(f"ddpdoctor try: run with --yes although {why}", file=sys.stderr)
+        sys.stderr.flush()
+        return
+    where = cmd.run / "manifest.json"
+    advice = "read the command above and run it only if you trust it"
+    if not (sys.stdin is not None and sys.stdin.isatty()):
+        raise UsageError(f"{where}: command not run: {why}; {advice} (--yes runs it)")
+    print(f"ddpdoctor try: {why}: {advice}.", file=sys.stderr)
+    print("Run it? [y/N] ", end="", file=sys.stderr, flush=True)
+    try:
+        answer = sys.stdin.readline()
+    except (OSError, KeyboardInterrupt):
+        answer = ""
+    if answer.strip().lower() not in ("y", "yes"):
+        raise UsageError(f"{where}: command not run (not confirmed)")
+
+
 def _default_timeout(manifest: dict[str, Any]) -> float:
     started, finished = manifest.get("started_at"), manifest.get("finished_at")
     took = finished - started if isinstance(started, (int, float)) and isinstance(finished, (int, float)) else 0
-    return max(180.0, 4 * took)
+    if not math.isfinite(took) or took < 0:
+        took = 0
+    return min(max(180.0, 4 * took), MAX_SECONDS)

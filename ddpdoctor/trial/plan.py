@@ -8,12 +8,13 @@ directory, a step limit and the knobs; every other option stays as the user gave
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ddpdoctor import knobs, rundir
+from ddpdoctor import escape, knobs, rundir
 from ddpdoctor.errors import UsageError
 
 # Options of `trace` a trial sets itself (with whether they take a value); the user's are dropped.
@@ -61,26 +62,45 @@ class RunCommand:
 
 
 def read_run(path: str) -> RunCommand:
-    """RUN's command from its manifest; ``UsageError`` (one line, exit 2) when RUN cannot be run again."""
+    """RUN's command from its manifest; ``UsageError`` (one line naming the file and field, exit 2) when RUN cannot
+    be run again. Only what ``ddpdoctor trace`` itself records is run: a ``ddpdoctor trace`` command line that
+    trace's own parser accepts, from an absolute directory. Whether this user's own trace wrote it is
+    ``ddpdoctor.capture.command_mark.check``'s to say (``try`` shows the command and asks when it did not)."""
     run = Path(path)
     if not run.is_dir() or not rundir.is_run_dir(run):
         raise UsageError(f"{path}: not a ddpdoctor run directory (no manifest.json); trace one with `ddpdoctor trace`")
     manifest, notes = rundir.read_manifest(run)
     if not manifest:
         raise UsageError(f"{path}: {notes[0] if notes else 'no manifest.json'}: cannot tell which command to run")
+    where = run / rundir.MANIFEST
     command = manifest.get("command")
     if not (
         isinstance(command, list) and command[:2] == ["ddpdoctor", "trace"] and all(isinstance(a, str) for a in command)
     ):
-        raise UsageError(f"{path}: its manifest holds no `ddpdoctor trace` command to run again")
+        raise UsageError(
+            f"{where}: command: not a `ddpdoctor trace` command line (try runs only what `ddpdoctor trace` records)"
+        )
+    if any("\x00" in a for a in command):
+        raise UsageError(f"{where}: command: an argument holds a NUL character, which no command line can")
     if manifest.get("launch") == "scheduler" or manifest.get("mode") == "scheduler":
         raise UsageError(
             f"{path}: each rank of this run was started by a scheduler; `ddpdoctor try` cannot start them again "
             "(trace with torchrun or `--` COMMAND to try knobs)"
         )
-    from ddpdoctor.cli.trace_args import split_argv
+    from ddpdoctor.cli.trace_args import parse_own, split_argv
 
-    own, tr, target, after = split_argv(command[2:])
+    try:
+        own, tr, target, after = split_argv(command[2:])
+        recorded = parse_own(own)
+    except UsageError as exc:
+        raise UsageError(f"{where}: command: not a command line `ddpdoctor trace` accepts: {exc}") from None
+    if recorded.help or (not target and after is None):
+        raise UsageError(f"{where}: command: names no script or command to run")
+    capture = manifest.get("capture")
+    if capture is not None and not isinstance(capture, dict):
+        raise UsageError(f"{where}: capture: not a JSON object (the profiler schedule trace ran with)")
+    # the schedule the command itself gives (what trace recorded in capture, checked by trace's parser)
+    schedule = {k: getattr(recorded, k) for k in ("wait", "warmup", "active", "repeat")}
     kept: list[str] = []
     skip = False
     for tok in own:
@@ -92,15 +112,20 @@ def read_run(path: str) -> RunCommand:
             skip = _OURS[name] and "=" not in tok
             continue
         kept.append(tok)
-    cwd = Path(str(manifest.get("cwd") or os.getcwd()))
+    recorded_cwd = manifest.get("cwd")
+    if recorded_cwd is None:  # written before manifests recorded it: from here, as before
+        cwd = Path(os.getcwd())
+    elif isinstance(recorded_cwd, str) and os.path.isabs(recorded_cwd) and "\x00" not in recorded_cwd:
+        cwd = Path(recorded_cwd)
+    else:
+        raise UsageError(f"{where}: cwd: not an absolute directory path: {escape.terminal(repr(recorded_cwd))}")
     if not cwd.is_dir():
-        raise UsageError(f"{path}: the directory it was traced in, {cwd}, no longer exists")
+        raise UsageError(f"{path}: the directory it was traced in, {escape.terminal(cwd)}, no longer exists")
     if target and target[0] != "-m" and not (cwd / target[0]).is_file():
         raise UsageError(
-            f"{path}: its script {target[0]} is not in {cwd}"
-            + ("" if manifest.get("cwd") else " (this run does not record where it ran: run try from there)")
+            f"{path}: its script {escape.terminal(target[0])} is not in {escape.terminal(cwd)}"
+            + ("" if recorded_cwd else " (this run does not record where it ran: run try from there)")
         )
-    schedule = {k: int(v) for k, v in (manifest.get("capture") or {}).items() if isinstance(v, int)}
     return RunCommand(
         run=run,
         manifest=manifest,
@@ -111,6 +136,27 @@ def read_run(path: str) -> RunCommand:
         cwd=cwd,
         schedule=schedule,
     )
+
+
+def describe(cmd: RunCommand, trial_cmd: RunCommand | None = None) -> list[str]:
+    """What ``try`` runs, for the user to read before it does: the recorded command line and the directory, every
+    character shown (a control character in an argument cannot rewrite the terminal line that shows it)."""
+    recorded = [str(a) for a in cmd.manifest.get("command") or []]
+    lines = [
+        f"RUN's command, as recorded in {escape.terminal(cmd.run / rundir.MANIFEST)}, runs again in "
+        f"{escape.terminal(cmd.cwd)}:",
+        "  " + escape.terminal(shlex.join(recorded)),
+    ]
+    if cmd.command is not None:
+        lines.append("  the command after -- runs as you: " + escape.terminal(shlex.join(cmd.command)))
+    elif cmd.target and cmd.target[0] == "-m":
+        lines.append(f"  the module it runs: {escape.terminal(cmd.target[1])} (found from {escape.terminal(cmd.cwd)})")
+    elif cmd.target:
+        lines.append(f"  the script it runs: {escape.terminal(cmd.cwd / cmd.target[0])}")
+    if trial_cmd is not None and trial_cmd.torchrun != cmd.torchrun:
+        lines.append(f"  the trials run it with torchrun {escape.terminal(shlex.join(trial_cmd.torchrun))}")
+    lines.append("  each run adds --out RUN.trials/<n>/<setting> -q --max-steps N --set KNOB=VALUE (for the recorded)")
+    return lines
 
 
 def resolve(settings: dict[str, str], nproc_per_node: int) -> dict[str, str]:

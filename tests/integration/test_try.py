@@ -5,12 +5,27 @@ measurement and its interval say, and that the verdict is the one the interval g
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from pathlib import Path
 
 import pytest
 from helpers import SAMPLES, read_json, run_cli, write_script
 
 pytestmark = [pytest.mark.integration]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def own_trace_key(tmp_path_factory):
+    """This module's traces mark their commands with a key of their own, not the user's (~/.config/ddpdoctor)."""
+    before = os.environ.get("XDG_CONFIG_HOME")
+    os.environ["XDG_CONFIG_HOME"] = str(tmp_path_factory.mktemp("config"))
+    yield
+    if before is None:
+        os.environ.pop("XDG_CONFIG_HOME", None)
+    else:
+        os.environ["XDG_CONFIG_HOME"] = before
+
 
 # One huge bucket: DDP can all-reduce only after backward has finished (samples/ddp_train.py, an ~8 MB model).
 HUGE_BUCKET = [
@@ -227,6 +242,9 @@ def test_a_knob_that_does_not_apply_fails_the_trial_with_the_reason(tmp_path):
     assert traced.returncode == 0, traced.stderr
     result = run_cli("try", str(run), "--set", "ddp.bucket_cap_mb=5", cwd=tmp_path, timeout=240)
     assert result.returncode == 0, result.stderr
+    # what runs, and where, is shown first; this user's own trace marked it, so it runs without asking
+    assert f"runs again in {tmp_path}:" in result.stderr and f"the script it runs: {script}" in result.stderr
+    assert "--active 5 " + str(script) in result.stderr
     assert (
         "failed: ddp.bucket_cap_mb does not apply to this job: the job builds no DistributedDataParallel"
         in result.stdout
@@ -406,3 +424,105 @@ def test_a_control_run_that_fails_is_exit_1_with_its_error(tmp_path):
     assert result.returncode == 1, result.stderr
     assert "The control run failed, so nothing can be measured" in result.stdout
     assert "RuntimeError: the job is broken now" in result.stdout
+
+
+PLANTED = ["ddpdoctor", "trace", "--out", "x", "--", "bash", "-c", "echo owned > FILE; id"]
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny")
+    script = write_script(
+        folder / "tiny.py",
+        """
+        import torch
+        model = torch.nn.Linear(4, 4)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(12):
+            opt.zero_grad()
+            model(torch.randn(2, 4)).sum().backward()
+            opt.step()
+        """,
+    )
+    run = folder / "run"
+    traced = run_cli("trace", "-q", "--out", str(run), "--wait", "1", "--warmup", "1", "--active", "2", str(script))
+    assert traced.returncode == 0, traced.stderr
+    assert read_json(run / "manifest.json")["command_mark"].startswith("hmac-sha256:")
+    return run
+
+
+def _plant(tiny_run: Path, tmp_path: Path, *, keep_mark: bool) -> tuple[Path, Path]:
+    """A copy of a real run whose manifest names another command and directory (the mark left as it was, or
+    removed): what someone could hand you."""
+    run = Path(shutil.copytree(tiny_run, tmp_path / "handed"))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    manifest = read_json(run / "manifest.json")
+    manifest.update(command=PLANTED, cwd=str(elsewhere))
+    if not keep_mark:
+        del manifest["command_mark"]
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    return run, elsewhere
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("keep_mark", [True, False], ids=["edited", "unmarked"])
+def test_a_planted_command_is_shown_and_not_run(tiny_run, tmp_path, keep_mark):
+    run, elsewhere = _plant(tiny_run, tmp_path, keep_mark=keep_mark)
+    result = run_cli("try", str(run), "--set", "torch.intra_op_threads=1", cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert not (elsewhere / "FILE").exists()  # it ran before: "owned" in elsewhere/FILE
+    assert not (tmp_path / "handed.trials").exists()
+    # shown before anything runs: the command, the script it runs, and where
+    assert f"runs again in {elsewhere}:" in result.stderr
+    assert "the command after -- runs as you: bash -c 'echo owned > FILE; id'" in result.stderr
+    error = result.stderr.strip().splitlines()[-1]
+    assert error.startswith(f"ddpdoctor: error: {run / 'manifest.json'}: command not run: ") and "--yes" in error
+    assert ("does not match" if keep_mark else "carries no mark") in error
+
+
+@pytest.mark.timeout(120)
+def test_yes_runs_a_command_that_is_not_marked_after_showing_it(tiny_run, tmp_path):
+    run, elsewhere = _plant(tiny_run, tmp_path, keep_mark=False)
+    result = run_cli("try", str(run), "--set", "torch.intra_op_threads=1", "--yes", cwd=tmp_path, timeout=100)
+    assert "the command after -- runs as you: bash -c 'echo owned > FILE; id'" in result.stderr
+    assert "run with --yes although it carries no mark" in result.stderr
+    assert (elsewhere / "FILE").read_text() == "owned\n"  # the user said yes: it ran, in its directory
+
+
+@pytest.mark.timeout(120)
+def test_at_a_terminal_try_asks_before_running_a_command_that_is_not_marked(tiny_run, tmp_path):
+    import pty
+    import subprocess
+    import sys
+
+    run, elsewhere = _plant(tiny_run, tmp_path, keep_mark=False)
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ddpdoctor", "try", str(run), "--set", "torch.intra_op_threads=1"],
+        stdin=follower,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
+    os.close(follower)
+    os.write(leader, b"n\n")
+    _, stderr = proc.communicate(timeout=100)
+    os.close(leader)
+    assert proc.returncode == 2, stderr
+    assert "Run it? [y/N]" in stderr and "command not run (not confirmed)" in stderr
+    assert not (elsewhere / "FILE").exists() and not (tmp_path / "handed.trials").exists()
+
+
+@pytest.mark.timeout(120)
+def test_a_manifest_whose_capture_is_a_list_is_one_line_exit_2(tiny_run, tmp_path):
+    run = Path(shutil.copytree(tiny_run, tmp_path / "run"))
+    manifest = read_json(run / "manifest.json")
+    manifest["capture"] = [1, 2]
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    result = run_cli("try", str(run), "--set", "torch.intra_op_threads=1", cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.strip() == f"ddpdoctor: error: {run / 'manifest.json'}: capture: not a JSON object " + (
+        "(the profiler schedule trace ran with)"
+    )
