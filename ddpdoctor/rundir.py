@@ -136,15 +136,20 @@ def atomic_write_json(path: Path, obj: Any) -> None:
 
 
 def atomic_gzip_file(src: str | os.PathLike[str], dest: Path, *, compresslevel: int = 3) -> None:
-    """Compress ``src`` into ``dest`` atomically (level 3: near level 9's size at a fraction of its time)."""
+    """Compress ``src`` into ``dest`` atomically (level 3: near level 9's size at a fraction of its time). A write
+    that fails (a full disk) raises and leaves ``dest`` as it was; the data is synced before the rename, so a crash
+    never finds a short ``dest`` (the caller may remove ``src`` once ``dest`` is named)."""
     import gzip
     import shutil
 
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = _tmp_path(dest)
     try:
-        with open(src, "rb") as fin, gzip.open(tmp, "wb", compresslevel=compresslevel) as fout:
-            shutil.copyfileobj(fin, fout, 1 << 20)
+        with open(src, "rb") as fin, open(tmp, "wb") as raw:
+            with gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=compresslevel) as fout:
+                shutil.copyfileobj(fin, fout, 1 << 20)
+            raw.flush()
+            os.fsync(raw.fileno())
         os.replace(tmp, dest)
     except BaseException:
         _unlink_quietly(tmp)

@@ -17,7 +17,6 @@ import contextlib
 import gc
 import os
 import sys
-import tempfile
 import threading
 import time
 import warnings
@@ -270,46 +269,62 @@ class Session:
 
     # ---- output ----------------------------------------------------------------------------------------------
     def _on_trace_ready(self, prof: Any) -> None:
+        from ddpdoctor.capture.export import TraceNotWritten
+        from ddpdoctor.capture.step_clock import ranges
+
         if self.clock.take_startup_trace():
             return  # the start-up recording: not a training step
         if not self.claimed and self._launched_ranks():
             return  # this process only launched the ranks: its start-up is not a rank's trace
+        lost = sum(e.startswith("profiled window ") and " not written: " in e for e in self.capture_errors)
+        window = f"profiled window {len(self.trace_files) + lost + 1}"
         try:
-            name = self._export(prof)
-            self.trace_files.append(name)
             self.claimed = True
+            name = self._export(prof)
+        except Exception as exc:  # never break the user's training because a trace could not be written
+            why = str(exc) if isinstance(exc, TraceNotWritten) else f"{type(exc).__name__}: {exc}"
+            recorded = ranges(self.clock.recorded)
+            if recorded:  # the window that just ended: the last `active` steps recorded
+                first, last = max(recorded[-1][0], recorded[-1][1] - self.config.active + 1), recorded[-1][1]
+                window += f" (steps {first}-{last})" if first != last else f" (step {last})"
+            self.capture_errors.append(f"{window} not written: {why}")
+            self.write_rank_file()
+            if not self.config.quiet:
+                print(
+                    f"ddpdoctor: warning: rank {self.rank}: {window} not written to {self.out}: {why}; "
+                    "its trace is lost (nothing incomplete was kept), the training goes on",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            return
+        try:
+            self.trace_files.append(name)
             self.write_rank_file()
             if self.identity.local_rank == 0 and not self.config.quiet:
                 size_mb = (self.out / name).stat().st_size / 1e6
                 print(
-                    f"ddpdoctor: rank {self.rank}: profiled window {len(self.trace_files)} written "
+                    f"ddpdoctor: rank {self.rank}: {window} written "
                     f"({name}, {size_mb:.1f} MB; gzipped in the background)",
                     file=sys.stderr,
                     flush=True,
                 )
-        except Exception as exc:  # never break the user's training because a trace could not be written
-            self.capture_errors.append(f"writing trace failed: {type(exc).__name__}: {exc}")
-            return
+        except Exception as exc:  # the trace is in place and named in the rank file (or found beside it)
+            self.capture_errors.append(f"reporting trace {name} failed: {type(exc).__name__}: {exc}")
         try:
             self._compressor.submit(name)
         except Exception as exc:  # no thread to be had: the trace stays uncompressed
             self.capture_errors.append(f"compressing trace {name} failed (kept uncompressed): {exc}")
 
     def _export(self, prof: Any) -> str:
-        """Write the profiler's window as ``rank<R>.<span>.pt.trace.json`` (the profiler's own exporter, then a
-        rename: a reader never sees half a file); return the file name. It is gzipped later, off this thread."""
+        """Write the profiler's window as ``rank<R>.<span>.pt.trace.json`` (the profiler's own exporter, checked,
+        then a rename: a reader never sees half a file, and an incomplete one is never put in place: raises
+        ``TraceNotWritten`` with the reason); return the file name. It is gzipped later, off this thread."""
+        from ddpdoctor.capture.export import export_trace
+
         span = max(int(time.time() * 1000), self._last_span + 1)
         self._last_span = span
         name = rundir.trace_file_name(self.rank, span).removesuffix(GZ)
-        fd, tmp = tempfile.mkstemp(prefix=f".rank{self.rank}.", suffix=".json", dir=self.out)
-        os.close(fd)
-        try:
-            prof.export_chrome_trace(tmp)
-            os.replace(tmp, self.out / name)
-        finally:
-            for leftover in (tmp, tmp + ".tmp"):  # Kineto writes <tmp>.tmp and renames it
-                with contextlib.suppress(OSError):
-                    os.unlink(leftover)
+        export_trace(prof, self.out, name, self.rank)
         return name
 
     def _compressed(self, name: str, error: BaseException | None) -> None:

@@ -238,10 +238,12 @@ def main(argv: list[str]) -> int:
             )
         else:
             say.summary(out, rank=who.rank if launch == "scheduler" else None)
-            disk = launcher.rank_write_error(out, man) if launch != "direct" else None  # direct: raised above
+            disk = launcher.rank_write_error(out, man)  # met writing a trace, though the files written later fit
             if disk is not None:  # the ranks met it writing their traces: the same line as in one-process mode
+                job = "script" if launch == "direct" else "job"
                 print(
-                    f"ddpdoctor: error: cannot write the run directory {out}: {disk} (the job exited with code {code})",
+                    f"ddpdoctor: error: cannot write the run directory {out}: {disk} "
+                    f"(the {job} exited with code {code})",
                     file=sys.stderr,
                     flush=True,
                 )
