@@ -94,7 +94,7 @@ def read_run(path: str) -> RunCommand:
         recorded = parse_own(own)
     except UsageError as exc:
         raise UsageError(f"{where}: command: not a command line `ddpdoctor trace` accepts: {exc}") from None
-    if recorded.help or (not target and after is None):
+    if recorded.help or (not target and after is None) or (target[:1] == ["-m"] and len(target) < 2):
         raise UsageError(f"{where}: command: names no script or command to run")
     capture = manifest.get("capture")
     if capture is not None and not isinstance(capture, dict):
@@ -155,7 +155,7 @@ def describe(cmd: RunCommand, trial_cmd: RunCommand | None = None) -> list[str]:
         lines.append(f"  the script it runs: {escape.terminal(cmd.cwd / cmd.target[0])}")
     if trial_cmd is not None and trial_cmd.torchrun != cmd.torchrun:
         lines.append(f"  the trials run it with torchrun {escape.terminal(shlex.join(trial_cmd.torchrun))}")
-    lines.append("  each run adds --out RUN.trials/<n>/<setting> -q --max-steps N --set KNOB=VALUE (for the recorded)")
+    lines.append("  each run adds its own --out, -q, --max-steps and --set (the recorded ones are left out)")
     return lines
 
 

@@ -60,6 +60,7 @@ def test_a_good_manifest_gives_the_command(tmp_path):
         ({"command": ["ddpdoctor", "trace", "--hang-timeout", "nan", "train.py"]}, "command"),
         ({"command": ["ddpdoctor", "trace", "--set", "torch.intra_op_threads=" + "9" * 30, "train.py"]}, "command"),
         ({"command": ["ddpdoctor", "trace", "--out", "x"]}, "command"),
+        ({"command": ["ddpdoctor", "trace", "--", "-m"]}, "command"),
         ({"command": ["ddpdoctor", "trace", "train.py", "a\x00b"]}, "command"),
         ({"cwd": "relative/dir"}, "cwd"),
         ({"cwd": 5}, "cwd"),
