@@ -40,6 +40,7 @@ one error policy: a file that cannot be read or does not fit its type is left ou
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -156,9 +157,55 @@ def atomic_gzip_file(src: str | os.PathLike[str], dest: Path, *, compresslevel: 
         raise
 
 
+# The most a run file (manifest, node, rank or summary file) may hold. A rank file grows by about 200 bytes per
+# step (its step time and five memory and five GIL figures, indented): 1 GiB is five million steps. A larger one is
+# not a file ddpdoctor wrote, and a device or a sparse file is not read into memory.
+RUN_FILE_MAX_BYTES = 1 << 30
+
+
+def open_regular(path: str | os.PathLike[str]) -> Any:
+    """``path`` opened for reading (binary) when it is a regular file, else OSError saying what it is: a FIFO, a
+    device or a folder is never read (or waited on: it is opened non-blocking, then looked at). A link is read
+    as what it points to."""
+    import stat
+
+    try:
+        f = open(path, "rb", opener=lambda name, flags: os.open(name, flags | os.O_NONBLOCK))  # noqa: SIM115
+    except OSError as exc:
+        if exc.errno != errno.ENXIO:
+            raise
+        try:  # a socket: say so
+            mode = os.stat(path).st_mode
+        except OSError:
+            raise exc from None
+        raise _not_regular(mode, path) from None
+    try:
+        mode = os.fstat(f.fileno()).st_mode
+        if not stat.S_ISREG(mode):
+            raise _not_regular(mode, path)
+        os.set_blocking(f.fileno(), True)
+    except BaseException:
+        f.close()
+        raise
+    return f
+
+
+def _not_regular(mode: int, path: str | os.PathLike[str]) -> OSError:
+    return OSError(errno.EINVAL, f"{entry_kind(mode)}, not a regular file", str(path))
+
+
+def read_regular(path: str | os.PathLike[str], limit: int = RUN_FILE_MAX_BYTES) -> bytes:
+    """The bytes of regular file ``path`` (``open_regular``), at most ``limit``: OSError for a larger one."""
+    with open_regular(path) as f:
+        size = os.fstat(f.fileno()).st_size
+        data = f.read(limit + 1) if size <= limit else b""
+        if size > limit or len(data) > limit:
+            raise OSError(errno.EFBIG, f"larger than {limit >> 20} MiB, more than a run file holds", str(path))
+    return data
+
+
 def read_json(path: Path) -> Any:
-    with open(path, "rb") as f:
-        return json.loads(f.read())
+    return json.loads(read_regular(path))
 
 
 def _unlink_quietly(path: str) -> None:
@@ -413,8 +460,7 @@ def _read_capture(path: str) -> tuple[dict[str, Any] | None, str | None]:
     """``(data, None)``, ``(None, why)`` (the file left out), or ``(data, note)``: a rank capture whose optional
     records that do not fit were left out (``_without_unfit_records``), the note saying which and why."""
     try:
-        with open(path, "rb") as f:
-            data = _JSON.decode(f.read())
+        data = _JSON.decode(read_regular(path))
         if isinstance(data, dict):
             msgspec.convert(data, RankCapture)
             return data, None
@@ -468,8 +514,7 @@ def _read_summary(path: str, shared: _SharedGroups) -> tuple[dict[str, Any] | No
     """``(data, None)`` or ``(None, why)``: a summary file checked against ``RankSummary`` (the process groups'
     text decoded once for the ranks that share it, ``_SharedGroups``)."""
     try:
-        with open(path, "rb") as f:
-            wire, groups = shared.decode(f.read())
+        wire, groups = shared.decode(read_regular(path))
     except (OSError, msgspec.MsgspecError, ValueError, RecursionError):
         return _read_checked(Path(path), RankSummary)
     data = {name: getattr(wire, name) for name in wire.__struct_fields__}

@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 
 from ddpdoctor.errors import TraceError
-from ddpdoctor.rundir import MANIFEST
+from ddpdoctor.rundir import MANIFEST, entry_kind
 
 _PT_TRACE = re.compile(r"\.pt\.trace\.json(\.gz)?$", re.IGNORECASE)
 _JSON = re.compile(r"\.json(\.gz)?$", re.IGNORECASE)
@@ -32,7 +32,11 @@ def trace_files(path: Path) -> list[Path]:
     if path.is_file():
         return [path]
     if not path.is_dir():
-        raise TraceError(f"{shown(path)}: no such file or directory")
+        try:  # there, but a FIFO, a device, a socket: say what it is
+            what = f"{entry_kind(path.stat().st_mode)}, not a trace file or a folder"
+        except OSError:
+            what = "no such file or directory"
+        raise TraceError(f"{shown(path)}: {what}")
     entries = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
     pt = [p for p in entries if _PT_TRACE.search(p.name)]
     files = pt or [p for p in entries if _JSON.search(p.name) and p.name != MANIFEST]

@@ -194,7 +194,7 @@ PARALLEL_MIN_BYTES = 256 << 20
 def json_bytes(path: Path) -> int:
     """About how many bytes of JSON ``path`` holds: the gzip trailer's size field (mod 4 GiB), or the size."""
     try:
-        with open(path, "rb") as f:
+        with rundir.open_regular(path) as f:  # never waits on a FIFO
             if f.read(2) != b"\x1f\x8b":
                 return os.fstat(f.fileno()).st_size
             f.seek(-4, 2)

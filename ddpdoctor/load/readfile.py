@@ -19,6 +19,7 @@ from isal import igzip, isal_zlib
 
 from ddpdoctor.errors import TraceError
 from ddpdoctor.load.discover import shown
+from ddpdoctor.rundir import open_regular
 
 READ_CHUNK = 1 << 20
 GZIP_MIN_BYTES = 18  # 10-byte header + 8-byte trailer
@@ -32,7 +33,7 @@ _JSON_START = (b"{", b"[")
 def read_bytes(path: Path) -> bytes | np.ndarray:
     """The (decompressed) bytes of a trace file; TraceError naming the file when it is empty or corrupt."""
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:  # a FIFO or a device is never read (or waited on)
             head = f.read(2)
             if not head:
                 raise TraceError(f"{shown(path)}: empty file")
