@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import enum
 import time
+import weakref
 from typing import Any
 
 
@@ -40,6 +41,14 @@ def ranges(indices: list[int]) -> list[list[int]]:
     return out
 
 
+def _ref(obj: Any) -> Any:
+    """A weak reference to ``obj`` (a strong one, as a callable, for an object that cannot have weak ones)."""
+    try:
+        return weakref.ref(obj)
+    except TypeError:
+        return lambda: obj
+
+
 class StepClock:
     """Counts iterations and times them (wall ms); knows nothing of the profiler but what it is told."""
 
@@ -50,7 +59,8 @@ class StepClock:
         self.recorded: list[int] = []  # iterations inside a profiled window
         self.startup = StartupTrace.RECORDING
         self.startup_ended_by: str | None = None  # "first step" | "time limit" | "end of run"
-        self._first_optimizer: int | None = None
+        self._marker: Any = None  # () -> the optimizer whose step ends an iteration (a weak reference)
+        self._others: dict[int, Any] = {}  # optimizers stepped since the marker last did (id -> reference)
         self._t0 = time.perf_counter()
         self.last_step_t = self._t0
 
@@ -58,14 +68,32 @@ class StepClock:
     def counts_optimizer(self, optimizer: Any) -> bool:
         """Whether this ``optimizer.step()`` ends an iteration.
 
-        ``ddpdoctor.step()`` takes over from optimizers once called; with several optimizers (GANs, per-group
-        optimizers) the first one to step marks the iteration.
+        ``ddpdoctor.step()`` takes over from optimizers once called. One optimizer marks the iterations: the first
+        to step. With several stepped in one iteration (a GAN's two, ZeRO's wrapper and the optimizer inside it)
+        the others never end one. The job may move to another optimizer (a new Adam built at step 3): the marker
+        passes to the next optimizer that steps once the marking one is gone (freed), or to one that steps twice
+        while the marking one did not step at all. An optimizer built and never stepped changes nothing.
         """
         if self.source == "manual":
             return False
-        if self._first_optimizer is None:
-            self._first_optimizer = id(optimizer)
-        return id(optimizer) == self._first_optimizer
+        marker = self._marker() if self._marker is not None else None
+        if marker is None:  # the first step of the run, or the optimizer that marked iterations was freed
+            self._follow(optimizer)
+            return True
+        if marker is optimizer:
+            self._others.clear()
+            return True
+        key = id(optimizer)
+        if key in self._others and self._others[key]() is optimizer:
+            # it stepped again and the marker not once since: the job uses this one now
+            self._follow(optimizer)
+            return True
+        self._others[key] = _ref(optimizer)  # held weakly where it can be: a stale id is dropped with its object
+        return False
+
+    def _follow(self, optimizer: Any) -> None:
+        self._marker = _ref(optimizer)
+        self._others.clear()
 
     def tick(self, source: str, *, recording: bool) -> None:
         """End the current iteration. ``recording``: the profiler was recording it (a profiled step)."""
