@@ -11,6 +11,7 @@ import os
 import socket
 from pathlib import Path
 
+from ddpdoctor import escape
 from ddpdoctor.errors import DDPDoctorError
 
 DEFAULT_HOST = "127.0.0.1"
@@ -18,13 +19,15 @@ DEFAULT_PORT = 6006
 
 
 def check_port_free(host: str, port: int) -> None:
-    """A one-line ``DDPDoctorError`` when ``host:port`` cannot be listened on (taken, or a bad address)."""
-    if port == 0:
-        return
+    """A one-line ``DDPDoctorError`` when ``host:port`` cannot be listened on (taken, or a bad address); port 0
+    (any free port) checks the address only."""
+    shown = escape.terminal(host)
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror as exc:
-        raise DDPDoctorError(f"cannot listen on {host}: {exc.strerror}") from None
+        raise DDPDoctorError(f"cannot listen on {shown}: {exc.strerror} (--host)") from None
+    except (UnicodeError, ValueError):  # the IDNA codec refuses it: empty or over-long labels ("bad..host")
+        raise DDPDoctorError(f"cannot listen on {shown}: not a valid host name or address (--host)") from None
     family, _, _, _, address = infos[0]
     with socket.socket(family, socket.SOCK_STREAM) as probe:
         # As the server will: SO_REUSEADDR, so a port in TIME_WAIT after a previous run still counts as free.
@@ -33,10 +36,8 @@ def check_port_free(host: str, port: int) -> None:
             probe.bind(address)
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
-                raise DDPDoctorError(
-                    f"port {port} on {host} is already in use; pick another with --port"
-                ) from None
-            raise DDPDoctorError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+                raise DDPDoctorError(f"port {port} on {shown} is already in use; pick another with --port") from None
+            raise DDPDoctorError(f"cannot listen on {shown}:{port}: {exc.strerror or exc} (--host)") from None
 
 
 def start(logdir: Path, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 
+import pytest
 from helpers import run_cli
 
 
@@ -34,3 +35,14 @@ def test_listed_in_help():
     assert result.returncode == 0 and "view" in result.stdout
     result = run_cli("view", "--help", timeout=60)
     assert "--port" in result.stdout and "--host" in result.stdout and "127.0.0.1" in result.stdout
+
+
+@pytest.mark.parametrize("host", ["bad..host", "a" * 300, "no-such-host.invalid", "192.0.2.1"])
+@pytest.mark.parametrize("port", ["6006", "0"])
+def test_a_bad_host_is_one_line(tmp_path, host, port):
+    (tmp_path / "ranks").mkdir()
+    result = run_cli("view", str(tmp_path), "--host", host, "--port", port, timeout=60)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("ddpdoctor: error: cannot listen on ") and "--host" in line, line
+    assert not (tmp_path / "tensorboard").exists()
