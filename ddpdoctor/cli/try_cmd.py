@@ -46,7 +46,7 @@ def register(subparsers: Any, name: str, help_text: str) -> None:
     )
     p.add_argument(
         "--nproc-per-node",
-        type=count(1, 1024),
+        type=count(1, 1024),  # trial.plan.MAX_RANKS_PER_NODE
         default=None,
         metavar="N",
         help="with --as-ddp: ranks (default: the GPUs DataParallel used, 2 on a CPU)",

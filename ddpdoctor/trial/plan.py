@@ -19,6 +19,7 @@ from ddpdoctor.errors import UsageError
 
 # Options of `trace` a trial sets itself (with whether they take a value); the user's are dropped.
 _OURS = {"--out": True, "-o": True, "--force": False, "--set": True, "--max-steps": True, "-q": False, "--quiet": False}
+MAX_RANKS_PER_NODE = 1024  # what --nproc-per-node takes
 STEPS_AFTER_WINDOW = 10  # steps a trial runs past the profiled window by default (samples of undisturbed steps)
 
 
@@ -204,4 +205,8 @@ def as_ddp(cmd: RunCommand, analysis: Any, nproc_per_node: int | None) -> RunCom
     if nproc_per_node is None:
         devices = max((len(entry.get("device_ids") or []) for entry in dp), default=0)
         nproc_per_node = devices if devices > 1 else 2
+        if nproc_per_node > MAX_RANKS_PER_NODE:  # a rank file says so; no node has that many devices
+            raise UsageError(
+                f"{cmd.run}: its DataParallel lists {devices} devices; give the ranks with --nproc-per-node N"
+            )
     return replace(cmd, torchrun=("--standalone", "--nproc-per-node", str(nproc_per_node)))

@@ -127,3 +127,13 @@ def test_the_shown_command_cannot_hide_itself_from_the_terminal(tmp_path):
     shown = "\n".join(lines)
     assert "\x1b" not in shown and "\r" not in shown and "\\x1b[2K\\x0d" in shown
     assert str(tmp_path) in shown and "bash -c" in shown
+
+
+def test_as_ddp_does_not_start_as_many_ranks_as_a_rank_file_claims(tmp_path):
+    from types import SimpleNamespace
+
+    cmd = plan.read_run(str(_run(tmp_path)))
+    analysis = SimpleNamespace(captures={0: {"dp": [{"device_ids": list(range(100_000))}]}})
+    with pytest.raises(UsageError, match="lists 100000 devices; give the ranks with --nproc-per-node N"):
+        plan.as_ddp(cmd, analysis, None)
+    assert plan.as_ddp(cmd, analysis, 4).torchrun == ("--standalone", "--nproc-per-node", "4")
