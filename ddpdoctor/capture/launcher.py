@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ddpdoctor import rundir
+from ddpdoctor.capture import interpreter
 from ddpdoctor.capture import manifest as manifest_mod
 from ddpdoctor.capture.config import CaptureConfig
 
@@ -45,7 +46,9 @@ def run_command(cmd: list[str]) -> int:
     Ctrl-C reaches the whole process group from the terminal, so here we only keep waiting for the launcher to
     finish its own shutdown.
     """
+    global _untraced
     child = subprocess.Popen(cmd)
+    watch = interpreter.Watch(child.pid).start()
 
     def forward(signum: int, frame: object) -> None:
         if child.poll() is None:
@@ -60,6 +63,12 @@ def run_command(cmd: list[str]) -> int:
                 forward(signal.SIGINT, None)
     finally:
         signal.signal(signal.SIGTERM, previous)
+        _untraced = watch.stop()
+
+
+# What the last run_command saw of its job: processes that ran interpreters the start-up hook cannot reach
+# (python -I/-E/-S), for finish_run to name as the likely cause of a rank that left no data.
+_untraced: list[interpreter.Untraced] = []
 
 
 def startup_hook_env(environ: dict[str, str]) -> dict[str, str]:
@@ -136,10 +145,22 @@ def finish_run(
         man = manifest_mod.build(
             out, mode=mode, command=command, config=config.schedule_dict(), launch=launch_form(out, launch or mode)
         )
+        _name_untraced(man, _untraced)
         manifest_mod.write(out, man)
         if _run_files_state(out) == before:
             break
     return man
+
+
+def _name_untraced(man: dict[str, Any], found: list[interpreter.Untraced]) -> None:
+    """A rank that left no data while the job ran an interpreter the start-up hook cannot reach: say that is the
+    likely cause, instead of "crashed at start-up or was not launched"."""
+    reason = interpreter.no_data_reason(found)
+    if reason is None:
+        return
+    for entry in man.get("ranks") or []:
+        if str(entry.get("reason") or "").startswith("no data:"):
+            entry["reason"] = reason
 
 
 def _run_files_state(out: Path) -> tuple[Any, ...]:

@@ -74,6 +74,13 @@ def _default_out(target: Any, command: list[str] | None = None) -> Path:
 
 
 def _check_command(command: list[str]) -> None:
+    import shlex
+
+    from ddpdoctor.capture.interpreter import untraceable
+
+    why = untraceable(command)  # python -I/-E/-S: PYTHONPATH, and so the start-up hook, never reaches it
+    if why is not None:
+        raise UsageError(f"cannot trace `{shlex.join(command)}`: {why}")
     exe = command[0]
     if os.sep in exe:
         if not (os.path.isfile(exe) and os.access(exe, os.X_OK)):
