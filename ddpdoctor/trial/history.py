@@ -21,14 +21,23 @@ def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def is_session(name: str) -> bool:
+    """A session folder's name: ``1``, ``2``, ... (ASCII digits; ``isdigit`` alone takes '²', which int() refuses)."""
+    return name.isascii() and name.isdigit()
+
+
 def _row(session: str, trial: dict[str, Any]) -> dict[str, Any]:
     measurement = trial.get("measurement") if isinstance(trial.get("measurement"), dict) else {}
     step = next(
-        (m for m in measurement.get("metrics") or [] if isinstance(m, dict) and m.get("metric") == "step_ms.median"),
+        (m for m in _list(measurement.get("metrics")) if isinstance(m, dict) and m.get("metric") == "step_ms.median"),
         {},
     )
     interval = measurement.get("measured_gain_interval_ms")
-    rules = [r for r in trial.get("rules") or [] if isinstance(r, dict)]
+    rules = [r for r in _list(trial.get("rules")) if isinstance(r, dict)]
     return {
         "session": session,
         "settings": _label(trial.get("settings")),
@@ -38,8 +47,8 @@ def _row(session: str, trial: dict[str, Any]) -> dict[str, Any]:
         "gain_interval_ms": [_number(v) for v in interval]
         if isinstance(interval, list) and len(interval) == 2
         else None,
-        "went_away": [str(f) for f in measurement.get("findings_went_away") or []],
-        "appeared": [str(f) for f in measurement.get("findings_appeared") or []],
+        "went_away": [str(f) for f in _list(measurement.get("findings_went_away"))],
+        "appeared": [str(f) for f in _list(measurement.get("findings_appeared"))],
         "estimates": [
             {
                 "rule": str(r.get("rule")),
@@ -59,7 +68,7 @@ def read_trials(run: Path) -> tuple[list[dict[str, Any]], list[str]]:
         return [], []
     rows: list[dict[str, Any]] = []
     notes: list[str] = []
-    sessions = sorted((p for p in base.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
+    sessions = sorted((p for p in base.iterdir() if is_session(p.name)), key=lambda p: int(p.name))
     for folder in sessions:
         path = folder / "results.json"
         if not path.is_file():

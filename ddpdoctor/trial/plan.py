@@ -43,7 +43,7 @@ class RunCommand:
             name, _, value = tok.partition("=")
             if name in ("--nproc-per-node", "--nproc_per_node"):
                 value = value or (self.torchrun[i + 1] if i + 1 < len(self.torchrun) else "")
-                return int(value) if value.isdigit() else 1
+                return int(value) if value.isascii() and value.isdigit() else 1
         return int(self.manifest.get("world_size") or 1)
 
     def default_max_steps(self) -> int:
@@ -176,7 +176,7 @@ def new_session_dir(run: Path) -> Path:
         base.mkdir(exist_ok=True)
     except OSError as exc:
         raise UsageError(f"cannot write the trials of {run} to {base}: {exc.strerror or exc}") from None
-    n = 1 + max((int(p.name) for p in base.iterdir() if p.name.isdigit()), default=0)
+    n = 1 + max((int(p.name) for p in base.iterdir() if p.name.isascii() and p.name.isdigit()), default=0)
     while True:
         path = base / str(n)
         try:
