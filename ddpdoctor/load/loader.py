@@ -62,6 +62,7 @@ def load(
     if use_summaries and run_dir:
         summarized, summary_notes = _summaries(root, capture)
         if summarized is not None:
+            file_notes += _without_capture(root, summarized, capture, file_notes)
             return _make_run(root, summarized, "distributedInfo", capture, manifest, file_notes)
         file_notes += summary_notes
 
@@ -86,7 +87,41 @@ def load(
             _settle_ranks(ranks, plan)
     except _NeedTables:  # rare: spans of one rank in several workers' files, or a rank told by file order
         return load(root, workers=workers, progress=progress)
+    if run_dir:
+        file_notes += _without_capture(root, ranks, capture, file_notes)
     return _make_run(root, ranks, source, capture, manifest, skipped + file_notes)
+
+
+def _without_capture(
+    root: Path, ranks: list[RankTrace], capture: dict[int, dict[str, Any]], notes: list[str]
+) -> list[str]:
+    """Notes on the ranks of a run directory read from their traces without a capture file (``ranks/rank<R>.json``
+    missing, left out, or stating another rank): their step times, set-up and memory records are not in the
+    analysis."""
+    alone = [rt for rt in ranks if rt.rank not in capture]
+    out = []
+    for rt in alone[:8]:
+        name = f"{rundir.RANKS_DIR}/{rundir.rank_file(root, rt.rank).name}"
+        if any(n.startswith(f"{name}: ") for n in notes):
+            why = f"{name} was left out (above)"
+        elif rundir.rank_file(root, rt.rank).exists():
+            why = f"{name} states another rank"
+        else:
+            why = f"{name} is missing"
+        files = ", ".join(shown(Path(f).name) for f in rt.files[:3]) + (", ..." if len(rt.files) > 3 else "")
+        out.append(f"rank {rt.rank} is read from its trace alone ({files}), without its capture file: {why}")
+    if len(alone) > 8:
+        out.append(f"{len(alone) - 8} more ranks are read from their traces alone, without a capture file")
+    return out
+
+
+def _trace_ranks(root: Path) -> set[int]:
+    """The ranks the run directory's own trace files name (``rank<R>.<span>.pt.trace.json[.gz]``)."""
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return set()
+    return {int(m.group("rank")) for name in names if (m := rundir.TRACE_FILE_RE.match(name))}
 
 
 @dataclass(frozen=True)
@@ -357,11 +392,12 @@ def _backend(ranks: list[RankTrace], capture: dict[int, dict[str, Any]]) -> str 
 
 
 def _summaries(root: Path, capture: dict[int, dict[str, Any]]) -> tuple[list[RankTrace] | None, list[str]]:
-    """Ranks from ``ranks/rank<R>.summary.json`` (None unless every captured rank has one this version wrote),
+    """Ranks from ``ranks/rank<R>.summary.json`` (None unless every rank with a capture file or a trace file
+    has one this version wrote),
     and notes on summary files that could not be used."""
     found, notes = rundir.read_summaries(root, __version__)
-    if not found or (capture and set(capture) - set(found)):
-        return None, notes
+    if not found or (capture and set(capture) - set(found)) or _trace_ranks(root) - set(found):
+        return None, notes  # a rank with a capture file or a trace but no summary: the traces are read
     ranks = [
         RankTrace(
             rank=r,
