@@ -118,7 +118,7 @@ def register(subparsers: Any, name: str, help_text: str) -> None:
 
 def run_baseline(args: argparse.Namespace) -> int:
     from ddpdoctor.compare import read_input
-    from ddpdoctor.compare.baseline_file import dumps
+    from ddpdoctor.compare.baseline_file import MAX_FILE_BYTES, dumps
     from ddpdoctor.compare.snapshot import combine
     from ddpdoctor.errors import UsageError
 
@@ -128,6 +128,12 @@ def run_baseline(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     text = dumps(snapshot)
+    size = len(text.encode())
+    if size > MAX_FILE_BYTES:  # never write a baseline that gate would refuse to read
+        raise UsageError(
+            f"the baseline would be {size / 2**20:.1f} MiB; gate reads at most {MAX_FILE_BYTES >> 20} MiB "
+            "(its devices and findings grow with the world size)"
+        )
     emit(lambda _, stream: stream.write(text), None, args.output, announce=False)  # says more below
     if args.output is not None:
         metrics = sum(v is not None for v in snapshot.metrics.values())

@@ -16,6 +16,11 @@ Baseline JSON (``kind`` "ddpdoctor-baseline", schema_version 1; keys are added, 
      "notes": ["..."]}
 
 Units: ms per step, bytes, ratios 0-1, GB/s.
+
+Bounds when read: the file at most ``MAX_FILE_BYTES``, each list of samples at most ``MAX_FILE_SAMPLES`` (this
+version writes at most ``samples.MAX_POOLED``; earlier ones kept one per rank per step, which such a file still
+holds and the gate still reads, said in a note), every number at most ``MAX_MAGNITUDE`` in magnitude (no ms, byte,
+ratio or GB/s of a training run comes near it, and the statistics of larger ones overflow).
 """
 
 from __future__ import annotations
@@ -26,7 +31,12 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from ddpdoctor.compare.samples import MAX_POOLED
 from ddpdoctor.compare.snapshot import KIND, SCHEMA_VERSION, Snapshot
+
+MAX_FILE_BYTES = 32 << 20  # a baseline of 10,000 ranks with a device each is ~3 MB
+MAX_FILE_SAMPLES = 50_000  # per metric
+MAX_MAGNITUDE = 1e15  # 1e15 bytes is a petabyte, 1e15 ms 31,000 years
 
 _NUMBER_LIST = re.compile(r"\[\s*((?:-?[\d.eE+-]+\s*,\s*)*-?[\d.eE+-]+)\s*\]")
 
@@ -34,10 +44,7 @@ _NUMBER_LIST = re.compile(r"\[\s*((?:-?[\d.eE+-]+\s*,\s*)*-?[\d.eE+-]+)\s*\]")
 def dumps(snapshot: Snapshot) -> str:
     """The baseline file's text: one key per line, each list of numbers on one line (reviewable diffs)."""
     text = json.dumps(snapshot.to_json(), indent=1, allow_nan=False, ensure_ascii=False)
-    return (
-        _NUMBER_LIST.sub(lambda m: "[" + ", ".join(x.strip() for x in m.group(1).split(",")) + "]", text)
-        + "\n"
-    )
+    return _NUMBER_LIST.sub(lambda m: "[" + ", ".join(x.strip() for x in m.group(1).split(",")) + "]", text) + "\n"
 
 
 def from_json(data: Mapping[str, Any], source: str) -> Snapshot:
@@ -58,6 +65,8 @@ def from_json(data: Mapping[str, Any], source: str) -> Snapshot:
         raise ValueError(f"baseline schema_version must be the integer {SCHEMA_VERSION}, got {version!r}")
     metrics = _mapping(data, "metrics", required=True)
     samples = _mapping(data, "samples")
+    read = {str(k): _finite_list(f"samples.{k}", v) for k, v in samples.items()}
+    many = [f"samples.{k} has {len(v)}" for k, v in read.items() if len(v) > MAX_POOLED]
     runs = data.get("runs")
     if runs is not None and not (
         isinstance(runs, list) and all(isinstance(r, dict) and isinstance(r.get("metrics"), dict) for r in runs)
@@ -68,12 +77,20 @@ def from_json(data: Mapping[str, Any], source: str) -> Snapshot:
         origin=_text_or_none(data, "run"),
         environment=_mapping(data, "environment"),
         metrics={str(k): _finite_or_none(f"metrics.{k}", v) for k, v in metrics.items()},
-        samples={str(k): _finite_list(f"samples.{k}", v) for k, v in samples.items()},
+        samples=read,
         sample_notes={str(k): str(v) for k, v in _mapping(data, "sample_notes").items()},
         devices=_list_of_objects(data, "devices"),
         findings=_findings(data.get("findings")),
         rules_evaluated=_strings_or_none(data, "rules_evaluated"),
-        notes=[str(n) for n in _list(data, "notes")],
+        notes=[str(n) for n in _list(data, "notes")]
+        + (
+            [
+                f"{', '.join(many)} samples (an earlier ddpdoctor kept one per rank per step): the noise test uses "
+                f"{MAX_POOLED} quantiles of each, which widens its interval; record the baseline again"
+            ]
+            if many
+            else []
+        ),
         incomplete=_strings_or_none(data, "incomplete") or [],
         created_at=str(data.get("created_at") or ""),
         is_baseline=True,
@@ -95,12 +112,19 @@ def _finite_or_none(where: str, value: Any) -> float | None:
         raise ValueError(f'"{where}" is too large to be a float') from None
     if not math.isfinite(out):
         raise ValueError(f'"{where}" must be a finite number, got {out}')
+    if abs(out) > MAX_MAGNITUDE:
+        raise ValueError(f'"{where}" is {out:g}: larger than any value a run records (at most {MAX_MAGNITUDE:g})')
     return out
 
 
 def _finite_list(where: str, value: Any) -> list[float]:
     if not isinstance(value, list):
         raise ValueError(f'"{where}" must be a list of numbers, got {_short(value)}')
+    if len(value) > MAX_FILE_SAMPLES:
+        raise ValueError(
+            f'"{where}" has {len(value)} samples; a baseline holds at most {MAX_FILE_SAMPLES} per metric '
+            f"(ddpdoctor baseline writes at most {MAX_POOLED})"
+        )
     out = [_finite_or_none(f"{where}[{i}]", x) for i, x in enumerate(value)]
     if any(x is None for x in out):
         raise ValueError(f'"{where}" must be a list of numbers, not null')
@@ -168,5 +192,3 @@ def _short(value: Any) -> str:
         return f"an integer of {len(str(abs(value)))} digits"
     text = json.dumps(value) if not isinstance(value, float) else repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
-
-

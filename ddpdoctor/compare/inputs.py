@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ddpdoctor.compare import snapshot as snap
-from ddpdoctor.compare.baseline_file import from_json
+from ddpdoctor.compare.baseline_file import MAX_FILE_BYTES, from_json
 from ddpdoctor.errors import UsageError
 from ddpdoctor.pipeline import RuleOptions, analyze_run
 from ddpdoctor.rundir import MANIFEST, RANKS_DIR
@@ -35,7 +35,15 @@ def _is_baseline_file(path: Path) -> bool:
 
 def read_baseline(path: Path) -> snap.Snapshot:
     try:
-        data = json.loads(path.read_bytes())
+        with open(path, "rb") as f:
+            raw = f.read(MAX_FILE_BYTES + 1)  # bounded: json.loads needs several times the text's size
+        if len(raw) > MAX_FILE_BYTES:
+            size = max(path.stat().st_size, len(raw))
+            raise UsageError(
+                f"{path}: the baseline is {size / 2**20:.1f} MiB; a baseline file is at most "
+                f"{MAX_FILE_BYTES >> 20} MiB (ddpdoctor baseline writes a few MB at most)"
+            )
+        data = json.loads(raw)
     except OSError as exc:
         raise UsageError(f"{path}: cannot read the baseline: {exc.strerror or exc}") from None
     except ValueError as exc:
@@ -60,8 +68,8 @@ def read_input(arg: str, *, rules: RuleOptions | Sequence[Any] | None = None) ->
     if _is_baseline_file(path):
         return read_baseline(path)
     if path.is_file() and path.suffix == ".json" and not path.name.endswith(".pt.trace.json"):
-        try:  # a JSON that is neither a baseline nor a trace: say which it is not
-            data = json.loads(path.read_bytes())
+        try:  # a JSON that is neither a baseline nor a trace: say which it is not (a large one is a trace)
+            data = json.loads(path.read_bytes()) if path.stat().st_size <= MAX_FILE_BYTES else None
         except (OSError, ValueError, RecursionError):
             data = None
         if isinstance(data, dict) and "traceEvents" not in data:

@@ -8,6 +8,12 @@ left out when enough steps remain; both runs of a comparison get the same treatm
 
 The job's step time for step k is the slowest rank's wall time for that step: in DDP every rank waits for the
 others in the all-reduce, so the ranks' wall times are nearly equal and the maximum is the job's pace.
+
+Bounds: a run gives at most ``MAX_SAMPLES`` samples per metric, a baseline of several runs ``MAX_POOLED`` (the
+gate's bootstrap, and the baseline file a reviewer reads, stay small whatever the world size). The per-rank
+metrics of the traces (exposed communication, data loading, ...) have one value per rank per step; up to
+``MAX_SAMPLES`` of them are kept as they are, beyond that they are reduced per step over groups of ranks
+(``reduce_rank_steps``), which keeps their mean.
 """
 
 from __future__ import annotations
@@ -19,7 +25,8 @@ from typing import Any
 import numpy as np
 
 MIN_STEADY = 5  # fewer undisturbed steps than this: fall back to every step but the first
-MAX_SAMPLES = 1000  # a baseline stays reviewable: at most this many per-step samples (the last ones)
+MAX_SAMPLES = 1000  # a baseline stays reviewable: at most this many per-step samples per run (the last ones)
+MAX_POOLED = 5000  # a baseline of several runs: at most this many per metric, all runs together
 
 
 def _int(value: Any, default: int = 0) -> int:
@@ -79,8 +86,66 @@ def job_step_times(captures: Sequence[Mapping[str, Any]]) -> tuple[list[float], 
     return values, f"{len(values)} {how}, steps {span}, slowest rank per step"
 
 
+def reduce_rank_steps(rank: Any, step: Any, values: Any, statistic: str = "mean") -> tuple[list[float], str | None]:
+    """At most ``MAX_SAMPLES`` samples of a per-rank, per-step metric (``rank``, ``step``, ``values``: one entry
+    per rank and step) and a note saying how they were made (None: every finite value, unchanged).
+
+    Up to ``MAX_SAMPLES`` values are kept as they are. Beyond that, each step's values are reduced over G groups
+    of ranks (rank i in group i mod G), G the largest divisor of the rank count with G x steps <= MAX_SAMPLES
+    (G = 1: one value per step over all ranks), by ``statistic`` ("mean": every group has as many ranks, so
+    the samples' mean is the mean over every rank and step; "median", "p90": the groups' median). Only the
+    last ``MAX_SAMPLES`` steps are kept.
+
+    Why per step: the ranks of one step are not independent draws (a slow step is slow on every rank), and the
+    bootstrap treats its samples as independent. Kept rank by rank, such a step counts once per rank; reduced, once
+    per group: the interval of a large run is wider than its rank-steps would give, never narrower."""
+    v = np.asarray(values, dtype=float)
+    r = np.asarray(rank, dtype=float)
+    s = np.asarray(step, dtype=float)
+    keep = np.isfinite(v) & np.isfinite(r) & np.isfinite(s)
+    if int(keep.sum()) <= MAX_SAMPLES:
+        return v[keep].tolist(), None
+    v, r, s = v[keep], r[keep], s[keep]
+    steps = np.unique(s)
+    if len(steps) > MAX_SAMPLES:
+        steps = steps[-MAX_SAMPLES:]
+        inside = s >= steps[0]
+        v, r, s = v[inside], r[inside], s[inside]
+    ranks = np.unique(r)
+    most = max(1, MAX_SAMPLES // len(steps))
+    groups = max(g for g in range(1, min(most, len(ranks)) + 1) if len(ranks) % g == 0)
+    group = np.searchsorted(ranks, r) % groups
+    key = np.searchsorted(steps, s) * groups + group
+    if statistic == "mean":
+        sums = np.bincount(key, weights=v, minlength=len(steps) * groups)
+        counts = np.bincount(key, minlength=len(steps) * groups)
+        out = (sums[counts > 0] / counts[counts > 0]).tolist()
+    else:
+        import pandas as pd  # compare and gate import it anyway
+
+        grouped = pd.Series(v).groupby(key)
+        out = (grouped.median() if statistic == "median" else grouped.quantile(0.9)).astype(float).tolist()
+    size = len(ranks) // groups
+    over = f"all {len(ranks)} ranks" if groups == 1 else f"each of {groups} groups of {size} ranks"
+    return out, (
+        f"{len(out)} samples: per step, the {statistic} over {over} "
+        f"({len(ranks)} ranks x {len(steps)} steps; more than {MAX_SAMPLES} rank-steps)"
+    )
+
+
+def pool(runs: Sequence[Sequence[float]]) -> tuple[list[float], int | None]:
+    """Several runs' samples of one metric as one list of at most ``MAX_POOLED``: every run's, or, when they are
+    more, the last ``MAX_POOLED // len(runs)`` of each (every run weighs the same). The second value: how many
+    were kept of each run (None: all)."""
+    if sum(len(r) for r in runs) <= MAX_POOLED:
+        return [float(x) for r in runs for x in r], None
+    each = max(1, MAX_POOLED // max(len(runs), 1))
+    return [float(x) for r in runs for x in list(r)[-each:]][:MAX_POOLED], each
+
+
 def gil_samples(captures: Sequence[Mapping[str, Any]]) -> list[float]:
-    """GIL contention (0-1) per profiled step, averaged over the ranks that measured it."""
+    """GIL contention (0-1) per profiled step, averaged over the ranks that measured it (the last
+    ``MAX_SAMPLES`` steps)."""
     by_step: dict[int, list[float]] = {}
     for c in captures:
         gil = c.get("gil")
@@ -94,7 +159,9 @@ def gil_samples(captures: Sequence[Mapping[str, Any]]) -> list[float]:
             value = _float(value)
             if value is not None and isinstance(step, int) and not isinstance(step, bool):
                 by_step.setdefault(step, []).append(value)
-    return [float(np.mean(v)) for _, v in sorted(by_step.items())]
+    with np.errstate(all="ignore"):
+        means = [float(np.mean(v)) for _, v in sorted(by_step.items())][-MAX_SAMPLES:]
+    return [m for m in means if math.isfinite(m)]
 
 
 def statistic(values: Sequence[float], name: str) -> float | None:
@@ -102,8 +169,11 @@ def statistic(values: Sequence[float], name: str) -> float | None:
     if not len(values):
         return None
     arr = np.asarray(values, dtype=float)
-    if name == "median":
-        return float(np.median(arr))
-    if name == "p90":
-        return float(np.percentile(arr, 90))
-    return float(np.mean(arr))
+    with np.errstate(all="ignore"):  # values near the float limit: an inf mean, not a warning on stderr
+        if name == "median":
+            out = float(np.median(arr))
+        elif name == "p90":
+            out = float(np.percentile(arr, 90))
+        else:
+            out = float(np.mean(arr))
+    return out if math.isfinite(out) else None

@@ -91,7 +91,7 @@ def build(
     samples: dict[str, list[float]] = {}
     sample_notes: dict[str, str] = {}
     if metrics is not None:
-        _from_metrics(metrics, values, samples)
+        _from_metrics(metrics, values, samples, sample_notes)
     steps, how = smp.job_step_times(captures)
     if steps:
         samples["step_ms"], sample_notes["step_ms"] = steps, how
@@ -178,9 +178,11 @@ def combine(snapshots: Sequence[Snapshot]) -> Snapshot:
                     f"{first.label} but {s.environment.get(key)} in {s.label}"
                 )
     samples: dict[str, list[float]] = {}
-    for s in snapshots:
-        for key, values in s.samples.items():
-            samples.setdefault(key, []).extend(values)
+    trimmed: dict[str, int] = {}
+    for key in dict.fromkeys(k for s in snapshots for k in s.samples):
+        samples[key], each = smp.pool([s.samples.get(key, []) for s in snapshots])
+        if each is not None:
+            trimmed[key] = each
     values: dict[str, float | None] = {}
     for name in {k for s in snapshots for k in s.metrics}:
         spec = next((m for m in METRICS if m.name == name), None)
@@ -205,7 +207,15 @@ def combine(snapshots: Sequence[Snapshot]) -> Snapshot:
         origin=", ".join(s.origin or s.source for s in snapshots),
         metrics=values,
         samples=samples,
-        sample_notes={k: f"{v} (pooled over {len(snapshots)} runs)" for k, v in first.sample_notes.items()},
+        sample_notes={
+            **{k: f"{v} (pooled over {len(snapshots)} runs)" for k, v in first.sample_notes.items()},
+            **{
+                k: f"{first.sample_notes[k] + ' (' if k in first.sample_notes else ''}pooled over {len(snapshots)} "
+                f"runs, the last {each} of each (at most {smp.MAX_POOLED} in all)"
+                + (")" if k in first.sample_notes else "")
+                for k, each in trimmed.items()
+            },
+        },
         findings=findings,
         rules_evaluated=evaluated,
         notes=[f"{s.label}: {n}" for s in snapshots for n in s.notes],
@@ -234,7 +244,9 @@ def _round(value: float | None, digits: int = 6) -> float | None:
     return float(f"{value:.{digits}g}") if abs(value) < 1e6 else float(round(value))
 
 
-def _from_metrics(metrics: Any, values: dict[str, float | None], samples: dict[str, list[float]]) -> None:
+def _from_metrics(
+    metrics: Any, values: dict[str, float | None], samples: dict[str, list[float]], notes: dict[str, str]
+) -> None:
     ranks = [dict(r) for r in (getattr(metrics, "ranks", None) or [])]
     for name in _RANK_MEAN:
         found = [v for v in (_num(r.get(name)) for r in ranks) if v is not None]
@@ -250,16 +262,31 @@ def _from_metrics(metrics: Any, values: dict[str, float | None], samples: dict[s
     df = per_step.to_pandas() if hasattr(per_step, "to_pandas") else per_step.copy()
     if "analyzed" in df.columns:  # steps the metrics leave out (a window's last step on a GPU) stay out here too
         df = df[df["analyzed"].astype(bool)]
+    by_rank_step = {"rank", "step"} <= set(df.columns)
     for m in METRICS:
         key = m.samples
-        if key and key != "step_ms" and key in df.columns:
-            col = df[key].astype(float).dropna()
-            if len(col):
-                samples[key] = col.tolist()  # pooled over ranks and steps: its mean is the mean over ranks
-    if "step_ms" in df.columns and {"rank", "step"} <= set(df.columns):
+        if key and key != "step_ms" and key in df.columns and key not in samples:
+            # pooled over ranks and steps (its mean is the mean over ranks), reduced per step beyond MAX_SAMPLES
+            if by_rank_step:
+                col = _floats(df[key])
+                found, note = smp.reduce_rank_steps(_floats(df["rank"]), _floats(df["step"]), col, m.statistic)
+            else:
+                found, note = _floats(df[key]).dropna().tolist()[-smp.MAX_SAMPLES :], None
+            if found:
+                samples[key] = found
+                if note:
+                    notes[key] = note
+    if "step_ms" in df.columns and by_rank_step:
         job = df.groupby("step")["step_ms"].max().dropna()
         if len(job):
-            samples["step_ms"] = job.astype(float).tolist()
+            samples["step_ms"] = job.astype(float).tolist()[-smp.MAX_SAMPLES :]
+
+
+def _floats(column: Any) -> Any:
+    """A pandas column as floats (None and non-numbers: NaN)."""
+    import pandas as pd
+
+    return pd.to_numeric(column, errors="coerce").astype(float)
 
 
 def environment(captures: Sequence[Mapping[str, Any]], metrics: Any = None) -> dict[str, Any]:

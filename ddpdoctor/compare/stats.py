@@ -6,6 +6,13 @@ the same verdict) and returns the interval of ``stat(current) - stat(baseline)``
 ``stat(current) / stat(baseline) - 1`` (relative). The change is not noise when the interval does not
 contain 0.
 
+Memory is bounded whatever the input: the resamples are drawn in batches of at most ``BATCH_ELEMENTS`` values
+(scipy's ``batch``; inputs small enough to fit in one batch are resampled exactly as before), and a sample of
+more than ``MAX_RESAMPLED`` values is first reduced to that many of its quantiles. That reduction widens the
+interval (the bootstrap sees fewer values), so it can hide a small regression, never invent one; the runs'
+samples are bounded before they get here (``samples.MAX_SAMPLES``, ``samples.MAX_POOLED``), so it only applies
+to baselines written by earlier versions, which kept one sample per rank per step.
+
 Caveat, said in the report: steps of one run are not independent draws (a slow minute slows many steps), so
 the interval is somewhat narrower than the truth; the thresholds are what keeps the gate from failing on small
 shifts.
@@ -24,6 +31,8 @@ CONFIDENCE = 0.95
 N_RESAMPLES = 4999
 SEED = 20240601
 MIN_SAMPLES = 5  # fewer per run: no interval (the gate then cannot call a timing change a regression)
+MAX_RESAMPLED = 5000  # values of one sample the bootstrap resamples (= samples.MAX_POOLED)
+BATCH_ELEMENTS = 1 << 20  # resampled values per batch (8 MB of float64; the index array is as large)
 METHOD = f"bootstrap (scipy.stats.bootstrap, BCa, {N_RESAMPLES} resamples, fixed seed)"
 
 
@@ -93,18 +102,24 @@ def run_spread(
     x, y = _finite(values), _finite(current)
     if len(x) < MIN_RUNS or (relative and reference == 0):
         return None
-    dx = x / reference - 1.0 if relative else x - reference
     q = 0.5 + confidence / 2
-    if len(y) < MIN_RUNS:
-        t = float(_scipy_stats().t.ppf(q, len(x) - 1))
-        return RunSpread(t * float(np.std(dx, ddof=1)) * float(np.sqrt(1 + 1 / len(x))), len(x), confidence)
-    dy = y / reference - 1.0 if relative else y - reference
-    vx, vy = float(np.var(dx, ddof=1)) / len(x), float(np.var(dy, ddof=1)) / len(y)
-    se = float(np.sqrt(vx + vy))
-    if se == 0:
-        return RunSpread(0.0, len(x), confidence, len(y))
-    df = (vx + vy) ** 2 / (vx**2 / (len(x) - 1) + vy**2 / (len(y) - 1))  # Welch-Satterthwaite
-    return RunSpread(float(_scipy_stats().t.ppf(q, df)) * se, len(x), confidence, len(y))
+    with np.errstate(all="ignore"):  # values near the float limit: no margin (None), not a warning
+        dx = x / reference - 1.0 if relative else x - reference
+        if len(y) < MIN_RUNS:
+            t = float(_scipy_stats().t.ppf(q, len(x) - 1))
+            margin = t * float(np.std(dx, ddof=1)) * float(np.sqrt(1 + 1 / len(x)))
+            return RunSpread(margin, len(x), confidence) if np.isfinite(margin) else None
+        dy = y / reference - 1.0 if relative else y - reference
+        vx, vy = np.var(dx, ddof=1) / len(x), np.var(dy, ddof=1) / len(y)  # numpy floats: inf, not OverflowError
+        se = float(np.sqrt(vx + vy))
+        if not np.isfinite(se):
+            return None
+        if se == 0:
+            return RunSpread(0.0, len(x), confidence, len(y))
+        df = float((vx + vy) ** 2 / (vx**2 / (len(x) - 1) + vy**2 / (len(y) - 1)))  # Welch-Satterthwaite
+        if not np.isfinite(df):
+            return None
+        return RunSpread(float(_scipy_stats().t.ppf(q, df)) * se, len(x), confidence, len(y))
 
 
 def change_interval(
@@ -118,15 +133,33 @@ def change_interval(
 ) -> Interval | None:
     """The ``confidence`` interval of the change of ``statistic`` ("median" | "p90" | "mean") from
     ``baseline`` to ``current`` (relative: a fraction, 0.05 = +5 %; absolute: in the samples' unit). None
-    when either run has fewer than ``MIN_SAMPLES`` samples, or a relative change from a baseline statistic
-    of 0."""
-    a = np.asarray(baseline, dtype=float)
-    b = np.asarray(current, dtype=float)
-    a, b = a[np.isfinite(a)], b[np.isfinite(b)]
+    when either run has fewer than ``MIN_SAMPLES`` samples, a relative change from a baseline statistic
+    of 0, or samples so large that their statistics overflow."""
+    a = _bounded(baseline)
+    b = _bounded(current)
     if len(a) < MIN_SAMPLES or len(b) < MIN_SAMPLES:
         return None
+    with np.errstate(all="ignore"):  # values near the float limit overflow: no interval, not a warning
+        return _interval(a, b, statistic, relative, confidence, seed)
+
+
+def _bounded(values: Sequence[float]) -> np.ndarray:
+    """The finite values, or ``MAX_RESAMPLED`` evenly spaced quantiles of them when they are more."""
+    x = np.asarray(values, dtype=float)
+    x = x[np.isfinite(x)]
+    if len(x) <= MAX_RESAMPLED:
+        return x
+    return np.quantile(x, (np.arange(MAX_RESAMPLED) + 0.5) / MAX_RESAMPLED)
+
+
+def _interval(
+    a: np.ndarray, b: np.ndarray, statistic: str, relative: bool, confidence: float, seed: int
+) -> Interval | None:
     f = _stat(statistic)
-    if relative and f(a, None) == 0:
+    fa, fb = f(a, None), f(b, None)
+    if not (np.isfinite(fa) and np.isfinite(fb)) or not (np.isfinite(np.ptp(a)) and np.isfinite(np.ptp(b))):
+        return None
+    if relative and fa == 0:
         return None
 
     def change(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -138,7 +171,9 @@ def change_interval(
 
     if np.ptp(a) == 0 and np.ptp(b) == 0:  # constant samples: no spread to resample
         point = float(change(a, b))
-        return Interval(point, point, confidence)
+        return Interval(point, point, confidence) if np.isfinite(point) else None
+    per_resample = max(len(a), len(b))
+    batch = None if per_resample * N_RESAMPLES <= BATCH_ELEMENTS else max(1, BATCH_ELEMENTS // per_resample)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # DegenerateDataWarning: handled below by the percentile fallback
         for method in ("BCa", "percentile"):
@@ -150,6 +185,7 @@ def change_interval(
                 vectorized=True,
                 confidence_level=confidence,
                 method=method,
+                batch=batch,
                 **_rng_kwargs(seed),
             )
             low, high = float(res.confidence_interval.low), float(res.confidence_interval.high)
