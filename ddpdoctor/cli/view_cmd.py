@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,8 @@ def run(args: argparse.Namespace) -> int:
     if args.rewrite_events or not has_events(path):
         out = write_events(path, rules=rules)
         print(f"ddpdoctor: wrote TensorBoard event files to {out}", flush=True)
+    for why in server.unreadable_traces(path):
+        print(f"ddpdoctor: warning: {why}; the PyTorch Profiler tab leaves it out", file=sys.stderr, flush=True)
     url = server.start(path.resolve(), args.host, args.port)
     warning = (
         ("ddpdoctor: warning: serving on every network interface; anyone who can reach this machine can read the run\n")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import socket
 from pathlib import Path
 
@@ -40,11 +41,33 @@ def check_port_free(host: str, port: int) -> None:
             raise DDPDoctorError(f"cannot listen on {shown}:{port}: {exc.strerror or exc} (--host)") from None
 
 
+def unreadable_traces(run_dir: Path) -> list[str]:
+    """Why each trace under ``run_dir`` that the PyTorch Profiler tab would list cannot be read, one line each
+    (ddpdoctor's own reader: a corrupt or truncated gzip file, a file that is not JSON)."""
+    from ddpdoctor.errors import TraceError
+    from ddpdoctor.load.readfile import read_bytes
+
+    found = []
+    for path in sorted(run_dir.rglob("*.pt.trace.json*")):
+        if not _TRACE.search(path.name) or any(part.startswith(".") for part in path.relative_to(run_dir).parts):
+            continue
+        if not path.is_file():
+            continue
+        try:
+            read_bytes(path)
+        except TraceError as exc:
+            found.append(str(exc))
+    return found
+
+
+_TRACE = re.compile(r"\.pt\.trace\.json(\.gz)?$")
+
+
 def start(logdir: Path, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> str:
     """Start TensorBoard in a background thread of this process and return its URL."""
-    os.environ.setdefault(
-        "TORCH_PROFILER_LOG_LEVEL", "WARNING"
-    )  # the profiler plugin logs every file it parses
+    # The profiler plugin logs every file it parses (INFO), and a trace it cannot parse as a warning with chained
+    # tracebacks from its worker processes: ddpdoctor says that in one line itself (``unreadable_traces``).
+    os.environ.setdefault("TORCH_PROFILER_LOG_LEVEL", "ERROR")
     from tensorboard import default, program
 
     tb = program.TensorBoard(plugins=default.get_plugins())
