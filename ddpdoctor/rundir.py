@@ -8,6 +8,13 @@ Layout of ``OUT/``::
                                            TensorBoard's profiler plugin shows worker "rank<R>"
     ranks/rank<R>.json                     capture data of rank R (``RankCapture`` below)
     ranks/rank<R>.summary.json             metrics rank R computed from its own trace at the end of the run
+    groups/group<N>.json                   a job that created more than one process group (an evaluation spawned
+    groups/group<N>/                       after the training, a world-size-1 group of a helper): each group but
+                                           the training one has its own folder with this same layout (``ranks/``,
+                                           traces; ``ddpdoctor diagnose`` reads it as a run), and a record
+                                           {"name", "dir", "world_size", "backend", "hostname", "pid",
+                                           "created_at"[, "moved_from"]}; the top level holds the training group
+                                           (the one every command reads), and manifest.json's ``groups`` lists them
     tensorboard/                           event files (scalars, findings) for TensorBoard
 
 Every file is written to a temporary name in the same folder and renamed into place, so a reader never sees a
@@ -35,6 +42,8 @@ one error policy: a file that cannot be read or does not fit its type is left ou
      "dp": [{"module", "device_ids", "output_device"}],
      "threads": {"cpu_count", "omp_num_threads", "torch_intra_op_threads", "torch_inter_op_threads"},
      "trace_files": ["rank0.1732900000000.pt.trace.json.gz", ...],
+     "process_groups": [{"name", "rank", "world_size", "backend"}, ...],  # the groups this process joined, in
+                                                  # order; name "" is the top level; the file describes the first
      "torch_version", "cuda_available"}
 """
 
@@ -66,6 +75,7 @@ __all__ = ["DeviceMemory", "Manifest", "ManifestRank", "RankCapture", "RankSumma
 MANIFEST = "manifest.json"
 RANKS_DIR = "ranks"
 NODES_DIR = "nodes"
+GROUPS_DIR = "groups"
 TENSORBOARD_DIR = "tensorboard"
 
 # The worker-name pattern TensorBoard's profiler plugin uses: "<worker>.<span>.pt.trace.json[.gz]".
@@ -86,6 +96,15 @@ def summary_file(out: Path, rank: int) -> Path:
 
 def node_file(out: Path, node_rank: int) -> Path:
     return out / NODES_DIR / f"node{node_rank}.json"
+
+
+def group_dir(out: Path, name: str) -> Path:
+    """The folder of process group ``name`` (``group<N>``) that is not the run's top-level one: the same layout."""
+    return out / GROUPS_DIR / name
+
+
+def group_record(out: Path, name: str) -> Path:
+    return out / GROUPS_DIR / f"{name}.json"
 
 
 def trials_dir(run: Path) -> Path:
@@ -115,6 +134,11 @@ def _tmp_path(path: Path) -> str:
     os.fchmod(fd, _FILE_MODE)
     os.close(fd)
     return tmp
+
+
+def temporary_path(path: Path) -> str:
+    """A new empty temporary file beside ``path`` (hidden, ``.<name>.<random>.tmp``), for a writer to rename."""
+    return _tmp_path(path)
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -248,8 +272,10 @@ _LAYOUT = {
         rf"|\.{_TRACE}\.gz\.{_RANDOM}\.tmp"  # atomic_gzip_file
         rf"|\.rank\d+\.{_RANDOM}\.json(\.tmp)?"  # the profiler's export and Kineto's own temporary
         r"|\.ddpdoctor-(write-test|space-probe)-\d+",  # trace's and the launcher's probes
-        {RANKS_DIR: "ranks", NODES_DIR: "nodes", TENSORBOARD_DIR: "tensorboard"},
+        {RANKS_DIR: "ranks", NODES_DIR: "nodes", TENSORBOARD_DIR: "tensorboard", GROUPS_DIR: "groups"},
     ),
+    # groups/group<N>.json, and groups/group<N>/: the files of another process group of the job, a run's layout
+    "groups": _Folder(rf"group\d+\.json|\.group\d+\.json\.{_RANDOM}\.tmp", {r"group\d+": "run"}),
     "ranks": _Folder(rf"rank\d+(\.summary)?\.json|\.rank\d+(\.summary)?\.json\.{_RANDOM}\.tmp"),
     "nodes": _Folder(rf"node\d+\.json|\.node\d+\.json\.{_RANDOM}\.tmp"),
     # tensorboard/rank<R>/, and the folders `view` writes it in and moves it aside to

@@ -6,6 +6,8 @@
 It only adds an import hook that, when torch's ``distributed_c10d`` module is loaded, wraps
 ``init_process_group``. A process that creates its default process group is a rank: it then starts a capture session
 (unless it has one already), with the group's rank, and finishes it when the process exits, recording how it ended.
+Its files go where its group's do (:mod:`ddpdoctor.capture.groups`): a second group of the job never replaces the
+files of the first.
 
 A launcher (torchrun's agent, ``accelerate launch``, ``mp.spawn``'s parent), a DataLoader worker or a helper script
 never creates a process group, so it is never traced. Anything that fails here prints one line and leaves the
@@ -93,6 +95,9 @@ def _patch(module: Any) -> None:
         from ddpdoctor.capture.invisible import invisible
 
         module.init_process_group = invisible(init_process_group)
+        package = sys.modules.get("torch.distributed")  # loaded already (the process ddpdoctor runs a script in)
+        if package is not None and getattr(package, "init_process_group", None) is original:
+            package.init_process_group = module.init_process_group
     except Exception as exc:
         _warn("cannot watch init_process_group", exc)
 
@@ -113,8 +118,9 @@ def _joined_process_group() -> None:
 
 def _start_rank_session() -> None:
     import dataclasses
+    from pathlib import Path
 
-    from ddpdoctor.capture import exits, rank_file
+    from ddpdoctor.capture import exits, groups, rank_file
     from ddpdoctor.capture.config import CaptureConfig
     from ddpdoctor.capture.session import Session
 
@@ -127,9 +133,11 @@ def _start_rank_session() -> None:
     info = rank_file.dist_info()
     if info is None:
         return
+    # Where this group's files go (the run's top level, or a folder of its own): agreed with the group's other ranks.
+    placement = groups.join(Path(config.out), rank=info["rank"], world_size=info["world_size"], backend=info["backend"])
     who = rank_file.identity().with_process_group(info["rank"], info["world_size"])
     session = Session(config, identity=who)
-    session.dist = info
+    session.joined_process_group(placement)
     session.start()
     exits.finish_at_exit(session)
 

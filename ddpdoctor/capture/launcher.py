@@ -295,7 +295,10 @@ class Reporter:
             )
         notes = man.get("notes", [])
         before = [n for n in notes if n.startswith(manifest_mod.BEFORE_WINDOW)]
-        for note in [n for n in notes if n not in before] if not failed else []:
+        groups = [n for n in notes if n.startswith(manifest_mod.GROUPS_NOTE)]  # where each process group's files are
+        for note in groups:
+            self._print(f"ddpdoctor: note: {note}")
+        for note in [n for n in notes if n not in before and n not in groups] if not failed else []:
             self._print(f"ddpdoctor: note: {note}; call ddpdoctor.step() at the end of each iteration to mark steps")
         for note in before:  # a crash too: it happened before anything was profiled
             self._print(f"ddpdoctor: note: {note}; lower --wait/--warmup or run more steps")

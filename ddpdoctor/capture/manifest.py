@@ -18,6 +18,7 @@ from typing import Any
 from ddpdoctor import rundir
 from ddpdoctor._version import __version__
 from ddpdoctor.capture import command_mark
+from ddpdoctor.capture import groups as groups_mod
 
 
 def read_rank_files(out: Path) -> dict[int, dict[str, Any]]:
@@ -107,6 +108,8 @@ def build(
         except (OSError, ValueError):
             continue
     ranks = read_rank_files(out)
+    if _may_settle(out, nodes, ranks) and groups_mod.settle(out, process_groups(out, ranks)):
+        ranks = read_rank_files(out)  # the training group's, now at the top level
     expected: set[int] = set(ranks)
     for node in nodes:
         expected.update(node.get("expected_ranks") or [])
@@ -142,6 +145,16 @@ def build(
         )
     if ranks and steps_seen and not any(e.get("profiled_steps") or e.get("trace_files") for e in entries):
         notes.append(_before_window(entries, config))
+    groups = process_groups(out, ranks)
+    if len(groups) > 1:
+        notes.append(groups_note(groups))
+    rejoined = [r for r, d in ranks.items() if len(d.get("process_groups") or []) > 1]
+    if rejoined:
+        notes.append(
+            f"{GROUPS_NOTE} more than one process group in the same process{'es' if len(rejoined) > 1 else ''} "
+            f"(rank{'s' if len(rejoined) > 1 else ''} {', '.join(map(str, rejoined))}): what a process did after its "
+            "first group is counted in its files here, with that group's rank (ranks/rank<R>.json: process_groups)"
+        )
     stopped = sorted({str(d["stopped_by"]) for d in ranks.values() if d.get("stopped_by")})
     knobs = _knobs(ranks)
     cwd = next((n["cwd"] for n in nodes if n.get("cwd")), None)
@@ -167,7 +180,93 @@ def build(
         "notes": notes,
         "nodes": nodes,
         "ranks": entries,
+        **({"groups": groups} if len(groups) > 1 else {}),
     }
+
+
+def _may_settle(out: Path, nodes: list[dict[str, Any]], ranks: dict[int, dict[str, Any]]) -> bool:
+    """Whether this launcher may move groups' files (``groups.settle``): the only launcher of the job, on this host,
+    after every rank of every group finished (an in-rank run, or one of several nodes, leaves them where they are)."""
+    if len(nodes) != 1 or nodes[0].get("hostname") != socket.gethostname() or not (out / rundir.GROUPS_DIR).is_dir():
+        return False
+    folders = [out] + [p for p in (out / rundir.GROUPS_DIR).iterdir() if p.is_dir()]
+    return all(
+        d.get("status") != "running" and d.get("hostname") == socket.gethostname()
+        for folder in folders
+        for d in (ranks if folder == out else read_rank_files(folder)).values()
+    )
+
+
+def process_groups(out: Path, top: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
+    """The process groups whose files are in ``out``: the top level's first (the one every command reads), then
+    each ``groups/group<N>/`` (a job that created more than one group; see ``ddpdoctor.capture.groups``), with
+    what they did: ranks, steps, profiled steps, DDP. Empty for a run with no rank files at all."""
+    found, top_name = [], ""
+    for path in sorted((out / rundir.GROUPS_DIR).glob("group*.json"), key=lambda p: _group_number(p.stem)):
+        try:
+            record = rundir.read_json(path)
+        except (OSError, ValueError):
+            continue
+        if not isinstance(record, dict) or not isinstance(record.get("dir"), str):
+            continue
+        if record["dir"] == ".":  # a group made the top-level one when the run ended (groups.settle)
+            top_name = path.stem
+            continue
+        members = read_rank_files(out / record["dir"])
+        if members:  # none: a group whose ranks were processes of an earlier group (their files say so)
+            found.append(_group_entry(path.stem, record["dir"], members, record))
+    if top:
+        found.insert(0, _group_entry(top_name, ".", top))
+    if found:
+        max(found, key=groups_mod.training_evidence)["training"] = True  # the first of equals: the top level
+    return found
+
+
+def _group_number(name: str) -> int:
+    digits = name.removeprefix("group")
+    return int(digits) if digits.isdigit() else 1 << 30
+
+
+def _group_entry(
+    name: str, folder: str, ranks: dict[int, dict[str, Any]], record: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    steps = [int((d.get("steps") or {}).get("count") or 0) for d in ranks.values()]
+    profiled = [sum(b - a + 1 for a, b in (d.get("steps") or {}).get("profiled") or []) for d in ranks.values()]
+    sizes = {int(d.get("world_size") or 1) for d in ranks.values()}
+    backends = sorted({str(d["backend"]) for d in ranks.values() if d.get("backend")})
+    return {
+        "name": name or None,  # None: the top level's files, of no group record (the first group's, or none)
+        "dir": folder,
+        "world_size": max(sizes | {int((record or {}).get("world_size") or 1)}),
+        "backend": backends[0] if backends else (record or {}).get("backend"),
+        "ranks": sorted(ranks),
+        "steps": max(steps, default=0),
+        "profiled_steps": max(profiled, default=0),
+        "ddp": any(d.get("ddp") for d in ranks.values()),
+        "training": False,  # set below for the top level: the one read
+    }
+
+
+GROUPS_NOTE = "the job created"
+
+
+def groups_note(groups: list[dict[str, Any]]) -> str:
+    """The note for a job that created more than one process group: which one is read, where the others are."""
+    top = groups[0]
+    others = "; ".join(f"{g['dir']}/ ({_describe(g)}; `ddpdoctor diagnose` that folder to read it)" for g in groups[1:])
+    return (
+        f"{GROUPS_NOTE} {len(groups)} process groups; this run directory's top level holds the "
+        f"{'training one' if top['training'] else 'first one'} ({_describe(top)}), which is the one analysed; the "
+        f"others' files are kept apart: {others}"
+    )
+
+
+def _describe(group: dict[str, Any]) -> str:
+    ranks = len(group["ranks"])
+    what = [f"{ranks} rank{'s' if ranks != 1 else ''}", f"{group['steps']} step{'s' if group['steps'] != 1 else ''}"]
+    if group["ddp"]:
+        what.append("DDP")
+    return ", ".join(what)
 
 
 def _knobs(ranks: dict[int, dict[str, Any]]) -> dict[str, Any]:

@@ -146,6 +146,8 @@ def record(session: Session) -> dict[str, Any]:
         "updated_at": time.time(),
         "capture_errors": session.capture_errors,
         "stopped_by": session.stopped_by,
+        # the process groups this process joined: the first is the one this file describes (capture/groups.py)
+        "process_groups": session.process_groups,
         "knobs": knobs_capture.describe(),
         "python": sys.version.split()[0],
     }

@@ -226,6 +226,9 @@ def run(
     rank under torchrun: the launcher says how each rank ended). For a signal, the caller must re-raise it with
     :func:`die_by_signal` after cleaning up.
     """
+    from ddpdoctor.capture import autostart
+
+    autostart.activate()  # the script's own init_process_group (the other processes of the job run it at start-up)
     session = Session(config, claimed=claimed)
     real_os_exit = _record_os_exit(session, on_os_exit)
     _late_signals.clear()

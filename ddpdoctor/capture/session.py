@@ -25,8 +25,8 @@ from typing import Any
 
 from ddpdoctor import rundir
 from ddpdoctor.capture import ddp as ddp_capture
+from ddpdoctor.capture import groups, rank_file
 from ddpdoctor.capture import knobs as knobs_capture
-from ddpdoctor.capture import rank_file
 from ddpdoctor.capture.compress import GZ, Compressor
 from ddpdoctor.capture.config import CaptureConfig
 from ddpdoctor.capture.gil import GilProbe
@@ -58,7 +58,8 @@ class Session:
         self, config: CaptureConfig, *, claimed: bool = True, identity: rank_file.Identity | None = None
     ) -> None:
         self.config = config
-        self.out = Path(config.out)
+        self.out = Path(config.out)  # where this session's files go: the run directory, or its group's folder
+        self.root = Path(config.out)  # the run directory
         self.identity = identity or rank_file.identity()
         self.claimed = claimed  # whether this process is known to be a rank (writes its files)
         self.clock = StepClock()
@@ -76,6 +77,9 @@ class Session:
         self.dp: Any = None  # ddpdoctor.capture.dp once its hooks are in
         self.dp_steps: list[dict] = []  # DataParallel stage timings and gathered bytes per step
         self.stopped_by: str | None = None  # "ddpdoctor --max-steps N" once --max-steps ended the job
+        # The process groups this process joined, in order ({"name", "rank", "world_size", "backend"}; name "" is
+        # the run's top level): the first is the one this session's files describe (see capture/groups.py).
+        self.process_groups: list[dict[str, Any]] = []
         self._lock = threading.RLock()
         self._thread_id = threading.get_ident()
         self._last_span = 0
@@ -191,12 +195,23 @@ class Session:
             self._startup_hook.remove()
             self._startup_hook = None
 
-    def joined_process_group(self) -> None:
-        """The script created the default process group: this process is a rank, with the group's rank."""
+    def joined_process_group(self, placement: groups.Placement | None = None) -> None:
+        """The script created the default process group: this process is a rank, with the group's rank. A later
+        group of the same process is recorded, and changes nothing of what this session's files describe."""
         info = rank_file.dist_info()
         if info is None or self._finished:
             return
+        if placement is None:
+            placement = groups.join(
+                self.root, rank=info["rank"], world_size=info["world_size"], backend=info["backend"]
+            )
         with self._lock:
+            self.process_groups.append({"name": placement.name, **info})
+            if len(self.process_groups) > 1:  # a second group after this process's first: not this session's
+                self.write_rank_file()
+                return
+            if not placement.top_level:
+                self._move_to(placement.folder(self.root))
             self.dist = info
             if self.claimed and info["rank"] == self.rank:
                 return
@@ -206,6 +221,31 @@ class Session:
             if was_claimed and previous != self.rank and not self.trace_files:
                 _remove_own_rank_file(self.out, previous, self.pid)  # written under the rank the environment gave
             self.write_rank_file()
+
+    def _claim(self) -> None:
+        """This process turned out to be a rank (it steps, or left a trace) without joining a process group (a
+        launcher's process that trains or evaluates on its own): its files go to the top level unless another
+        process holds this rank's files there (the ranks it spawned), then to a group folder of their own."""
+        self.claimed = True
+        if self.process_groups:
+            return
+        try:
+            placement = groups.alone(self.root, rank=self.rank)
+        except Exception as exc:  # never break the run for it: the top level, as before
+            self.capture_errors.append(f"process group placement failed: {type(exc).__name__}: {exc}")
+            return
+        self.process_groups.append({"name": placement.name, "rank": self.rank, "world_size": 1, "backend": None})
+        if not placement.top_level:
+            self._move_to(placement.folder(self.root))
+
+    def _move_to(self, folder: Path) -> None:
+        """Write this session's files in ``folder`` (its process group's own) from now on. Files it wrote at the top
+        level before it knew its group (a rank file only, no trace) are removed; it writes them again there."""
+        if self.claimed and not self.trace_files:
+            _remove_own_rank_file(self.out, self.rank, self.pid)
+        folder.mkdir(parents=True, exist_ok=True)
+        self.out = folder
+        self._compressor.out = folder
 
     # ---- steps -----------------------------------------------------------------------------------------------
     def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
@@ -227,7 +267,7 @@ class Session:
             return
         with self._lock:
             if not self.claimed:  # a process that trains is a rank
-                self.claimed = True
+                self._claim()
                 self.write_rank_file()
             iteration = self.clock.iteration
             self.clock.tick(source, recording=self._recording())
@@ -279,7 +319,8 @@ class Session:
         lost = sum(e.startswith("profiled window ") and " not written: " in e for e in self.capture_errors)
         window = f"profiled window {len(self.trace_files) + lost + 1}"
         try:
-            self.claimed = True
+            if not self.claimed:
+                self._claim()
             name = self._export(prof)
         except Exception as exc:  # never break the user's training because a trace could not be written
             why = str(exc) if isinstance(exc, TraceNotWritten) else f"{type(exc).__name__}: {exc}"
@@ -395,7 +436,8 @@ class Session:
         if not self.claimed and self._launched_ranks():
             _current = None
             return  # a launcher of ranks (mp.spawn's parent): the ranks wrote the run
-        self.claimed = True
+        if not self.claimed:
+            self._claim()
         self.write_rank_file()
         # The summary reads the traces not yet compressed as they are (faster), while they are compressed.
         summary = rank_file.summarize(self)
