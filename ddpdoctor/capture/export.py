@@ -4,11 +4,13 @@ The profiler's exporter (Kineto's ``save``) writes ``<path>.tmp`` and renames it
 (a full disk, a quota) it logs "Failed to write to log file!" and returns as if it had succeeded, leaving
 ``<path>`` as it was and a short ``<path>.tmp`` that it keeps open, so the space that file took stays taken until
 the process ends. So what was written is checked before it is renamed into place: the file is there and not empty,
-the exporter's own temporary is gone (it renames it only after a complete write), the document's last byte closes
-it, and the whole text is JSON that does not end early (msgspec, over a memory map: ~1 GB/s, no copy). An
-incomplete file is never renamed into place: :class:`TraceNotWritten` says why, with the disk's error when a test
-write finds one (the exporter gives none). Every temporary is truncated before it is removed, which frees its
-space even while the exporter still holds it open, so the rank file can still record what happened.
+the exporter's own temporary is gone (it renames it only after a complete write), and the document ends as the
+profiler ends one (its last 64 KiB: the events array closed after an event, then plain members such as
+``traceName``, then ``}``); an end of any other shape is read in full (msgspec over a memory map, no copy) and only
+a document that ends early counts as incomplete. An incomplete file is never renamed into place:
+:class:`TraceNotWritten` says why, with the disk's error when a test write finds one (the exporter gives none).
+Every temporary is truncated before it is removed, which frees its space even while the exporter still holds it
+open, so the rank file can still record what happened.
 """
 
 from __future__ import annotations
@@ -16,12 +18,17 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
 
 PROBE_BYTES = 64 << 10  # a test write after a failed export: any write fails on a disk that is still full
-_TAIL_BYTES = 4096
+_TAIL_BYTES = 64 << 10  # read to check how the document ends
+_STRING = rb'"(?:[^"\\]|\\.)*"'
+_SCALAR = rb"(?:" + _STRING + rb"|-?[0-9][0-9.eE+-]*|true|false|null)"
+# The last event's "}", the array's "]", then plain members only, among them the profiler's "traceName".
+_END_OF_TRACE = re.compile(rb"\}\s*\]\s*(?:,\s*" + _STRING + rb"\s*:\s*" + _SCALAR + rb"\s*)*\}")
 
 
 class TraceNotWritten(Exception):
@@ -69,12 +76,16 @@ def incomplete(path: Path, exporters_tmp: Path) -> str | None:
 
 
 def _cut_short(path: Path, size: int) -> str | None:
-    import msgspec
-
     with open(path, "rb") as f:
         f.seek(max(0, size - _TAIL_BYTES))
-        if not f.read().rstrip().endswith(b"}"):
+        tail = f.read().rstrip()
+        if not tail.endswith(b"}"):
             return f"the exported trace is cut short ({size} bytes, its document not closed)"
+        if _closes_events(tail):
+            return None
+        # An end of another shape (a cut just after an event's "}", or another exporter's layout): read it all.
+        import msgspec
+
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as text:
             try:
                 msgspec.json.decode(text, type=msgspec.Raw)  # checks the whole text is JSON, keeps nothing
@@ -84,6 +95,21 @@ def _cut_short(path: Path, size: int) -> str | None:
                 if "truncated" in str(exc):
                     return f"the exported trace is cut short ({size} bytes, its document not closed)"
     return None
+
+
+def _closes_events(tail: bytes) -> bool:
+    """Whether ``tail`` ends as the profiler ends a complete trace: the ``traceEvents`` array closed after its last
+    event, then only plain members (``"traceName": "...", "baseTimeNanoseconds": N``) and the document's ``}``.
+    False for any other end, which is then read in full (the cost of a check, never a trace thrown away)."""
+    end = len(tail)
+    for _ in range(64):  # a "]" inside a string (the trace's name) does not start such an end: try the one before
+        end = tail.rfind(b"]", 0, end)
+        if end < 0:
+            return False
+        start = tail.rfind(b"}", 0, end)
+        if start >= 0 and _END_OF_TRACE.fullmatch(tail, start) and b'"traceName"' in tail[end:]:
+            return True
+    return False
 
 
 def disk_error(folder: Path) -> str | None:

@@ -23,6 +23,13 @@ COMPLETE = (
 )
 
 
+COMPLETE_ONES = {
+    "complete": COMPLETE,
+    "a name with brackets": COMPLETE.replace('"t"', '"/runs/a]b [c]}/t.json"'),
+    "another layout": COMPLETE[:-1] + ', "distributedInfo": {"rank": 0, "dims": [1, 2]}}',
+}
+
+
 class Exporter:
     """Stands in for torch.profiler.profile: ``export_chrome_trace(path)`` as Kineto does it, with a fault."""
 
@@ -30,13 +37,15 @@ class Exporter:
         self.how = how
 
     def export_chrome_trace(self, path: str) -> None:
-        if self.how == "complete":
-            Path(path + ".tmp").write_text(COMPLETE)
+        if self.how in COMPLETE_ONES:
+            Path(path + ".tmp").write_text(COMPLETE_ONES[self.how])
             os.replace(path + ".tmp", path)
         elif self.how == "kineto-enospc":  # Kineto: <path>.tmp written until the disk filled, error logged, no rename
             Path(path + ".tmp").write_text(COMPLETE[:40])
         elif self.how == "short":  # an exporter that renames a short file into place
             Path(path).write_text(COMPLETE[:-30])
+        elif self.how == "cut-after-an-event":  # ends with "}", the array and the document still open
+            Path(path).write_text(COMPLETE[: COMPLETE.index("}") + 1])
         elif self.how == "empty":
             Path(path).write_bytes(b"")
         elif self.how == "raises":
@@ -52,7 +61,7 @@ def _run_files(out: Path) -> list[str]:
     return sorted(p.name for p in out.iterdir() if p.is_file())
 
 
-@pytest.mark.parametrize("how", ["kineto-enospc", "short", "empty", "raises"])
+@pytest.mark.parametrize("how", ["kineto-enospc", "short", "cut-after-an-event", "empty", "raises"])
 def test_an_incomplete_export_is_not_renamed_into_place(tmp_path, capsys, how) -> None:
     out = tmp_path / "run"
     session = _session(out)
@@ -70,15 +79,16 @@ def test_an_incomplete_export_is_not_renamed_into_place(tmp_path, capsys, how) -
     assert errors and "not written" in errors[0], data["capture_errors"]
 
 
-def test_a_complete_export_is_kept_and_gzipped(tmp_path, capsys) -> None:
+@pytest.mark.parametrize("how", COMPLETE_ONES)
+def test_a_complete_export_is_kept_and_gzipped(tmp_path, capsys, how) -> None:
     out = tmp_path / "run"
     session = _session(out)
-    session._on_trace_ready(Exporter("complete"))
+    session._on_trace_ready(Exporter(how))
     session._compressor.wait()
     session._apply_compressed()
     (name,) = session.trace_files
     assert name.endswith(".pt.trace.json.gz") and _run_files(out) == [name]
-    assert gzip.decompress((out / name).read_bytes()).decode() == COMPLETE
+    assert gzip.decompress((out / name).read_bytes()).decode() == COMPLETE_ONES[how]
     assert "profiled window 1 written" in capsys.readouterr().err
     assert json.loads(rundir.rank_file(out, 0).read_text())["capture_errors"] == []
 
