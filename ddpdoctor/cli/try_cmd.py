@@ -3,7 +3,8 @@ ddpdoctor's hooks (no code change) and measure what they change against a contro
 
 Exit status: 0 when the trials ran (a knob that made the job fail is a result, reported with its error); 1 when
 the control run (RUN's command without a knob) failed, so nothing could be measured; 2 on a usage or input error
-(an unknown knob or value, a RUN that is not a run directory or cannot be run again).
+(an unknown knob or value, a RUN that is not a run directory or cannot be run again, a command without this user's
+mark that was not confirmed).
 """
 
 from __future__ import annotations
@@ -23,8 +24,10 @@ def register(subparsers: Any, name: str, help_text: str) -> None:
         name,
         help=help_text,
         description=help_text
-        + ". The trials are written beside RUN, in RUN.trials/<n>/ (RUN is never written); results.json there "
-        "holds every measurement and each rule's estimated gain against the measured one.",
+        + ". RUN's command (the `ddpdoctor trace` line its manifest records) and the directory it runs in are shown "
+        "first; one your own trace did not mark runs only after --yes or a y at the prompt. The trials are written "
+        "beside RUN, in RUN.trials/<n>/ (RUN is never written); results.json there holds every measurement and each "
+        "rule's estimated gain against the measured one.",
     )
     p.add_argument("run", metavar="RUN", help="a run directory written by `ddpdoctor trace`")
     p.add_argument(
