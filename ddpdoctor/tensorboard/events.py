@@ -168,8 +168,8 @@ def _check_own_folder(folder: Path) -> None:
         return
     what = rundir.entry_kind(mode)
     raise DDPDoctorError(
-        f"{escape.terminal(folder)} is {what}: ddpdoctor writes its TensorBoard event files only into a folder of "
-        "its own, never through a link (move it away to have them written)"
+        f"{escape.terminal(folder)} is {what}, not a folder: ddpdoctor writes its TensorBoard event files only into "
+        "a folder of its own, never through a link (move it away to have them written)"
     )
 
 
