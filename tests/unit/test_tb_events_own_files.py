@@ -86,3 +86,10 @@ def test_view_refuses_a_symlinked_tensorboard_folder_in_one_line(run_dir, tmp_pa
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and "symbolic link" in result.stderr
     assert (outside / "rank0" / "important.txt").read_text() == "the user's"
+
+
+def test_a_file_named_tensorboard_is_refused_and_kept(run_dir):
+    (run_dir / "tensorboard").write_text("the user's notes")
+    with pytest.raises(DDPDoctorError, match="a file, not a folder"):
+        write_events(run_dir)
+    assert (run_dir / "tensorboard").read_text() == "the user's notes"
