@@ -188,3 +188,25 @@ def test_the_command_refuses_in_one_line(tmp_path):
     assert "Traceback" not in result.stderr and "ran" not in result.stdout
     assert len(result.stderr.strip().splitlines()) == 1 and "rank0.5.pt.trace.json" in result.stderr
     assert os.path.exists(out / "rank0.5.pt.trace.json" / "thesis.tex") and (out / "manifest.json").exists()
+
+
+def _with_a_second_group(out: Path) -> Path:
+    """Another process group's files (rundir.group_dir): groups/group1.json and groups/group1/ in a run's layout."""
+    group = out / "groups" / "group1"
+    (group / "ranks").mkdir(parents=True)
+    (out / "groups" / "group1.json").write_text("{}")
+    (group / "ranks" / "rank0.json").write_text("{}")
+    (group / "rank0.1795974919000.pt.trace.json.gz").write_text("{}")
+    return out
+
+
+def test_force_replaces_the_other_process_groups_files(tmp_path):
+    out = _with_a_second_group(_run(tmp_path / "run"))
+    _prepare_out(out, force=True, multi_node=False)
+    assert _everything(out) == {"ranks", "nodes"}
+
+
+def test_force_refuses_a_foreign_file_in_another_groups_folder(tmp_path):
+    out = _with_a_second_group(_run(tmp_path / "run"))
+    (out / "groups" / "group1" / "notes.txt").write_text("the user's")
+    _refused(out, "groups/group1/notes.txt")
