@@ -33,16 +33,13 @@ _LONG_WITH_VALUE = {"--check-hash-based-pycs"}
 # Launchers whose workers start as a new interpreter without the launcher's own options (`python -u SCRIPT`).
 _LAUNCHERS = {"torch.distributed.run", "torch.distributed.launch"}
 
-_WHY = {
-    "I": "-I (isolated mode) makes Python ignore PYTHONPATH",
-    "E": "-E makes Python ignore PYTHONPATH",
-    "S": "-S keeps Python from importing site, which imports the sitecustomize on PYTHONPATH",
+_FLAG = {"I": "-I (isolated mode)", "E": "-E", "S": "-S"}
+_EFFECT = {
+    "I": "ignore PYTHONPATH",
+    "E": "ignore PYTHONPATH",
+    "S": "skip the site module, and so the sitecustomize on PYTHONPATH",
 }
-_DO = {
-    "I": "run it without -I (-s -P do the rest of what -I does)",
-    "E": "run it without -E",
-    "S": "run it without -S",
-}
+_AND = {"I": " (-s -P do the rest of what -I does)", "E": "", "S": ""}
 
 
 def is_python(executable: str) -> bool:
@@ -99,8 +96,22 @@ def untraceable(argv: list[str]) -> str | None:
     if flag is None:
         return None
     return (
-        f"{_WHY[flag]}, which is how ddpdoctor's start-up hook reaches the job's processes: such a process, and "
-        f"those it starts with multiprocessing, run untraced; {_DO[flag]}"
+        f"{_FLAG[flag]} makes Python {_EFFECT[flag]}, which is how ddpdoctor's start-up hook reaches the job's "
+        f"processes: such a process, and those it starts with multiprocessing, run untraced; run it without "
+        f"-{flag}{_AND[flag]}"
+    )
+
+
+def this_interpreter() -> str | None:
+    """When this Python itself runs with -I, -E or -S: the warning that the processes a script run in it starts
+    with multiprocessing (which passes these options on) go untraced; the script itself is traced in-process."""
+    flag = "I" if sys.flags.isolated else "E" if sys.flags.ignore_environment else "S" if sys.flags.no_site else None
+    if flag is None:
+        return None
+    return (
+        f"this Python runs with {_FLAG[flag]}, which makes it {_EFFECT[flag]}: the script is traced in this "
+        f"process, but the ranks it starts with multiprocessing (mp.spawn) get -{flag} too and run untraced; run "
+        f"ddpdoctor without -{flag}{_AND[flag]} to trace them"
     )
 
 

@@ -183,6 +183,11 @@ def main(argv: list[str]) -> int:
     else:
         target = _check_target(target_argv)
         launch = "torchrun" if tr else "scheduler" if who.world_size > 1 else "direct"
+        if launch != "torchrun" and not args.quiet:  # the script runs here; what it spawns gets our options
+            from ddpdoctor.capture.interpreter import this_interpreter
+
+            if (why := this_interpreter()) is not None:
+                print(f"ddpdoctor: warning: {why}", file=sys.stderr, flush=True)
     from ddpdoctor.capture.config import ENV_VAR, CaptureConfig
 
     out = Path(args.out) if args.out else _default_out(target, command)

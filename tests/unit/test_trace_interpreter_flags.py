@@ -80,3 +80,20 @@ def test_the_watch_finds_a_process_that_lives_but_not_a_quick_look() -> None:
     found = watch.stop()
     assert [shlex.split(f.command)[1:] for f in found] == [rank[1:]], found
     assert "-I (isolated mode) makes Python ignore PYTHONPATH" in found[0].why
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("flag", ["-I", "-E"])
+def test_ddpdoctor_itself_under_such_a_python_says_its_spawned_ranks_go_untraced(tmp_path, flag) -> None:
+    """``python -I -m ddpdoctor trace job.py``: the script runs traced in this process, but the ranks it starts
+    with multiprocessing get the same option and cannot be: said up front, and the run goes on."""
+    import subprocess
+
+    script = tmp_path / "job.py"
+    script.write_text("print('ran', flush=True)\n")
+    cmd = [sys.executable, flag, "-m", "ddpdoctor", "trace", "--out", str(tmp_path / "run"), str(script)]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=100, cwd=tmp_path)
+    assert result.returncode == 0 and "ran" in result.stdout, result.stderr
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("ddpdoctor: warning: ")]
+    assert warnings and f"{flag} " in warnings[0] and "multiprocessing" in warnings[0], result.stderr
+    assert f"without {flag}" in warnings[0]
