@@ -54,6 +54,7 @@ import json
 import os
 import re
 from pathlib import Path
+from stat import S_ISREG
 from typing import Any
 
 import msgspec
@@ -191,22 +192,12 @@ def open_regular(path: str | os.PathLike[str]) -> Any:
     """``path`` opened for reading (binary) when it is a regular file, else OSError saying what it is: a FIFO, a
     device or a folder is never read (or waited on: it is opened non-blocking, then looked at). A link is read
     as what it points to."""
-    import stat
-
     try:
-        f = open(path, "rb", opener=lambda name, flags: os.open(name, flags | os.O_NONBLOCK))  # noqa: SIM115
+        f = open(path, "rb", opener=_nonblocking)  # noqa: SIM115 - handed to the caller
     except OSError as exc:
-        if exc.errno != errno.ENXIO:
-            raise
-        try:  # a socket: say so
-            mode = os.stat(path).st_mode
-        except OSError:
-            raise exc from None
-        raise _not_regular(mode, path) from None
+        raise _cannot_open(exc, path) from None
     try:
-        mode = os.fstat(f.fileno()).st_mode
-        if not stat.S_ISREG(mode):
-            raise _not_regular(mode, path)
+        _check_regular(f.fileno(), path)
         os.set_blocking(f.fileno(), True)
     except BaseException:
         f.close()
@@ -214,18 +205,56 @@ def open_regular(path: str | os.PathLike[str]) -> Any:
     return f
 
 
+def read_regular(path: str | os.PathLike[str], limit: int = RUN_FILE_MAX_BYTES) -> bytes:
+    """The bytes of ``path`` when it is a regular file (as ``open_regular``) of at most ``limit`` bytes, else
+    OSError saying why. (Plain ``os.read`` calls: reading many small rank files, half the time of ``open()``.)"""
+    try:
+        fd = _nonblocking(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise _cannot_open(exc, path) from None
+    try:
+        size = _check_regular(fd, path).st_size
+        parts, total = [], 0
+        while size <= limit and total <= limit:  # a file that grows meanwhile is read up to the bound
+            want = min(max(size + 1 - total, READ_CHUNK), limit + 1 - total)
+            chunk = os.read(fd, want)
+            parts.append(chunk)
+            total += len(chunk)
+            if len(chunk) < want:  # a regular file's read is short only at its end
+                break
+    finally:
+        os.close(fd)
+    if size > limit or total > limit:
+        raise OSError(errno.EFBIG, f"larger than {limit >> 20} MiB, more than a run file holds", str(path))
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+READ_CHUNK = 1 << 16
+
+
+def _nonblocking(path: str | os.PathLike[str], flags: int) -> int:
+    return os.open(path, flags | os.O_NONBLOCK)
+
+
+def _cannot_open(exc: OSError, path: str | os.PathLike[str]) -> OSError:
+    """``exc`` of opening ``path``, or for a socket (ENXIO) an OSError saying that it is one."""
+    if exc.errno == errno.ENXIO:
+        try:
+            return _not_regular(os.stat(path).st_mode, path)
+        except OSError:
+            pass
+    return exc
+
+
+def _check_regular(fd: int, path: str | os.PathLike[str]) -> os.stat_result:
+    st = os.fstat(fd)
+    if not S_ISREG(st.st_mode):
+        raise _not_regular(st.st_mode, path)
+    return st
+
+
 def _not_regular(mode: int, path: str | os.PathLike[str]) -> OSError:
     return OSError(errno.EINVAL, f"{entry_kind(mode)}, not a regular file", str(path))
-
-
-def read_regular(path: str | os.PathLike[str], limit: int = RUN_FILE_MAX_BYTES) -> bytes:
-    """The bytes of regular file ``path`` (``open_regular``), at most ``limit``: OSError for a larger one."""
-    with open_regular(path) as f:
-        size = os.fstat(f.fileno()).st_size
-        data = f.read(limit + 1) if size <= limit else b""
-        if size > limit or len(data) > limit:
-            raise OSError(errno.EFBIG, f"larger than {limit >> 20} MiB, more than a run file holds", str(path))
-    return data
 
 
 def read_json(path: Path) -> Any:
