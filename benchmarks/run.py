@@ -9,7 +9,7 @@ ratio and target, and the results as JSON in benchmarks/results/<timestamp>.json
 Measures: floor (a cold diagnose vs a cold process that only decodes the traces), hta (vs Holistic Trace
 Analysis 0.5.0, in benchmarks/.venv-hta), memory (peak RSS vs the largest rank trace), large (>= 300 MB traces
 made here), capture (trace overhead vs bare and vs a hand-written profiler), scale (up to 16,384 ranks from
-summary files); gate-noise (the gate's false alarms on reruns of one job under load; only with --only, it takes
+summary files), gate-memory (peak RSS of baseline and gate of a 10,000-rank run vs diagnose of it); gate-noise (the gate's false alarms on reruns of one job under load; only with --only, it takes
 minutes). Real GPU traces come from ../shared/traces (or $DDPDOCTOR_TRACES); measures that need them are skipped
 without them. Generated traces and runs are cached in benchmarks/.cache/. A MISS does not change the exit code
 (1 only when a benchmark errors)."""
@@ -27,6 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_floor  # noqa: E402
+import bench_gate_memory  # noqa: E402
 import bench_gate_noise  # noqa: E402
 import bench_hta  # noqa: E402
 import bench_large  # noqa: E402
@@ -37,7 +38,16 @@ from bench_common import REPO, RESULTS, TRACES, Report, environment  # noqa: E40
 
 BENCHMARKS = {
     m.NAME: m
-    for m in (bench_floor, bench_hta, bench_memory, bench_large, capture_overhead, bench_scale, bench_gate_noise)
+    for m in (
+        bench_floor,
+        bench_hta,
+        bench_memory,
+        bench_large,
+        capture_overhead,
+        bench_scale,
+        bench_gate_memory,
+        bench_gate_noise,
+    )
 }
 OPT_IN = {bench_gate_noise.NAME}  # minutes of training runs under load: only with --only
 
