@@ -179,7 +179,8 @@ class Watch:
 
 
 def _descendants(root: int) -> list[int]:
-    out, todo = [], [root]
+    out: list[int] = []
+    todo = [root]
     while todo and len(out) < 100_000:
         pid = todo.pop()
         out.append(pid)
