@@ -9,10 +9,11 @@ ratio and target, and the results as JSON in benchmarks/results/<timestamp>.json
 Measures: floor (a cold diagnose vs a cold process that only decodes the traces), hta (vs Holistic Trace
 Analysis 0.5.0, in benchmarks/.venv-hta), memory (peak RSS vs the largest rank trace), large (>= 300 MB traces
 made here), capture (trace overhead vs bare and vs a hand-written profiler), scale (up to 16,384 ranks from
-summary files), gate-memory (peak RSS of baseline and gate of a 10,000-rank run vs diagnose of it); gate-noise (the gate's false alarms on reruns of one job under load; only with --only, it takes
-minutes). Real GPU traces come from ../shared/traces (or $DDPDOCTOR_TRACES); measures that need them are skipped
-without them. Generated traces and runs are cached in benchmarks/.cache/. A MISS does not change the exit code
-(1 only when a benchmark errors)."""
+summary files), gate-memory (peak RSS of baseline and gate of a 10,000-rank run vs diagnose of it); gate-noise
+(the gate's false alarms on reruns of one job under load; only with --only, it takes minutes). Real GPU traces
+come from ../shared/traces (or $DDPDOCTOR_TRACES); measures that need them are skipped without them. Generated
+traces and runs are cached in benchmarks/.cache/. A MISS does not change the exit code (1 only when a benchmark
+errors)."""
 
 from __future__ import annotations
 
