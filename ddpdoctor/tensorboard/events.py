@@ -101,7 +101,7 @@ def _write_rank(writer: Any, rank: int, capture: dict[str, Any], report: dict[st
     analysed = [int(r["step"]) for r in per_step] or [
         r["step"] for r in report["steps"] if r["rank"] == rank and r.get("profiled")
     ]
-    rank_row = next((r for r in report["rank_metrics"] if r.get("rank") == rank), {})
+    rank_row: dict[str, Any] = next((r for r in report["rank_metrics"] if r.get("rank") == rank), {})
     if analysed:
         for name in _ONCE:
             if name not in columns:
