@@ -10,6 +10,7 @@ Exit status of ``gate``: 0 pass, 1 regression (or a new finding at/above ``--fai
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -118,7 +119,7 @@ def register(subparsers: Any, name: str, help_text: str) -> None:
 
 def run_baseline(args: argparse.Namespace) -> int:
     from ddpdoctor.compare import read_input
-    from ddpdoctor.compare.baseline_file import MAX_FILE_BYTES, dumps
+    from ddpdoctor.compare.baseline_file import MAX_FILE_BYTES, dumps, from_json
     from ddpdoctor.compare.snapshot import combine
     from ddpdoctor.errors import UsageError
 
@@ -129,11 +130,16 @@ def run_baseline(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     text = dumps(snapshot)
     size = len(text.encode())
-    if size > MAX_FILE_BYTES:  # never write a baseline that gate would refuse to read
+    # never write a baseline that gate would refuse to read: the same checks as reading it
+    if size > MAX_FILE_BYTES:
         raise UsageError(
-            f"the baseline would be {size / 2**20:.1f} MiB; gate reads at most {MAX_FILE_BYTES >> 20} MiB "
-            "(its devices and findings grow with the world size)"
+            f"{', '.join(args.run)}: the baseline would be {size / 2**20:.1f} MiB; gate reads at most "
+            f"{MAX_FILE_BYTES >> 20} MiB (its devices and findings grow with the world size)"
         )
+    try:
+        from_json(json.loads(text), args.output or "-")
+    except ValueError as exc:
+        raise UsageError(f"{', '.join(args.run)}: cannot make a baseline of this run: {exc}") from None
     emit(lambda _, stream: stream.write(text), None, args.output, announce=False)  # says more below
     if args.output is not None:
         metrics = sum(v is not None for v in snapshot.metrics.values())

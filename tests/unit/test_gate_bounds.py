@@ -220,3 +220,17 @@ def test_statistics_of_huge_values_do_not_warn():
         big = [1.7e308, -1.7e308, 1.0, 2.0, 3.0, 4.0]
         assert stats.change_interval(big, [1.0, 2.0, 3.0, 4.0, 5.0, 6.0], "mean", relative=False) is None
         assert stats.run_spread([1e308, -1e308, 5.0], 1.0, relative=False) is None
+
+
+def test_baseline_never_writes_a_file_gate_refuses(tmp_path, capsys, monkeypatch):
+    import ddpdoctor.compare
+
+    # what a run directory whose capture file records a step of 1.7e308 ms gives: gate could not read it back
+    snap = from_json(GOOD, "runs/a")
+    huge = Snapshot(**{**snap.__dict__, "samples": {"step_ms": [1.7e308, 1.0, 2.0, 3.0, 4.0]}, "is_baseline": False})
+    monkeypatch.setattr(ddpdoctor.compare, "read_input", lambda *a, **k: huge)
+    out = tmp_path / "baseline.json"
+    code = main(["baseline", str(tmp_path), "--output", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert '"samples.step_ms[0]"' in err and not out.exists()
