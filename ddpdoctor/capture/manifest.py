@@ -253,7 +253,11 @@ GROUPS_NOTE = "the job created"
 def groups_note(groups: list[dict[str, Any]]) -> str:
     """The note for a job that created more than one process group: which one is read, where the others are."""
     top = groups[0]
-    others = "; ".join(f"{g['dir']}/ ({_describe(g)}; `ddpdoctor diagnose` that folder to read it)" for g in groups[1:])
+    others = "; ".join(
+        f"{'the training one, ' if g['training'] else ''}{g['dir']}/ ({_describe(g)}; `ddpdoctor diagnose` that "
+        "folder to read it)"
+        for g in groups[1:]
+    )
     return (
         f"{GROUPS_NOTE} {len(groups)} process groups; this run directory's top level holds the "
         f"{'training one' if top['training'] else 'first one'} ({_describe(top)}), which is the one analysed; the "

@@ -51,6 +51,16 @@ def train(rank, world_size, port, steps, aux=False):
     dist.barrier()
     dist.destroy_process_group()
 
+def train_then_alone(rank, world_size, port, steps):
+    # the training, then rank 1's process makes a world-size-1 group of its own (rank 0 there)
+    train(rank, world_size, port, steps)
+    if rank == 1:
+        os.environ["MASTER_PORT"] = str(free_port())
+        dist.init_process_group("gloo", rank=0, world_size=1)
+        total = torch.ones(4)
+        dist.all_reduce(total)
+        dist.destroy_process_group()
+
 def evaluate(rank, world_size, port):
     os.environ["MASTER_PORT"] = str(port)
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
@@ -80,6 +90,8 @@ if __name__ == "__main__":
             mp.spawn(train, args=(2, free_port(), 25), nprocs=2)
         elif part == "train_aux":
             mp.spawn(train, args=(2, free_port(), 25, True), nprocs=2)
+        elif part == "train_regroup":
+            mp.spawn(train_then_alone, args=(2, free_port(), 25), nprocs=2)
         elif part == "eval":
             mp.spawn(evaluate, args=(2, free_port()), nprocs=2)
         elif part == "parent":
@@ -190,6 +202,19 @@ def test_an_auxiliary_job_during_training_is_not_a_second_span_of_rank_0(tmp_pat
     manifest = read_json(out / "manifest.json")
     assert [(g["dir"], g["training"]) for g in manifest["groups"]] == [(".", True), ("groups/group1", False)]
     assert [len(r["trace_files"]) for r in manifest["ranks"]] == [1, 1]
+
+
+def test_a_second_group_in_a_rank_process_changes_nothing_of_its_files(tmp_path):
+    """Rank 1's own process becomes rank 0 of a world-size-1 group after training: rank 0's files stay rank 0's,
+    rank 1's file says it joined a second group, and the manifest's notes say so."""
+    out = _trace(tmp_path, "train_regroup")
+    _assert_training_at_top(out)
+    ranks = _rank_files(out)
+    assert ranks[0]["pid"] != ranks[1]["pid"]
+    assert [(g["rank"], g["world_size"]) for g in ranks[1]["process_groups"]] == [(1, 2), (0, 1)]
+    manifest = read_json(out / "manifest.json")
+    assert "groups" not in manifest  # the second group has no process of its own: no folder to read
+    assert any("rank 1" in note and "process_groups" in note for note in manifest["notes"])
 
 
 def test_one_group_run_is_laid_out_as_before(tmp_path):
