@@ -16,3 +16,15 @@ from helpers import run_cli  # noqa: E402
 @pytest.fixture
 def cli():
     return run_cli
+
+
+def pytest_configure(config):
+    """Every trace the tests run writes its command mark's key (``ddpdoctor.capture.command_mark``) under a
+    temporary ``XDG_CONFIG_HOME``, never into the real ``~/.config/ddpdoctor`` of whoever runs the suite."""
+    import os
+    import tempfile
+
+    if "DDPDOCTOR_TEST_CONFIG_HOME" not in os.environ:
+        home = tempfile.mkdtemp(prefix="ddpdoctor-test-config-")
+        os.environ["DDPDOCTOR_TEST_CONFIG_HOME"] = home
+        os.environ["XDG_CONFIG_HOME"] = home
