@@ -96,9 +96,11 @@ def reduce_rank_steps(rank: Any, step: Any, values: Any, statistic: str = "mean"
     the samples' mean is the mean over every rank and step; "median", "p90": the groups' median). Only the
     last ``MAX_SAMPLES`` steps are kept.
 
-    Why per step: the ranks of one step are not independent draws (a slow step is slow on every rank), and the
-    bootstrap treats its samples as independent. Kept rank by rank, such a step counts once per rank; reduced, once
-    per group: the interval of a large run is wider than its rank-steps would give, never narrower."""
+    Why per step: the bootstrap treats its samples as independent draws, and the ranks of one step are not (a
+    slow step is slow on every rank): kept rank by rank, such a step would count once per rank, here once per
+    group, which widens the interval towards what the steps' variation gives. The groups' means also leave out
+    the fixed differences between ranks (rank 0 waiting less than rank 1 in every step), which are in both runs
+    and are not noise; differences between runs (placement, load) are the run-to-run test's, not this one's."""
     v = np.asarray(values, dtype=float)
     r = np.asarray(rank, dtype=float)
     s = np.asarray(step, dtype=float)

@@ -183,6 +183,11 @@ def combine(snapshots: Sequence[Snapshot]) -> Snapshot:
         samples[key], each = smp.pool([s.samples.get(key, []) for s in snapshots])
         if each is not None:
             trimmed[key] = each
+    sample_notes = {k: f"{v} (pooled over {len(snapshots)} runs)" for k, v in first.sample_notes.items()}
+    for key, each in trimmed.items():
+        sample_notes[key] = (f"{first.sample_notes[key]}; " if key in first.sample_notes else "") + (
+            f"pooled over {len(snapshots)} runs, the last {each} of each (at most {smp.MAX_POOLED} in all)"
+        )
     values: dict[str, float | None] = {}
     for name in {k for s in snapshots for k in s.metrics}:
         spec = next((m for m in METRICS if m.name == name), None)
@@ -207,15 +212,7 @@ def combine(snapshots: Sequence[Snapshot]) -> Snapshot:
         origin=", ".join(s.origin or s.source for s in snapshots),
         metrics=values,
         samples=samples,
-        sample_notes={
-            **{k: f"{v} (pooled over {len(snapshots)} runs)" for k, v in first.sample_notes.items()},
-            **{
-                k: f"{first.sample_notes[k] + ' (' if k in first.sample_notes else ''}pooled over {len(snapshots)} "
-                f"runs, the last {each} of each (at most {smp.MAX_POOLED} in all)"
-                + (")" if k in first.sample_notes else "")
-                for k, each in trimmed.items()
-            },
-        },
+        sample_notes=sample_notes,
         findings=findings,
         rules_evaluated=evaluated,
         notes=[f"{s.label}: {n}" for s in snapshots for n in s.notes],
