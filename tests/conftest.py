@@ -28,3 +28,19 @@ def pytest_configure(config):
         home = tempfile.mkdtemp(prefix="ddpdoctor-test-config-")
         os.environ["DDPDOCTOR_TEST_CONFIG_HOME"] = home
         os.environ["XDG_CONFIG_HOME"] = home
+
+
+def pytest_unconfigure(config):
+    import os
+    import shutil
+
+    home = os.environ.get("DDPDOCTOR_TEST_CONFIG_HOME", "")
+    if home.startswith(tempfile_prefix()) and os.environ.get("XDG_CONFIG_HOME") == home:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def tempfile_prefix() -> str:
+    import os
+    import tempfile
+
+    return os.path.join(tempfile.gettempdir(), "ddpdoctor-test-config-")
