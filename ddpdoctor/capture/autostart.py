@@ -97,7 +97,7 @@ def _patch(module: Any) -> None:
         module.init_process_group = invisible(init_process_group)
         package = sys.modules.get("torch.distributed")  # loaded already (the process ddpdoctor runs a script in)
         if package is not None and getattr(package, "init_process_group", None) is original:
-            package.init_process_group = module.init_process_group
+            setattr(package, "init_process_group", module.init_process_group)  # noqa: B010 (mypy: a ModuleType)
     except Exception as exc:
         _warn("cannot watch init_process_group", exc)
 
