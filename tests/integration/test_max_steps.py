@@ -84,7 +84,7 @@ def test_one_process_without_optimizer_stops_after_n_manual_steps(tmp_path):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--max-steps", "0"], "--max-steps must be at least 1"),
+        (["--max-steps", "0"], "argument --max-steps: must be a whole number from 1 to"),
         (["--set", "ddp.bucket_size=25"], "unknown knob 'ddp.bucket_size'; did you mean ddp.bucket_cap_mb?"),
         (["--set", "ddp.bucket_cap_mb=-1"], "ddp.bucket_cap_mb=-1: must be a number above 0"),
         (["--set", "loader.pin_memory=maybe"], "loader.pin_memory=maybe: must be true or false"),
