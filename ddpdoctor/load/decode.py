@@ -35,6 +35,9 @@ _EVENTS_KEY = re.compile(rb'"traceEvents"[ \t\n\r]*:[ \t\n\r]*\[')
 # the text before and after traceEvents is copied to be decoded on its own: beyond this the plain way is cheaper
 _ENDS_MAX_BYTES = 16 << 20
 _KEY_TRIES = 8  # "traceEvents" found inside a string or a nested object before the key itself
+_LAST_TRIES = 8  # "}, {" found inside the last event's strings before the gap before it
+_CUT_TRIES = 64  # "}, {" inside a string where a chunk would be cut: the cut moves to the next one
+_SPACE = frozenset(b" \t\r\n")
 
 _EVENTS = msgspec.json.Decoder(list[Event])
 _LOOSE_EVENTS = msgspec.json.Decoder(list[LooseEvent])
@@ -87,34 +90,41 @@ def _decode_fast(path: Path, data: bytes | np.ndarray, tables: RankTables) -> Fi
         return None
     start, end, header = located
     out = FileColumns(path=str(path))
-    _set_header(out, header)
+    if header is not None:
+        _set_header(out, header)
     mark = tables.mark()
     view = memoryview(data)
-    chunks = _chunks_in_place(data, view, start, end)
+    chunks = _decoded_chunks(data, view, start, end, strict_first=header is None)
     try:
-        for chunk in chunks:
-            add_chunk(out, _decode_chunk(chunk), tables)
+        for events in chunks:
+            add_chunk(out, events, tables)
+            del events  # freed before the next chunk is decoded
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, _Unchecked):
         tables.restore(mark)
         return None
     finally:
-        chunks.close()  # the last chunk's two bytes put back before the plain way reads the text
+        chunks.close()
         view.release()
     return out
 
 
 class _Unchecked(Exception):
-    """The last chunk is not JSON: the events do not end where ``_locate`` found."""
+    """The events cannot be told to be a trace's this way (the plain way says what they are)."""
 
 
-def _locate(data: np.ndarray) -> tuple[int, int, _Part] | None:
+def _locate(data: np.ndarray) -> tuple[int, int, _Part | None] | None:
     """Where the top-level ``traceEvents`` array starts and ends (its ``[`` and ``]``) and the header keys
-    around it, without parsing the events; None when it cannot be told this way.
+    around it, without parsing the events; None when it cannot be told this way. A document that is the array
+    itself (Chrome's JSON array format) has no header (None).
 
     The text before the key is decoded as ``<text>"traceEvents":0}``: valid only where the key is one of the
     top-level object's (not inside a string or a nested value; then the next one is tried). The last event and
-    everything after it are decoded as ``{"traceEvents":[<text>``, which gives the array's end. The chunks
+    everything after it are decoded as ``{"traceEvents":[<text>``, which gives the array's end (the last ``}, {``
+    of the document may be inside a string of the last event: the ones before it are tried). The chunks
     between are decoded later; all three valid is the whole document valid."""
+    if _ARRAY_START.match(data):  # [event, ...]: the array ends at the document's last "]"
+        start, stop = _array_span(data)
+        return (start, stop - 1, None) if stop - 1 > start and data[stop - 1] == 0x5D else None
     key, before = -1, None
     for _ in range(_KEY_TRIES):  # the first "traceEvents" that is a key of the top-level object
         found = _EVENTS_NAME.search(data, key + 1, _ENDS_MAX_BYTES)
@@ -130,12 +140,16 @@ def _locate(data: np.ndarray) -> tuple[int, int, _Part] | None:
     if before is None or m is None:
         return None
     start = m.end() - 1
-    last = _last_event(data, start)
-    if len(data) - last > _ENDS_MAX_BYTES:
-        return None
-    try:
-        after = _PART.decode(b"".join((b'{"traceEvents":[', memoryview(data)[last:])))
-    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+    after = None
+    for last in _last_events(data, start):
+        if len(data) - last > _ENDS_MAX_BYTES:
+            return None
+        try:
+            after = _PART.decode(b"".join((b'{"traceEvents":[', memoryview(data)[last:])))
+            break
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+            continue
+    if after is None:
         return None
     end = last + len(after.traceEvents) - 2
     if end < start or data[end] != 0x5D or _EVENTS_NAME.search(data, end):  # "]", no second key
@@ -147,52 +161,64 @@ def _locate(data: np.ndarray) -> tuple[int, int, _Part] | None:
     return start, end, header
 
 
-def _last_event(data: np.ndarray, start: int) -> int:
-    """The ``{`` of the last event of the array whose ``[`` is at ``start`` (found as the last ``}, {`` of the
-    document, searched from its end); ``start + 1`` when there is none (one event or none)."""
+def _array_span(data: bytes | np.ndarray) -> tuple[int, int]:
+    """``(start, stop)`` of a document that is an array (``_ARRAY_START``), without the spaces around it."""
+    start = _ARRAY_START.match(data).end() - 1  # type: ignore[union-attr]
+    stop = len(data)
+    while stop - 1 > start and data[stop - 1] in _SPACE:
+        stop -= 1
+    return start, stop
+
+
+def _last_events(data: np.ndarray, start: int) -> list[int]:
+    """Where the last event of the array whose ``[`` is at ``start`` may start, most likely first: the ``{`` of
+    the last ``_LAST_TRIES`` ``}, {`` of the document, searched from its end (a name holding ``}, {`` makes one
+    inside a string), then ``start + 1`` when the array may hold one event."""
     size = 1 << 16
     while True:
         lo = max(start + 1, len(data) - size)
-        last = None
-        for last in _EVENT_GAP.finditer(data, lo):  # noqa: B007 (the last match is wanted)
-            pass
-        if last is not None:
-            return last.end() - 1
+        found = [m.end() - 1 for m in _EVENT_GAP.finditer(data, lo)][::-1][:_LAST_TRIES]
+        if len(found) == _LAST_TRIES:
+            return found
         if lo == start + 1:
-            return start + 1
+            return [*found, start + 1]
         size *= 16
 
 
-def _chunk_bounds(data: np.ndarray, start: int, end: int) -> list[tuple[int, int]]:
-    """``(first, stop)`` of each ~CHUNK_BYTES chunk of the array at ``data[start:end + 1]``, cut between two
-    events: ``data[first]`` is the byte before the chunk's first event (``[`` or a separator) and
-    ``data[stop - 1]`` the byte after its last (``]`` or a separator)."""
-    bounds = []
-    pos = start + 1
-    while end - pos > CHUNK_BYTES:
-        m = _EVENT_GAP.search(data, pos + CHUNK_BYTES, end)
-        if m is None:
-            break
-        bounds.append((pos - 1, m.start() + 2))
-        pos = m.end() - 1
-    bounds.append((pos - 1, end + 1))
-    return bounds
-
-
-def _chunks_in_place(data: np.ndarray, view: memoryview, start: int, end: int):
-    """Yield each chunk as a view of ``data`` reading ``[event, ..., event]``: the byte before it is set to
-    ``[`` and the byte after it to ``]`` while it is decoded, and put back after."""
-    bounds = _chunk_bounds(data, start, end)
-    if len(bounds) > 1:  # the events must end where _locate said: checked before any is decoded
-        first, stop = bounds[-1]
-        with _bracketed(data, first, stop):
+def _decoded_chunks(data: np.ndarray, view: memoryview, start: int, end: int, *, strict_first: bool):
+    """Yield the events of the array at ``data[start:end + 1]``, ~CHUNK_BYTES of text at a time, each chunk
+    decoded in place as ``[event, ..., event]`` (the byte before it set to ``[`` and the byte after it to ``]``
+    meanwhile). A cut is made at a ``}, {`` between two events; where that one is inside a string or a nested
+    value (the chunk then ends inside it: "truncated"), the cut moves to the next one, up to ``_CUT_TRIES``
+    times. ``strict_first``: the first chunk must decode as typed events (an array of other things is not a
+    trace; the plain way says so)."""
+    pos = start + 1  # the first byte of the chunk's first event
+    while True:
+        m = _EVENT_GAP.search(data, pos + CHUNK_BYTES, end) if end - pos > CHUNK_BYTES else None
+        for tries in range(_CUT_TRIES + 1):
+            stop = m.start() + 2 if m is not None else end + 1
             try:
-                _ANY_JSON.decode(view[first:stop])
-            except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
-                raise _Unchecked from None
-    for first, stop in bounds:
-        with _bracketed(data, first, stop):
-            yield view[first:stop]
+                with _bracketed(data, pos - 1, stop):
+                    if strict_first:
+                        try:
+                            events = _EVENTS.decode(view[pos - 1 : stop])
+                        except msgspec.ValidationError:
+                            raise _Unchecked from None
+                        if not events:
+                            raise _Unchecked
+                    else:
+                        events = _decode_chunk(view[pos - 1 : stop])
+                break
+            except msgspec.DecodeError as exc:
+                if m is None or tries == _CUT_TRIES or "truncated" not in str(exc):
+                    raise
+                m = _EVENT_GAP.search(data, m.end(), end)
+        strict_first = False
+        yield events
+        del events  # one chunk's events alive at a time, not two while the next one is decoded
+        if m is None:
+            return
+        pos = m.end() - 1
 
 
 class _bracketed:
@@ -237,7 +263,7 @@ def _decode_checked(path: Path, data: bytes | np.ndarray, tables: RankTables) ->
     return out
 
 
-def _header(path: Path, data: bytes | np.ndarray, out: FileColumns) -> msgspec.Raw:
+def _header(path: Path, data: bytes | np.ndarray, out: FileColumns) -> msgspec.Raw | memoryview:
     try:
         header = _HEADER.decode(data)
     except msgspec.ValidationError:
@@ -249,7 +275,7 @@ def _header(path: Path, data: bytes | np.ndarray, out: FileColumns) -> msgspec.R
             except msgspec.DecodeError as exc:
                 raise TraceError(f"{shown(path)}: not valid JSON ({exc})") from None
             if isinstance(first, dict) and first.get("ph") is not None:
-                return msgspec.Raw(bytes(data))
+                return memoryview(data)[slice(*_array_span(data))]  # the array alone, never a copy
         raise TraceError(f"{shown(path)}: JSON, but not a Chrome/Kineto trace (no traceEvents)") from None
     except msgspec.DecodeError as exc:
         raise TraceError(f"{shown(path)}: not valid JSON ({exc})") from None

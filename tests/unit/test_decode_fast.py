@@ -181,3 +181,31 @@ def test_the_fast_way_reads_real_traces(monkeypatch) -> None:
         fast, plain, taken = _both(path, monkeypatch)
         assert taken and fast == plain
         assert fast["x"]["ts"][0] == "float64" and None not in fast["x"]["ts"][1]
+
+
+# issue 23, item 15: the shapes that fell to the plain way (a copy of the text, one object per event)
+@pytest.mark.parametrize(
+    "text",
+    [
+        json.dumps(_events()),  # Chrome's JSON array format
+        " \n" + json.dumps(_events(), indent=1) + "\n",
+        _document(*KINETO[:1], [_event(i, name=f"a }},{{ b{i % 3}") for i in range(400)], KINETO[1], indent=None),
+        _document(*KINETO[:1], [_event(i, name="x},{y") for i in range(400)], KINETO[1], indent=None),
+        _document(*KINETO[:1], [_event(i, args={"nested": [{"a": 1}, {"b": 2}]}) for i in range(400)], KINETO[1]),
+    ],
+    ids=["array", "array with spaces", "names with }, {", "every name with },{", "nested objects"],
+)
+def test_the_array_format_and_cuts_inside_strings_are_decoded_the_fast_way(tmp_path, monkeypatch, text) -> None:
+    monkeypatch.setattr(decode, "CHUNK_BYTES", 1500)
+    fast, plain, taken = _both(_write(tmp_path, text), monkeypatch)
+    assert taken and fast == plain
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["[]", "[1, 2]", '[{"a": 1}]', '[{"ph": "Z"}]', "[" + json.dumps(_event(1)) + "] x", "[" + json.dumps(_event(1))],
+    ids=["empty", "numbers", "no phase", "odd phase", "text after", "no end"],
+)
+def test_arrays_that_are_not_traces_are_told_as_the_plain_way_tells_them(tmp_path, monkeypatch, text) -> None:
+    fast, plain, _ = _both(_write(tmp_path, text), monkeypatch)
+    assert fast == plain
