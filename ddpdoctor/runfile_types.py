@@ -387,3 +387,94 @@ class Manifest(msgspec.Struct, forbid_unknown_fields=False):
     world_size: Size | None = None
     exit_code: int | None = None
     ranks: list[ManifestRank] = []
+
+
+# --- dumps/rank<R>.<id>.json: what one rank was doing when a dump was asked for (issue 24) ----------------------
+# Written by the capture (``ddpdoctor.capture.flight``) on a hang, an exception, a signal or on demand; read by
+# ``ddpdoctor.flight`` (which also reads torch's own Flight Recorder dumps of jobs not run under ddpdoctor).
+class Frame(msgspec.Struct, forbid_unknown_fields=False):
+    """One Python frame: file, line, function name."""
+
+    file: str
+    line: Annotated[int, msgspec.Meta(ge=0, lt=1 << 31)] = 0
+    name: str = ""
+
+
+class ThreadStack(msgspec.Struct, forbid_unknown_fields=False):
+    """One thread's Python stack at the dump, outermost frame first (as ``traceback.extract_stack``)."""
+
+    name: str
+    ident: Int64 = 0
+    main: bool = False
+    frames: list[Frame] = []
+
+
+class DumpException(msgspec.Struct, forbid_unknown_fields=False):
+    """The exception a rank raised (``reason == "exception"``): type, message, its traceback outermost first."""
+
+    type: str
+    message: str = ""
+    frames: list[Frame] = []
+
+
+class FlightEntry(msgspec.Struct, forbid_unknown_fields=False):
+    """One Flight Recorder entry, with torch's own field names (``_dump_fr_trace_json`` / the pickle dump).
+    ``frames``: the Python stack that issued the collective, outermost first (torch's pickle dump lists them
+    innermost first; the writer reverses them). Sizes and dtypes are recorded by gloo and NCCL alike here."""
+
+    collective_seq_id: Int64 = 0
+    p2p_seq_id: Int64 = 0
+    op_id: Int64 = 0
+    record_id: Int64 = 0
+    pg_id: Int64 = 0
+    process_group: list[str] = []  # [pg name, pg description], e.g. ["0", "default_pg"]
+    profiling_name: str = ""  # "gloo:all_reduce", "nccl:all_reduce"
+    state: str = ""  # "scheduled", "started", "completed"
+    is_p2p: bool = False
+    retired: bool = False
+    input_sizes: list[list[Int64]] = []
+    input_dtypes: list[str] = []
+    output_sizes: list[list[Int64]] = []
+    output_dtypes: list[str] = []
+    time_created_ns: Int64 = 0
+    time_discovered_started_ns: Int64 | None = None
+    time_discovered_completed_ns: Int64 | None = None
+    timeout_ms: Int64 | None = None
+    thread_name: str = ""
+    frames: list[Frame] = []
+
+
+class FlightRecord(msgspec.Struct, forbid_unknown_fields=False):
+    """A rank's Flight Recorder buffer(s) as torch dumped them: ``pg_config`` (pg name -> {name, desc, ranks}),
+    ``pg_status`` (pg id -> last enqueued/started/completed collective seq id), ``entries`` oldest first."""
+
+    source: str = "gloo"  # "gloo" | "nccl": which buffer (a rank may have both: one record each)
+    version: str = ""
+    pg_config: dict[str, Any] = {}
+    pg_status: dict[str, Any] = {}
+    entries: list[FlightEntry] = []
+
+
+class FlightDump(msgspec.Struct, forbid_unknown_fields=False):
+    """``dumps/rank<R>.<id>.json``: one rank at one moment. ``reason``: "hang" (a rank made no step for the hang
+    timeout and every rank was asked to dump), "exception", "signal", "on_demand", "exit". ``step``: the steps the
+    rank had completed; ``phase``: where in the iteration it was ("data", "forward", "backward", "optimizer",
+    "outside": before the first step or between steps' hooks), since ``phase_since`` (unix seconds).
+    ``flight_recorder``: one record per buffer; empty when the torch in the rank has none (``fr_error`` says why)."""
+
+    schema_version: int = SCHEMA_VERSION
+    rank: Rank = 0
+    world_size: Size = 1
+    pid: int = 0
+    host: str = ""
+    request: str = ""  # the id of the request this dump answers ("" for a dump the rank made on its own)
+    reason: str = "on_demand"
+    time: Finite = 0.0  # unix seconds
+    step: Step = 0
+    phase: str = "outside"
+    phase_since: Finite | None = None
+    last_step_end: Finite | None = None
+    exception: DumpException | None = None
+    threads: list[ThreadStack] = []
+    flight_recorder: list[FlightRecord] = []
+    fr_error: str | None = None
