@@ -1,0 +1,650 @@
+"""The decision over all ranks' dumps: who is the cause, who waits for them, and in what (``HealthVerdict``).
+
+Pure functions over ``FlightDump``s (``ddpdoctor.flight.read``) and, when known, the manifest's per-rank status.
+The vocabulary is torch's own analyzer's (``torch.distributed.flight_recorder``): a collective type / size / dtype
+mismatch, "not all ranks joining collective N". torch's analyzer itself is not called: it unpickles its input with
+plain ``pickle`` (ddpdoctor never runs code from an input file), older versions reject gloo's ``gloo:`` names, it
+prints rather than returns, and it has no notion of where a rank that never joined was instead (its own code, an
+exception, an early return), which is what a user needs to know first.
+
+How it decides, per process group (the FR's ``pg_status``: last enqueued / completed sequence id per rank):
+
+1. A rank that raised an exception of its own (not a peer's death or a timeout: those are consequences), or died
+   without a dump while the others did not stop it, is a **crash** culprit; the ranks that failed or wait because
+   of it are consequences.
+2. Otherwise, when some ranks wait inside collective N of a group and others never issued N: those others are the
+   culprits. Where they are decides the kind: in their own code ("outside" any collective) -> **hang**; returned
+   from ``main`` -> **desync** (a rank skipped collectives: a "missing" mismatch); in another group's collective ->
+   the group they wait in is followed.
+3. When every rank issued N but with a different op / size / dtype -> **desync**, both sides named.
+4. A picture that only shows ordinary skew (a rank one collective behind, for less than the hang timeout, in a dump
+   nobody asked for because of a hang) is **ok**: a false hang is worse than a missed one.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ddpdoctor.flight import frames as fr
+from ddpdoctor.flight.verdict import (
+    CONSEQUENCE,
+    CRASHED,
+    EXITED,
+    IN_COLLECTIVE,
+    NO_DUMP,
+    OUTSIDE,
+    CollectiveRef,
+    HealthVerdict,
+    Mismatch,
+    RankState,
+    describe_shape,
+    frame_text,
+)
+from ddpdoctor.runfile_types import FlightDump, FlightEntry, Frame
+
+__all__ = ["DEFAULT_HANG_AFTER_S", "analyze", "is_consequence"]
+
+# Without a hang request, a rank waiting this long in a collective that another rank never issued is a hang (the
+# default hang timeout's floor); shorter is skew.
+DEFAULT_HANG_AFTER_S = 300.0
+
+# Exceptions a rank gets because of a peer (its death, or a collective that never completed): consequences.
+_CONSEQUENCE_TYPES = ("DistBackendError", "DistNetworkError", "DistStoreError")
+_CONSEQUENCE_TEXT = re.compile(
+    r"connection closed by peer|connection reset by peer|broken pipe|remote process exited|"
+    r"connection refused|socket closed|timed out waiting|operation timed out|timeout|"
+    r"communicator was aborted|watchdog caught collective operation timeout|ncclRemoteError|"
+    r"process group .*aborted|sigterm|terminated by ddpdoctor|stopped by ddpdoctor",
+    re.IGNORECASE,
+)
+# Manifest statuses of ranks that did not crash on their own.
+_STOPPED = ("hung", "stopped", "ok", "running")
+
+
+def is_consequence(exc_type: str, message: str) -> bool:
+    """An exception a rank raises because of a peer (a dead peer's closed connection, a collective timeout)."""
+    return exc_type.rsplit(".", 1)[-1] in _CONSEQUENCE_TYPES or bool(_CONSEQUENCE_TEXT.search(message or ""))
+
+
+# --- one rank, one process group --------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Group:
+    """One process group as one rank's FR saw it."""
+
+    name: str  # the key across ranks (the pg's name)
+    label: str  # what a user reads (its description, or its name)
+    backend: str
+    entries: dict[int, FlightEntry] = field(default_factory=dict)  # collective seq -> entry (no p2p)
+    last_enqueued: int = -1
+    last_completed: int = -1
+    members: tuple[int, ...] | None = None
+
+    @property
+    def pending(self) -> int | None:
+        """The oldest collective this rank issued that had not completed, or None."""
+        return self.last_completed + 1 if self.last_enqueued > self.last_completed else None
+
+
+@dataclass
+class _Rank:
+    rank: int
+    dump: FlightDump | None
+    status: Mapping[str, Any]
+    groups: dict[str, _Group] = field(default_factory=dict)
+    main_frames: list[Frame] = field(default_factory=list)  # outermost first
+    has_stack: bool = False
+
+
+def _op(name: str) -> tuple[str, str]:
+    backend, _, op = name.rpartition(":")
+    return (op or name or "?"), backend
+
+
+def _int(value: Any, default: int = -1) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def _pg_label(entry: FlightEntry) -> tuple[str, str]:
+    pg = entry.process_group
+    name = pg[0] if pg else str(entry.pg_id)
+    desc = pg[1] if len(pg) > 1 else ""
+    if desc in ("", "undefined"):
+        desc = ""
+    return name, (desc or name or "default_pg")
+
+
+def _members(config: Mapping[str, Any], name: str, label: str) -> tuple[int, ...] | None:
+    conf = config.get(name)
+    if not isinstance(conf, Mapping):
+        conf = next((c for c in config.values() if isinstance(c, Mapping) and c.get("desc") == label), None)
+    if not isinstance(conf, Mapping):
+        return None
+    ranks = conf.get("ranks")
+    if isinstance(ranks, str):
+        try:
+            ranks = json.loads(ranks)
+        except ValueError:
+            return None
+    if isinstance(ranks, list) and ranks and all(isinstance(r, int) for r in ranks):
+        return tuple(ranks)
+    return None
+
+
+def _rank_view(rank: int, dump: FlightDump | None, status: Mapping[str, Any]) -> _Rank:
+    view = _Rank(rank, dump, status)
+    if dump is None:
+        return view
+    main = next((t for t in dump.threads if t.main), None)
+    if main is None and dump.threads:
+        main = next((t for t in dump.threads if t.name == "MainThread"), None)
+    if main is not None:
+        view.main_frames = list(main.frames)
+        view.has_stack = True
+    for record in dump.flight_recorder:
+        status_by_id = record.pg_status or {}
+        for entry in record.entries:
+            if entry.is_p2p:
+                continue
+            name, label = _pg_label(entry)
+            op, backend = _op(entry.profiling_name)
+            group = view.groups.get(name)
+            if group is None:
+                group = view.groups[name] = _Group(name, label, backend or record.source)
+                st = status_by_id.get(str(entry.pg_id))
+                if isinstance(st, Mapping):
+                    group.last_enqueued = _int(st.get("last_enqueued_collective"))
+                    group.last_completed = _int(st.get("last_completed_collective"))
+                group.members = _members(record.pg_config or {}, name, label)
+            group.entries[entry.collective_seq_id] = entry
+        for group in view.groups.values():
+            if group.entries:
+                top = max(group.entries)
+                if group.last_enqueued < top:
+                    group.last_enqueued = top
+                # NCCL (and a pg_status that lacks it): completion from the entries' own states
+                if group.last_completed < 0 and not status_by_id:
+                    done = [s for s, e in group.entries.items() if e.state == "completed"]
+                    group.last_completed = max(done) if done else min(group.entries) - 1
+    return view
+
+
+def _ref(group: _Group, seq: int) -> CollectiveRef:
+    entry = group.entries.get(seq)
+    if entry is None:
+        return CollectiveRef(group.label, seq, "?", group.backend, None, None, None)
+    op, backend = _op(entry.profiling_name)
+    sizes = tuple(tuple(s) for s in entry.input_sizes) if entry.input_sizes or entry.input_dtypes else None
+    dtypes = tuple(entry.input_dtypes) if entry.input_dtypes else None
+    if sizes is None and op not in ("barrier",):
+        sizes = None
+    return CollectiveRef(
+        group.label, seq, op, backend or group.backend, sizes, dtypes, fr.innermost_user_frame(entry.frames)
+    )
+
+
+def _issued(group: _Group, seq: int) -> str:
+    entry = group.entries[seq]
+    op, _ = _op(entry.profiling_name)
+    shape = describe_shape(tuple(tuple(s) for s in entry.input_sizes), tuple(entry.input_dtypes))
+    return f"{op} {shape}".strip()
+
+
+# --- the decision ----------------------------------------------------------------------------------------------
+
+
+def analyze(
+    dumps: Mapping[int, FlightDump],
+    *,
+    world_size: int | None,
+    rank_status: Mapping[int, Mapping[str, Any]] | None = None,
+    hang_after_s: float | None = None,
+) -> HealthVerdict:
+    """The verdict over the ranks' dumps (rank -> FlightDump). ``world_size``: the job's (None: from the dumps);
+    ``rank_status``: manifest.json's per-rank ``{status, exit_code, reason}`` where known. ``hang_after_s``: how long a
+    wait must last to be a hang when no dump answers a hang request (default ``DEFAULT_HANG_AFTER_S``)."""
+    return _Analysis(dumps, world_size, rank_status or {}, hang_after_s).run()
+
+
+class _Analysis:
+    def __init__(
+        self,
+        dumps: Mapping[int, FlightDump],
+        world_size: int | None,
+        rank_status: Mapping[int, Mapping[str, Any]],
+        hang_after_s: float | None,
+    ) -> None:
+        world = world_size or max(
+            [d.world_size for d in dumps.values()] + [r + 1 for r in dumps] + [r + 1 for r in rank_status] + [1]
+        )
+        self.world = world
+        self.views = {r: _rank_view(r, dumps.get(r), rank_status.get(r) or {}) for r in range(world)}
+        for r in dumps:
+            if r not in self.views:  # a rank beyond the given world size: still read
+                self.views[r] = _rank_view(r, dumps[r], rank_status.get(r) or {})
+        self.evidence: list[str] = []
+        self.notes: list[str] = []
+        self.hang_after_s = DEFAULT_HANG_AFTER_S if hang_after_s is None else hang_after_s
+        self.requested_hang = any(d.reason == "hang" for d in dumps.values()) or any(
+            (s or {}).get("status") == "hung" for s in rank_status.values()
+        )
+        self.states: dict[int, RankState] = {}
+
+    # each rank's state ---------------------------------------------------------------------------------------------
+
+    def _exception_of(self, view: _Rank) -> tuple[str, str] | None:
+        d = view.dump
+        if d is not None and d.exception is not None:
+            return d.exception.type, d.exception.message
+        status = view.status
+        if status.get("status") in ("failed", "died") and status.get("reason"):
+            text = str(status["reason"])
+            typ, sep, msg = text.partition(": ")
+            if sep and re.fullmatch(r"[A-Za-z_][\w.]*", typ):
+                return typ, msg
+            return "", text
+        return None
+
+    def _state(self, view: _Rank) -> RankState:
+        d = view.dump
+        rank = view.rank
+        foreign = d is not None and d.reason == "torch"  # torch's own dump: no step, phase or stacks
+        got = d.step if d is not None and not foreign else _int(view.status.get("steps"), -1)
+        step = got if got >= 0 else None
+        phase = d.phase if d is not None and not foreign else None
+        since = (d.time - d.phase_since) if d is not None and d.phase_since else None
+        user = fr.user_frames(view.main_frames)
+        exc = self._exception_of(view)
+        exc_text = (f"{exc[0]}: {exc[1]}" if exc[0] else exc[1]).strip() if exc else None
+        if d is not None and d.exception is not None and d.exception.frames and not user:
+            user = fr.user_frames(d.exception.frames)
+        elif d is not None and d.exception is not None and d.exception.frames:
+            user = fr.user_frames(d.exception.frames) or user
+        pending = self._pending(view)
+        if exc is not None and (d is None or d.reason == "exception" or d.exception is not None):
+            state = CONSEQUENCE if is_consequence(*exc) else CRASHED
+            return RankState(rank, state, step, phase, None, pending, user, exc_text[:2000] if exc_text else None)
+        if d is None:
+            st = view.status.get("status")
+            exit_code = view.status.get("exit_code")
+            if st == "ok" or (st in (None, "unknown") and exit_code == 0):
+                return RankState(rank, EXITED, step, None, None, None, (), None)
+            if st == "failed" and not view.status.get("stopped_by"):
+                return RankState(
+                    rank,
+                    CRASHED,
+                    step,
+                    None,
+                    None,
+                    None,
+                    (),
+                    str(view.status.get("reason") or f"exit code {exit_code}"),
+                )
+            return RankState(rank, NO_DUMP, step, None, None, None, (), None)
+        if d.reason == "exit":
+            return RankState(rank, EXITED, step, phase, since, None, user, None)
+        below = fr.below_user(view.main_frames) if view.has_stack else []
+        blocked_in_torch = fr.in_torch_wait(below)
+        if pending is not None and (blocked_in_torch or not view.has_stack):
+            wait = self._waited(view, pending)
+            return RankState(rank, IN_COLLECTIVE, step, phase, wait, pending, user, None)
+        return RankState(rank, OUTSIDE, step, phase, since, pending, user, None)
+
+    def _pending(self, view: _Rank) -> CollectiveRef | None:
+        best = None
+        for group in view.groups.values():
+            seq = group.pending
+            if seq is not None:
+                ref = _ref(group, seq)
+                entry = group.entries.get(seq)
+                key = entry.time_created_ns if entry is not None else 0
+                if best is None or key < best[0]:
+                    best = (key, ref)
+        return best[1] if best else None
+
+    def _waited(self, view: _Rank, ref: CollectiveRef) -> float | None:
+        d = view.dump
+        for group in view.groups.values():
+            if group.label == ref.pg:
+                entry = group.entries.get(ref.seq_id)
+                if entry is not None and entry.time_created_ns and d is not None and d.time:
+                    return max(0.0, d.time - entry.time_created_ns / 1e9)
+        return None
+
+    # the verdict -----------------------------------------------------------------------------------------------------
+
+    def run(self) -> HealthVerdict:
+        for r, view in sorted(self.views.items()):
+            self.states[r] = self._state(view)
+        missing = [r for r, s in self.states.items() if s.state == NO_DUMP]
+        if missing:
+            self.notes.append(f"no dump from rank(s) {_ranks(missing)}: what they were doing is not known")
+        if any(v.dump is not None and not v.dump.flight_recorder for v in self.views.values()):
+            no_fr = [r for r, v in self.views.items() if v.dump is not None and not v.dump.flight_recorder]
+            why = next((v.dump.fr_error for v in self.views.values() if v.dump is not None and v.dump.fr_error), None)
+            self.notes.append(f"no Flight Recorder buffer in rank(s) {_ranks(no_fr)}" + (f": {why}" if why else ""))
+        if any(g.backend == "gloo" for v in self.views.values() for g in v.groups.values()):
+            self.notes.append("gloo records no start/end times: waits are measured from when a collective was issued")
+        mismatches = self._mismatches()
+        verdict = self._crash() or self._stuck(mismatches) or self._desync(mismatches) or self._ok(mismatches)
+        return verdict
+
+    def _verdict(
+        self,
+        kind: str,
+        culprits: list[int],
+        waiting: list[int],
+        collective: CollectiveRef | None,
+        mismatches: list[Mismatch],
+        summary: str,
+    ) -> HealthVerdict:
+        return HealthVerdict(
+            kind,
+            tuple(sorted(culprits)),
+            tuple(sorted(waiting)),
+            collective,
+            tuple(mismatches),
+            dict(self.states),
+            summary,
+            tuple(self.evidence),
+            tuple(self.notes),
+        )
+
+    def _crash(self) -> HealthVerdict | None:
+        crashed = [r for r, s in self.states.items() if s.state == CRASHED]
+        if not crashed:
+            return None
+        others = [r for r, s in self.states.items() if r not in crashed and s.state in (CONSEQUENCE, IN_COLLECTIVE)]
+        parts = []
+        for r in crashed:
+            s = self.states[r]
+            self.evidence.append(f"rank {r} raised {s.exception or 'an error'}" + _where(s))
+            parts.append(f"rank {r} crashed{_at(s)}: {_short(s.exception)}{_where(s)}")
+        for r in others:
+            s = self.states[r]
+            if s.state == CONSEQUENCE:
+                self.evidence.append(f"rank {r} failed because of its peer: {_short(s.exception)}")
+            else:
+                self.evidence.append(f"rank {r} waits in {s.collective.describe() if s.collective else 'a collective'}")
+        collective = next((self.states[r].collective for r in others if self.states[r].collective), None)
+        summary = "; ".join(parts)
+        if others:
+            summary += f"; rank(s) {_ranks(others)} failed or waited as a consequence"
+            if collective is not None:
+                summary += f" (in {collective.describe()})"
+        return self._verdict("crash", crashed, others, collective, [], summary)
+
+    def _groups(self) -> dict[str, dict[int, _Group]]:
+        out: dict[str, dict[int, _Group]] = {}
+        for r, view in self.views.items():
+            for name, group in view.groups.items():
+                out.setdefault(name, {})[r] = group
+        return out
+
+    def _members_of(self, name: str, by_rank: Mapping[int, _Group]) -> list[int]:
+        for group in by_rank.values():
+            if group.members:
+                return [r for r in group.members if r in self.views]
+        if name in ("0", "default_pg") or any(g.label == "default_pg" for g in by_rank.values()):
+            return sorted(self.views)
+        return sorted(by_rank)
+
+    def _mismatches(self) -> list[Mismatch]:
+        found = []
+        for by_rank in self._groups().values():
+            have = {r: g for r, g in by_rank.items() if g.entries}
+            if len(have) < 2:
+                continue
+            common = set.intersection(*(set(g.entries) for g in have.values()))
+            label = next(iter(have.values())).label
+            for seq in sorted(common):
+                ops = {r: _op(g.entries[seq].profiling_name)[0] for r, g in have.items()}
+                if len(set(ops.values())) > 1:
+                    found.append(Mismatch(label, seq, "op", {r: _issued(g, seq) for r, g in have.items()}))
+                    break
+                op = next(iter(ops.values()))
+                if op in _SIZES_MAY_DIFFER:
+                    continue
+                sizes = {r: json.dumps(g.entries[seq].input_sizes) for r, g in have.items()}
+                if len(set(sizes.values())) > 1:
+                    found.append(Mismatch(label, seq, "size", {r: _issued(g, seq) for r, g in have.items()}))
+                    break
+                dtypes = {r: tuple(g.entries[seq].input_dtypes) for r, g in have.items()}
+                if len(set(dtypes.values())) > 1:
+                    found.append(Mismatch(label, seq, "dtype", {r: _issued(g, seq) for r, g in have.items()}))
+                    break
+        return found
+
+    def _stuck(self, mismatches: list[Mismatch]) -> HealthVerdict | None:
+        """Ranks wait in collective N of a group that others never issued: those others are the cause."""
+        best = None
+        for name, by_rank in self._groups().items():
+            members = self._members_of(name, by_rank)
+            front = max((g.last_enqueued for g in by_rank.values()), default=-1)
+            waiting = [
+                r
+                for r, g in by_rank.items()
+                if g.pending is not None
+                and g.last_enqueued == front
+                and self.states[r].state in (IN_COLLECTIVE, OUTSIDE, CONSEQUENCE)
+            ]
+            behind = [r for r in members if r not in by_rank or by_rank[r].last_enqueued < front]
+            if not waiting or not behind:
+                continue
+            behind = [r for r in behind if self.states[r].state != NO_DUMP or self.views[r].status]
+            group = by_rank[waiting[0]]
+            seq = group.pending if group.pending is not None else front
+            # the collective the waiting ranks wait in: the first one the laggards never issued
+            first_missing = (
+                min(by_rank[r].last_enqueued for r in behind if r in by_rank) + 1
+                if any(r in by_rank for r in behind)
+                else seq
+            )
+            seq = max(seq, first_missing) if first_missing <= front else seq
+            ref = _ref(group, seq)
+            if best is None or len(waiting) > len(best[1]):
+                best = (name, waiting, behind, ref, by_rank)
+        if best is None:
+            return None
+        name, waiting, behind, ref, by_rank = best
+        waits = [w for w in (self.states[r].since_s for r in waiting) if w is not None]
+        longest = max(waits) if waits else None
+        exited = [r for r in behind if self.states[r].state == EXITED]
+        outside = [r for r in behind if self.states[r].state == OUTSIDE]
+        elsewhere = [r for r in behind if self.states[r].state == IN_COLLECTIVE]
+        if not self.requested_hang and (longest is None or longest < self.hang_after_s) and not exited:
+            lag = ", ".join(
+                f"rank {r} {front - by_rank[r].last_enqueued if r in by_rank else '?'} behind" for r in behind
+            )
+            self.notes.append(
+                f"at the dump, rank(s) {_ranks(waiting)} had issued {ref.describe()} and {lag}"
+                + (f" for {longest:.1f} s" if longest is not None else "")
+                + f": ordinary skew, not a hang (a hang is a wait of {self.hang_after_s:g} s or a hang request)"
+            )
+            return None
+        for r in waiting:
+            s = self.states[r]
+            self.evidence.append(
+                f"rank {r} issued {ref.describe()}"
+                + (f" {s.since_s:.0f} s before its dump" if s.since_s is not None else "")
+                + " and waits in it"
+            )
+        for r in behind:
+            last = by_rank[r].last_enqueued if r in by_rank else None
+            s = self.states[r]
+            issued = f"its last collective there was #{last}" if last is not None and last >= 0 else "it issued none"
+            self.evidence.append(f"rank {r} never issued {ref.op} #{ref.seq_id} ({ref.pg}): {issued}; {_doing(s)}")
+        lead = []
+        if outside:
+            for r in outside:
+                s = self.states[r]
+                if s.frames:
+                    lead.append(
+                        f"rank {r} is stuck in {_frames_short(s)}{_at(s)}, outside any collective"
+                        + (f" for {s.since_s:.0f} s" if s.since_s is not None else "")
+                    )
+                else:
+                    lead.append(
+                        f"rank {r} never joined {ref.op} #{ref.seq_id}{_at(s)} and is in no collective "
+                        "(its dump holds no stack)"
+                    )
+        if exited:
+            lead.append(f"rank(s) {_ranks(exited)} returned from main without issuing it")
+        if elsewhere:
+            for r in elsewhere:
+                s = self.states[r]
+                lead.append(f"rank {r} waits in another collective, {s.collective.describe() if s.collective else '?'}")
+        unknown = [r for r in behind if r not in outside + exited + elsewhere]
+        if unknown:
+            lead.append(
+                f"rank(s) {_ranks(unknown)} never issued it ({', '.join(self.states[r].state for r in unknown)})"
+            )
+        wait = f" for {longest:.0f} s" if longest is not None else ""
+        summary = (
+            "; ".join(lead) + f"; rank(s) {_ranks(waiting)} wait{'s' if len(waiting) == 1 else ''} in "
+            f"{ref.describe()}{wait}"
+        )
+        if ref.frame is not None:
+            summary += f", issued at {frame_text(ref.frame)}"
+        kind = "desync" if exited and not outside else "hang"
+        mm = list(mismatches)
+        if exited:
+            by = {r: _issued(by_rank[r], ref.seq_id) for r in waiting if ref.seq_id in by_rank[r].entries}
+            for r in exited:
+                by[r] = "nothing (returned from main)"
+            mm.append(Mismatch(ref.pg, ref.seq_id, "missing", by))
+        self.evidence.append(f"not all ranks joining collective {ref.seq_id} ({ref.pg}): missing {_ranks(behind)}")
+        return self._verdict(kind, behind, waiting, ref, mm, summary)
+
+    def _desync(self, mismatches: list[Mismatch]) -> HealthVerdict | None:
+        if not mismatches:
+            return None
+        m = mismatches[0]
+        sides = "; ".join(f"rank {r}: {what}" for r, what in sorted(m.by_rank.items()))
+        word = {"op": "collective type", "size": "size", "dtype": "dtype"}.get(m.kind, m.kind)
+        summary = f"{word} mismatch at collective #{m.seq_id} ({m.pg}): {sides}"
+        self.evidence.append(summary)
+        waiting = [r for r, s in self.states.items() if s.state in (IN_COLLECTIVE, CONSEQUENCE)]
+        ref = None
+        for r in sorted(m.by_rank):
+            for g in self.views[r].groups.values():
+                if g.label == m.pg and m.seq_id in g.entries:
+                    ref = _ref(g, m.seq_id)
+                    break
+            if ref:
+                break
+        frames_by = []
+        for r in sorted(m.by_rank):
+            for g in self.views[r].groups.values():
+                if g.label == m.pg and m.seq_id in g.entries:
+                    f = fr.innermost_user_frame(g.entries[m.seq_id].frames)
+                    if f is not None:
+                        frames_by.append(f"rank {r} at {frame_text(f)}")
+        if frames_by:
+            summary += " (" + ", ".join(frames_by) + ")"
+        # Every rank issued something there: nobody alone is the cause; all of them are named.
+        return self._verdict("desync", sorted(m.by_rank), waiting, ref, mismatches, summary)
+
+    def _ok(self, mismatches: list[Mismatch]) -> HealthVerdict:
+        have = [r for r, s in self.states.items() if s.state != NO_DUMP]
+        if not have:
+            return self._verdict("undecided", [], [], None, [], "no rank left a dump")
+        waiting = [r for r, s in self.states.items() if s.state == IN_COLLECTIVE]
+        consequence = [r for r, s in self.states.items() if s.state == CONSEQUENCE]
+        if consequence:
+            summary = f"rank(s) {_ranks(consequence)} failed because of a peer, and no dump shows which peer"
+            return self._verdict("undecided", [], consequence, None, [], summary)
+        if self.requested_hang:
+            if waiting and len(waiting) == len(have) and not [r for r, s in self.states.items() if s.state == NO_DUMP]:
+                ref = self.states[waiting[0]].collective
+                summary = (
+                    f"every rank waits in {ref.describe() if ref else 'a collective'}, which they all issued "
+                    "alike: the cause is not in the dumps (the network, or a process group not recorded)"
+                )
+            else:
+                summary = "a hang was reported, but the dumps do not show which rank holds the others up"
+            return self._verdict(
+                "undecided", [], waiting, self.states[waiting[0]].collective if waiting else None, [], summary
+            )
+        fronts: dict[str, list[int]] = {}
+        for r in self.states:
+            for g in self.views[r].groups.values():
+                fronts.setdefault(g.label, []).append(g.last_enqueued)
+        where = ", ".join(f"{pg} at #{max(v)}" for pg, v in fronts.items())
+        summary = f"{len(have)} rank(s) dumped; no hang, desync or crash" + (f" ({where})" if where else "")
+        return self._verdict("ok", [], [], None, [], summary)
+
+
+_SIZES_MAY_DIFFER = frozenset(
+    {
+        "gather",
+        "scatter",
+        "alltoall",
+        "alltoall_base",
+        "all_to_all",
+        "all_to_allv",
+        "allgather_into_tensor_coalesced",
+        "reduce_scatter_tensor_coalesced",
+        "allgather_coalesced",
+        "gather_object",
+        "scatter_object_list",
+        "send",
+        "recv",
+        "recv_any_source",
+        "_allgather_base",
+        "_reduce_scatter_base",
+        "allgather",
+        "all_gather",
+    }
+)
+
+
+def _ranks(ranks: list[int] | tuple[int, ...]) -> str:
+    return ", ".join(str(r) for r in sorted(ranks))
+
+
+def _short(text: str | None, limit: int = 200) -> str:
+    if not text:
+        return "an error"
+    line = text.strip().splitlines()[0] if text.strip() else text
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def _frames_short(s: RankState, n: int = 2) -> str:
+    if not s.frames:
+        return "code the dump has no stack of"
+    return " ← ".join(frame_text(f) for f in s.frames[:n])
+
+
+def _where(s: RankState) -> str:
+    return f" in {_frames_short(s)}" if s.frames else ""
+
+
+def _at(s: RankState) -> str:
+    if s.step is None and not s.phase:
+        return ""
+    if s.phase and s.phase != "outside":
+        return f" at step {s.step} ({s.phase})" if s.step is not None else f" ({s.phase})"
+    return f" at step {s.step}" if s.step is not None else ""
+
+
+def _doing(s: RankState) -> str:
+    if s.state == OUTSIDE:
+        if not s.frames:
+            return "it is in no collective (no stack in its dump)"
+        return f"it is in its own code, {_frames_short(s)}{_at(s)}"
+    if s.state == EXITED:
+        return "it returned from main"
+    if s.state == IN_COLLECTIVE:
+        return f"it waits in {s.collective.describe() if s.collective else 'another collective'}"
+    if s.state in (CRASHED, CONSEQUENCE):
+        return f"it raised {_short(s.exception)}"
+    return "it left no dump"
