@@ -46,15 +46,20 @@ def _float(value: Any) -> float | None:
 
 
 def disturbed_steps(capture: Mapping[str, Any]) -> set[int]:
-    """Steps whose wall time includes profiler start-up, recording or trace export, and the first step."""
+    """Steps whose wall time includes profiler start-up, recording or trace export, and the first step (of the
+    recorded steps: a hand-edited warm-up of 2**30 steps sizes no loop; each step is added once)."""
     steps = capture.get("steps") or {}
     schedule = capture.get("schedule")
     warmup = _int(schedule.get("warmup")) if isinstance(schedule, dict) else 0
-    out = {_int(steps.get("first"), 1)}
-    for window in steps.get("profiled") or []:
-        if isinstance(window, (list, tuple)) and window:
-            lo, hi = _int(window[0]), _int(window[-1])
-            out.update(range(lo - warmup, hi + 2))
+    first = _int(steps.get("first"), 1)
+    stop = first + len(steps.get("wall_ms") or []) + 1  # the step after the last recorded (its export)
+    out = {first}
+    windows = [w for w in steps.get("profiled") or [] if isinstance(w, (list, tuple)) and w]
+    done = first
+    for lo, hi in sorted((_int(w[0]), _int(w[-1])) for w in windows):
+        start, end = max(lo - warmup, done), min(hi + 2, stop)
+        out.update(range(start, end))
+        done = max(done, end)
     return out
 
 

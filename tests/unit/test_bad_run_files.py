@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -220,3 +222,20 @@ def test_wrongly_typed_nested_values_are_a_note_naming_the_file_and_field(record
     code = main(["compare", str(recorded_run), str(run), "--format", "json"])
     out, err = capsys.readouterr()
     assert code in (0, 1) and "Traceback" not in err, err
+
+
+_LIMITED = """import resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))  # a loop sized by the file fails here, not the machine
+from ddpdoctor.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_huge_profiler_warm_up_does_not_size_a_loop(recorded_run, tmp_path):
+    # a schedule of valid types whose warm-up (2**30 steps) made a set of the steps before each window (23 GB)
+    run = _copy(recorded_run, tmp_path, "rank1.json", _set("schedule.warmup", 2**30))
+    argv = ["gate", str(run), "--baseline", str(recorded_run), "--format", "json"]
+    proc = subprocess.run([sys.executable, "-c", _LIMITED, *argv], capture_output=True, text=True, timeout=100)
+    assert proc.returncode in (0, 1) and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert json.loads(proc.stdout)["incomplete"] == [], proc.stdout
