@@ -1,0 +1,141 @@
+"""Where in its iteration a rank is: the step it had completed and its phase, for the dumps (``FlightDump``).
+
+Phases, as the hooks see them (one call each per step, nothing per module, so the cost stays far below 1% of a step):
+
+- ``outside``: before the first forward of the run, and after the hooks are removed (the end of the run);
+- ``data``: from the end of the previous step (the optimizer's step, ``ddpdoctor.step()``) to the first module forward:
+  fetching and preparing the next batch;
+- ``forward``: from the first module forward of the step (a global forward pre-hook, armed only while it waits for
+  that first forward and removed as soon as it fires: the module calls that follow take torch's fast path);
+- ``backward``: from ``loss.backward()`` / ``torch.autograd.backward`` to the optimizer's step (gradient clipping, a
+  metric's all-reduce after the backward count as backward too);
+- ``optimizer``: inside the optimizer's step (a global optimizer step pre-hook), until the step ends.
+
+With gradient accumulation the next micro-batch's forward is "forward" again (the forward hook is re-armed when a
+backward returns); its data loading in between counts as backward. ``since`` is unix seconds.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+PHASES = ("outside", "data", "forward", "backward", "optimizer")
+
+
+class PhaseTracker:
+    """The step and phase of one process's main thread. The hooks only run on that thread (``thread_id``);
+    the methods are what the hooks and the step clock call, and may be called directly (tests)."""
+
+    __slots__ = ("phase", "since", "step", "last_step_end", "_thread_id", "_forward_handle", "_handles", "_patched")
+
+    def __init__(self, thread_id: int | None = None) -> None:
+        self.phase = "outside"
+        self.since = time.time()
+        self.step = 0  # steps completed
+        self.last_step_end: float | None = None
+        self._thread_id = threading.get_ident() if thread_id is None else thread_id
+        self._forward_handle: Any = None
+        self._handles: list[Any] = []
+        self._patched: Any = None  # (module, original backward) while torch.autograd.backward is wrapped
+
+    # ---- transitions -----------------------------------------------------------------------------------------
+    def _enter(self, phase: str) -> None:
+        if self.phase != phase:
+            self.phase = phase
+            self.since = time.time()
+
+    def step_ended(self, completed: int) -> None:
+        """A step ended (``completed`` steps so far): the next batch's data phase starts."""
+        now = time.time()
+        self.step = completed
+        self.last_step_end = now
+        self.phase, self.since = "data", now
+        self._arm_forward()
+
+    def forward_started(self) -> None:
+        if self.phase != "forward":
+            self._enter("forward")
+
+    def backward_started(self) -> None:
+        self._enter("backward")
+
+    def backward_returned(self) -> None:
+        self._arm_forward()  # a next micro-batch's forward is "forward" again
+
+    def optimizer_started(self) -> None:
+        self._enter("optimizer")
+
+    def snapshot(self) -> dict[str, Any]:
+        """``step``, ``phase``, ``phase_since``, ``last_step_end`` as a dump writes them."""
+        return {"step": self.step, "phase": self.phase, "phase_since": self.since, "last_step_end": self.last_step_end}
+
+    # ---- hooks -----------------------------------------------------------------------------------------------
+    def install(self) -> None:
+        """Hook torch: the first forward of each step, ``torch.autograd.backward``, the optimizer's step."""
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+        self._handles.append(register_optimizer_step_pre_hook(self._on_optimizer_pre))
+        self._arm_forward()
+        self._patch_backward()
+
+    def uninstall(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        self._disarm_forward()
+        if self._patched is not None:
+            module, original, wrapper = self._patched
+            if getattr(module, "backward", None) is wrapper:
+                module.backward = original
+            self._patched = None
+        self._enter("outside")
+
+    def _arm_forward(self) -> None:
+        if self._forward_handle is None and (self._handles or self._patched is not None):
+            from torch.nn.modules.module import register_module_forward_pre_hook
+
+            self._forward_handle = register_module_forward_pre_hook(self._on_forward_pre)
+
+    def _disarm_forward(self) -> None:
+        if self._forward_handle is not None:
+            self._forward_handle.remove()
+            self._forward_handle = None
+
+    def _on_forward_pre(self, module: Any, args: Any) -> None:
+        if threading.get_ident() == self._thread_id:
+            self._disarm_forward()
+            self.forward_started()
+
+    def _on_optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if threading.get_ident() == self._thread_id:
+            self.optimizer_started()
+
+    def _patch_backward(self) -> None:
+        import torch.autograd
+
+        from ddpdoctor.capture.invisible import invisible
+
+        module = torch.autograd
+        original = module.backward
+        if getattr(original, "_ddpdoctor_phase", False):
+            return
+        tracker = self
+
+        def backward(*args: Any, **kwargs: Any) -> Any:
+            mine = threading.get_ident() == tracker._thread_id
+            if mine:
+                tracker.backward_started()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                if mine:
+                    tracker.backward_returned()
+
+        backward.__wrapped__ = original  # type: ignore[attr-defined]
+        backward.__doc__ = original.__doc__
+        backward._ddpdoctor_phase = True  # type: ignore[attr-defined]
+        wrapper = invisible(backward)
+        module.backward = wrapper
+        self._patched = (module, original, wrapper)
