@@ -29,6 +29,9 @@ Int64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
 Finite = Annotated[float, msgspec.Meta(ge=-1.7976931348623157e308, le=1.7976931348623157e308)]  # no NaN, no inf
 Bytes = Count | Annotated[float, msgspec.Meta(ge=0, le=1.7976931348623157e308)]
 Scalar = str | bool | Int64 | Finite | None  # one JSON value that is not a container (a key, a label)
+# What is parsed as a number by a reader: ASCII digits of a sane length ("cuda:²" or 5,000 digits crashed int())
+Device = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}(:[0-9]{1,9})?$")]  # cpu, cuda:3
+IntText = Annotated[str, msgspec.Meta(pattern=r"^-?[0-9]{1,18}$")]
 
 
 class StepRecord(msgspec.Struct, forbid_unknown_fields=False):
@@ -62,7 +65,7 @@ class StepRecord(msgspec.Struct, forbid_unknown_fields=False):
 class CapturedDevice(msgspec.Struct, forbid_unknown_fields=False):
     """``memory.devices[]``: one CUDA device's allocator counters (bytes)."""
 
-    device: str | None = None
+    device: Device | None = None
     index: Annotated[int, msgspec.Meta(ge=0, lt=1 << 31)] | None = None
     name: str | None = None
     capacity_bytes: Bytes | None = None
@@ -174,7 +177,7 @@ class DDPModel(msgspec.Struct, forbid_unknown_fields=False):
     sync_batchnorm_layers: Count | None = None
     parameters: Count | None = None
     parameter_bytes: Count | None = None
-    device: str | None = None
+    device: Device | None = None
 
 
 class SetupRecord(msgspec.Struct, forbid_unknown_fields=False):
@@ -186,8 +189,8 @@ class SetupRecord(msgspec.Struct, forbid_unknown_fields=False):
     set_device_calls: list[str] = []
     cuda_visible_devices: str | None = None
     ddp_models: list[DDPModel] = []
-    ddp_sync_rounds_per_step: dict[str, Count] = {}  # histograms {count: number of steps}
-    ddp_forwards_per_step: dict[str, Count] = {}
+    ddp_sync_rounds_per_step: dict[IntText, Count] = {}  # histograms {count: number of steps}
+    ddp_forwards_per_step: dict[IntText, Count] = {}
 
 
 class ThreadsRecord(msgspec.Struct, forbid_unknown_fields=False):
@@ -216,7 +219,7 @@ class RankCapture(msgspec.Struct, forbid_unknown_fields=False):
     exit_code: int | None = None
     error: str | None = None
     backend: str | None = None
-    device: str | None = None
+    device: Device | None = None
     steps: StepRecord | None = None
     memory: MemoryRecord | None = None
     gil: GilRecord | None = None

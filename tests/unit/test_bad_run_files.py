@@ -191,6 +191,18 @@ NESTED_TYPE_EDITS = {  # (edit, the field the note must name); each crashed diag
         _set("memory.devices", [{"device": "cuda:0", "index": {}, "peak_reserved_bytes": 5}]),
         "memory.devices[0].index",
     ),
+    "a DDP model's device of 5,000 digits": (
+        lambda d: d["setup"]["ddp_models"][0].__setitem__("device", "cuda:" + "1" * 5000),
+        "setup.ddp_models[0].device",
+    ),
+    "a DDP model's device with a superscript digit": (
+        lambda d: d["setup"]["ddp_models"][0].__setitem__("device", "cuda:\u00b2"),
+        "setup.ddp_models[0].device",
+    ),
+    "a histogram key of 5,000 digits": (
+        _set("setup.ddp_sync_rounds_per_step", {"1" * 5000: 3}),
+        "setup.ddp_sync_rounds_per_step",
+    ),
     "a profiled window of 10**15 steps": (_set("steps.profiled", [[0, 10**15]]), "steps"),
     "a profiled window beyond the recorded steps": (_set("steps.profiled", [[4, 7000]]), "steps"),
 }

@@ -39,7 +39,7 @@ FUZZ = settings(
 # Values of every other type, the awkward ones over-represented.
 OTHER = st.sampled_from(
     [None, True, 0, -1, 5, 2**63, 10**15, 10**400, 1e15, -0.5, "", "x", "12", [], [1], ["x"], [[0, 10**15]], {},
-     {"a": 1}, {"step": ["a"]}, [{}], [{"index": "x"}]]
+     {"a": 1}, {"step": ["a"]}, [{}], [{"index": "x"}], "cuda:\u00b2", "cuda:" + "1" * 5000, {"1" * 5000: 1}]
 )  # fmt: skip
 
 
