@@ -121,17 +121,27 @@ def _analyze(
         run = load(path, progress=progress, use_summaries=steps is None, summarize=True, steps=steps)
     except TraceError as exc:
         captures, manifest, notes = rundir.read_run_files(path) if path.is_dir() else ({}, {}, [])
+        # a job that failed or hung before its profiled window, or a folder of Flight Recorder dumps: no trace,
+        # but a diagnosis of how it ended
+        health = _health_only(path, exc, captures, manifest, notes, resolved)
+        if health is not None:
+            return health
         if not (traces_optional and captures):
             raise
         notes.append(f"trace metrics and findings are missing: {exc}")
         return Analysis(path, None, None, captures, manifest, notes)
-    metrics = analyze(run, steps=steps)
+    verdict, dump_notes = _verdict(path, run.manifest or {}, run.world_size)
+    metrics = analyze(run, steps=steps, verdict=verdict)
     if steps is not None and not metrics.run.get("steps_analyzed"):
         last = "" if steps[1] is None else str(steps[1])
         raise UsageError(f"--steps {steps[0]}..{last}: none of the run's profiled steps is in that range")
+    cut_note = None
+    if steps is None and metrics.run.get("job_failed"):
+        metrics, cut_note = _without_cut_steps(path, run, metrics, verdict, progress)
     # The files the loader skipped and its notes on the rest go into every report (run.skipped, run.notes).
     metrics.run.setdefault("skipped", list(run.skipped))
     metrics.run.setdefault("notes", list(run.notes))
+    metrics.run["notes"] += dump_notes + ([cut_note] if cut_note else [])
     if path.is_dir() and rundir.trials_dir(path).is_dir():  # the trials `ddpdoctor try` ran, shown in every report
         from ddpdoctor.trial.history import read_trials
 
@@ -140,3 +150,166 @@ def _analyze(
             metrics.run["trials"] = trials
         metrics.run["skipped"] += trial_notes
     return Analysis(path, metrics, evaluate(resolved, metrics), dict(run.capture), dict(run.manifest or {}))
+
+
+def _verdict(
+    path: Path, manifest: dict[str, Any], world_size: int | None, *, traced: bool = True
+) -> tuple[Any, list[str]]:
+    """``ddpdoctor.flight``'s verdict over the dumps at ``path`` (a run directory's dumps/; without traces
+    (``traced`` False) also a folder of torch's own dump files), and notes on the dumps; (None, []) when there
+    are none."""
+    from ddpdoctor import flight
+
+    if not path.is_dir() or traced and not (path / "dumps").is_dir():
+        return None, []
+    try:
+        found = flight.find_dumps(path)
+    except TraceError as exc:
+        return None, [f"dumps: {exc}"]
+    if not found.dumps:
+        return None, list(found.skipped)
+    status = {
+        e["rank"]: {k: e.get(k) for k in ("status", "exit_code", "reason")}
+        for e in manifest.get("ranks") or []
+        if isinstance(e, dict) and isinstance(e.get("rank"), int)
+    }
+    verdict = flight.analyze(found.dumps, world_size=world_size or manifest.get("world_size"), rank_status=status)
+    what = "torch's own Flight Recorder dumps" if found.source == "torch" else "the ranks' dumps"
+    ranks = sorted(found.dumps)
+    notes = [
+        f"health from {what} of rank(s) {', '.join(map(str, ranks))}"
+        + (f" (request {found.request})" if found.request else "")
+    ]
+    return verdict, notes + list(found.notes) + list(found.skipped)
+
+
+def _health_only(
+    path: Path,
+    exc: TraceError,
+    captures: dict[int, dict[str, Any]],
+    manifest: dict[str, Any],
+    notes: list[str],
+    resolved: tuple[Any, ...],
+) -> Analysis | None:
+    """The Analysis of a run without traces that failed, hung or dumped (health metrics only, every other rule
+    "not evaluated": no trace), or None when there is nothing to diagnose without traces."""
+    from ddpdoctor.diagnosis import evaluate
+    from ddpdoctor.metrics import catalog
+    from ddpdoctor.metrics.health import HEALTH_METRICS, health_metrics
+    from ddpdoctor.metrics.result import RunMetrics
+    from ddpdoctor.table import Table
+
+    if not path.is_dir():
+        return None
+    world_size = manifest.get("world_size") or max([c.get("world_size") or 0 for c in captures.values()] + [0]) or None
+    verdict, dump_notes = _verdict(path, manifest, world_size, traced=False)
+    if verdict is None and not captures and not manifest:
+        return None
+    health, doc = health_metrics(manifest, captures, verdict)
+    if not health.get("job_failed") and verdict is None:
+        return None  # a run that ended well before its window: the loader's error says what is missing
+    ranks = sorted(
+        {
+            *captures,
+            *(e.get("rank") for e in manifest.get("ranks") or [] if isinstance(e, dict)),
+            *(r["rank"] for r in (doc or {}).get("ranks", [])),
+        }
+        - {None}
+    )
+    world_size = world_size or (max(ranks) + 1 if ranks else None)
+    backend = next((c.get("backend") for c in captures.values() if c.get("backend")), None)
+    reason = "no trace was recorded: " + (
+        next((n for n in manifest.get("notes") or [] if "profiled window" in str(n)), None) or str(exc)
+    )
+    why = {m: reason for m in (*catalog.RULE_RANK, *catalog.RULE_RUN) if m not in HEALTH_METRICS and m != "rank"}
+    run: dict[str, Any] = {
+        "path": str(path),
+        "mode": "ddp" if (world_size or 1) > 1 else "single",
+        "world_size": world_size,
+        "backend": backend,
+        "ranks_loaded": 0,
+        "rank_source": None,
+        "steps_analyzed": 0,
+        **health,
+        "not_measured": why,
+        "skipped": list(notes),
+        "notes": [reason, *dump_notes],
+    }
+    if doc is not None:
+        run["health"] = doc
+    metrics = RunMetrics(
+        run=run, ranks=[{"rank": r} for r in ranks], per_step=Table(), collectives=Table(), devices=Table()
+    )
+    return Analysis(path, metrics, evaluate(resolved, metrics), captures, manifest, list(notes))
+
+
+def _without_cut_steps(path: Path, run: Any, metrics: Any, verdict: Any, progress: Any) -> tuple[Any, str | None]:
+    """A failed run's metrics without the profiled steps its failure cut short: the steps after the last one
+    every failed rank completed (a survivor's wait for a dead or stuck peer is not communication). Returns the
+    metrics (recomputed from the traces over the steps kept) and the report's note, or the metrics unchanged."""
+    from ddpdoctor.load import load
+    from ddpdoctor.metrics import analyze
+
+    per_step = metrics.per_step
+    if not len(per_step) or "step" not in per_step.columns:
+        return metrics, None
+    analysed = sorted({int(s) for s in per_step["step"].tolist()})
+    done = []
+    for cap in run.capture.values():
+        if (cap.get("status") or "ok") == "ok":
+            continue
+        profiled = (cap.get("steps") or {}).get("profiled") or []
+        ends = [int(p[1]) for p in profiled if isinstance(p, (list, tuple)) and len(p) == 2]
+        done.append(max(ends) if ends else None)
+    if not done:
+        return metrics, None
+    if any(d is None for d in done):  # a failed rank that completed no profiled step: every analysed step is cut
+        last = analysed[0] - 1
+    else:
+        last = min(d for d in done if d is not None)
+    cut = [s for s in analysed if s > last]
+    if not cut:
+        return metrics, None
+    shown = _step_list(cut)
+    kept = [s for s in analysed if s <= last]
+    if not kept:
+        metrics.run["steps_cut_short"] = len(cut)
+        note = (
+            f"profiled step(s) {shown} were cut short by the failure: no step is left for the timing metrics, so"
+            " the timing rules are not evaluated"
+        )
+        from ddpdoctor.metrics import catalog
+        from ddpdoctor.metrics.health import HEALTH_METRICS
+
+        why = "every profiled step was cut short by the failure (a wait for a dead or stuck peer is not communication)"
+        for m in (*catalog.RULE_RANK, *catalog.RULE_RUN):
+            if m not in HEALTH_METRICS and m not in ("rank", "world_size"):
+                metrics.run["not_measured"][m] = why
+                if m in metrics.run:
+                    metrics.run[m] = None
+                for r in metrics.ranks:
+                    if m in r:
+                        r[m] = None
+        return metrics, note
+    again = load(path, progress=progress, use_summaries=False, summarize=True, steps=(kept[0], last))
+    trimmed = analyze(again, steps=(kept[0], last), verdict=verdict)
+    trimmed.run["steps_cut_short"] = len(cut)
+    note = (
+        f"profiled step(s) {shown} were left out of the timing metrics: the failure cut them short (a wait for a"
+        f" dead or stuck peer is not communication); the metrics cover steps {_step_list(kept)}"
+    )
+    return trimmed, note
+
+
+def _step_list(steps: list[int]) -> str:
+    """``[7, 8, 9, 12]`` -> ``7-9, 12``."""
+    spans: list[str] = []
+    start = prev = steps[0]
+    for s in [*steps[1:], None]:
+        if s is not None and s == prev + 1:
+            prev = s
+            continue
+        spans.append(str(start) if start == prev else f"{start}-{prev}")
+        if s is not None:
+            start = prev = s
+    return ", ".join(spans)

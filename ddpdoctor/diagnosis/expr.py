@@ -76,8 +76,9 @@ def _snippet(node: ast.AST) -> str:
 
 
 class _Checker:
-    def __init__(self, scope: Scope, params: Collection[str]) -> None:
+    def __init__(self, scope: Scope, params: Collection[str], text: bool = False) -> None:
         self.scope = scope
+        self.text = text  # a text metric may be the whole expression (a message template's field)
         self.params = set(params)
         self.metrics: set[str] = set()
         self.terms: dict[str, None] = {}
@@ -108,7 +109,7 @@ class _Checker:
             raise ExprError(
                 f"{name} is a per-rank metric; aggregate it over ranks in a run-level rule, e.g. mean({name})"
             )
-        if info.kind == "text":
+        if info.kind == "text" and not (self.text and depth == 1):
             raise ExprError(f"{name} is text; it can only be counted, e.g. count({name}) > 0")
         self.metrics.add(name)
         self.terms[name] = None
@@ -200,8 +201,9 @@ def _unknown(kind: str, name: str, choices: Collection[str]) -> str:
     return f"unknown {kind} {name!r}{hint}"
 
 
-def compile_expr(source: str, *, scope: Scope, params: Collection[str] = ()) -> Expr:
-    """Parse and check ``source``; raise ``ExprError`` saying what is wrong."""
+def compile_expr(source: str, *, scope: Scope, params: Collection[str] = (), text: bool = False) -> Expr:
+    """Parse and check ``source``; raise ``ExprError`` saying what is wrong. ``text``: the expression may be one
+    text metric's name alone (a message template's ``{health_summary}`` field), nothing else with text."""
     if not isinstance(source, str) or not source.strip():
         raise ExprError("empty expression")
     if len(source) > MAX_EXPR_CHARS:
@@ -212,7 +214,7 @@ def compile_expr(source: str, *, scope: Scope, params: Collection[str] = ()) -> 
         raise ExprError(f"syntax error: {exc.msg} in {source.strip()!r}") from None
     except (RecursionError, MemoryError, ValueError):
         raise ExprError("expression cannot be parsed (too deeply nested or invalid characters)") from None
-    checker = _Checker(scope, params)
+    checker = _Checker(scope, params, text)
     checker.check(tree)
     return Expr(source.strip(), tree, frozenset(checker.metrics), tuple(checker.terms))
 

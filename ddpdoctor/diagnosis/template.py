@@ -60,7 +60,8 @@ def compile_template(source: str, *, scope: Scope, params: Collection[str] = ())
             raise ExprError(f"format spec {spec!r} is not allowed (use e.g. .1f, .0%, ,.0f)")
         if not field_name.strip():
             raise ExprError("empty {} field in template")
-        parts.append((literal, compile_expr(field_name, scope=scope, params=params), spec or ""))
+        # a text metric is shown as it is (``{health_summary}``), never computed with
+        parts.append((literal, compile_expr(field_name, scope=scope, params=params, text=not spec), spec or ""))
     return Template(source, tuple(parts))
 
 

@@ -15,13 +15,17 @@ from ddpdoctor.metrics import catalog
 from ddpdoctor.metrics.capture import ddp_timers
 from ddpdoctor.metrics.cross_rank import all_collectives, cross_rank, transfer_bandwidth
 from ddpdoctor.metrics.evidence import run_evidence
+from ddpdoctor.metrics.health import health_metrics
 from ddpdoctor.metrics.result import RANK_METRICS, LazyTable, RunMetrics
 from ddpdoctor.metrics.setup import SETUP_RANK_METRICS, setup_metrics
 from ddpdoctor.table import Table, column
 
 
-def analyze(run: Run, steps: tuple[int, int | None] | None = None) -> RunMetrics:
+def analyze(run: Run, steps: tuple[int, int | None] | None = None, verdict: Any = None) -> RunMetrics:
     """All metrics of a loaded run. Pure: no I/O, no printing.
+
+    ``verdict``: ``ddpdoctor.flight.HealthVerdict`` of the ranks' dumps, when they dumped (the health metrics
+    come from it, the manifest and the rank files: ``ddpdoctor.metrics.health``).
 
     ``steps``: analyse only ProfilerStep#N..M (inclusive; M None = to the end). Needs the traces, or summaries
     the loader computed from them over the same steps (``load(summarize=True, steps=...)``), not the ranks'
@@ -63,6 +67,10 @@ def analyze(run: Run, steps: tuple[int, int | None] | None = None) -> RunMetrics
     why_setup = setup_run.pop("not_measured", {})
     run_metrics.update(setup_run)
     run_metrics["not_measured"] = {**run_metrics.get("not_measured", {}), **why_setup}
+    health, health_doc = health_metrics(run.manifest or {}, run.capture, verdict)
+    run_metrics.update(health)
+    if health_doc is not None:
+        run_metrics["health"] = health_doc
     return RunMetrics(
         run=run_metrics,
         ranks=ranks,

@@ -33,8 +33,9 @@ Kind = Literal["number", "flag", "text"]
 #   collectives - per rank, from ``RunMetrics.collectives`` (``ddpdoctor.metrics.derived``)
 #   ddp_log     - DDP's own timers from ``_get_ddp_logging_data()`` (``ddpdoctor.metrics.capture``)
 #   run         - the run as a whole (``ddpdoctor.metrics.analyze``)
+#   health      - how the job ended: the manifest, the rank files and the ranks' dumps (``ddpdoctor.metrics.health``)
 #   snapshot    - computed by ``compare`` from a run's devices table (not in ``RunMetrics``; rules cannot use it)
-Source = Literal["summary", "cross_rank", "setup", "collectives", "ddp_log", "run", "snapshot"]
+Source = Literal["summary", "cross_rank", "setup", "collectives", "ddp_log", "run", "health", "snapshot"]
 
 ONE_RANK = "only one rank's trace was loaded; cross-rank metrics need two or more"
 
@@ -55,7 +56,7 @@ class Metric:
         return "flag" if self.unit == "flag" else "text" if self.unit == "text" else "number"
 
 
-_SOURCES = ("summary", "cross_rank", "setup", "collectives", "ddp_log", "run", "snapshot")
+_SOURCES = ("summary", "cross_rank", "setup", "collectives", "ddp_log", "run", "health", "snapshot")
 
 
 def _load() -> tuple[dict[str, str], dict[str, Metric], dict[str, Metric], dict[str, tuple[str, str]]]:

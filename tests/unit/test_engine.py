@@ -65,8 +65,15 @@ def test_sick_ddp_run_fires_the_expected_rules_on_the_expected_ranks():
         "uneven-batches-across-ranks",
         "ranks-share-cuda0",
         "batchnorm-not-synced",
+        # how the job ended: a hand-made input has no manifest, rank files or dumps (issue 24)
+        "rank-crashed",
+        "job-failed-at-startup",
+        "collective-hang",
+        "collective-mismatch",
+        "rank-died",
     }
     assert all(reason.startswith("not measured in this run: ") for reason in rest.values())
+    assert "no record of how the job ended" in rest["rank-crashed"]
     assert "no DataLoader was observed" in rest["missing-distributed-sampler"]
 
 
