@@ -105,7 +105,7 @@ def _without_capture(
         if any(n.startswith(f"{name}: ") for n in notes):
             why = f"{name} was left out (above)"
         elif rundir.rank_file(root, rt.rank).exists():
-            why = f"{name} states another rank"
+            why = f"{name} states {_stated_rank(rundir.rank_file(root, rt.rank))}"
         else:
             why = f"{name} is missing"
         files = ", ".join(shown(Path(f).name) for f in rt.files[:3]) + (", ..." if len(rt.files) > 3 else "")
@@ -113,6 +113,13 @@ def _without_capture(
     if len(alone) > 8:
         out.append(f"{len(alone) - 8} more ranks are read from their traces alone, without a capture file")
     return out
+
+
+def _stated_rank(path: Path) -> str:
+    try:
+        return f"rank {int(rundir.read_json(path)['rank'])}"
+    except (OSError, ValueError, TypeError, KeyError, RecursionError):
+        return "another rank"
 
 
 def _trace_ranks(root: Path) -> set[int]:

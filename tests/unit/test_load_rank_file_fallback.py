@@ -29,13 +29,26 @@ def _claims_rank_0(path: Path) -> None:
     path.write_text(json.dumps(data))
 
 
+def _claims_rank_5(path: Path) -> None:
+    data = json.loads(path.read_text())
+    data["rank"] = 5
+    path.write_text(json.dumps(data))
+
+
 def _wrongly_typed(path: Path) -> None:
     data = json.loads(path.read_text())
     data["setup"]["data_loaders"] = 5
     path.write_text(json.dumps(data))
 
 
-RANK_FILE = {"missing": _missing, "invalid": _invalid, "claims rank 0": _claims_rank_0, "wrongly typed": _wrongly_typed}
+RANK_FILE = {
+    "missing": _missing,
+    "invalid": _invalid,
+    "claims rank 0": _claims_rank_0,
+    "claims rank 5": _claims_rank_5,
+    "wrongly typed": _wrongly_typed,
+}
+WHY = {"missing": "is missing", "claims rank 5": "states rank 5"}  # the others: "was left out (above)"
 
 
 @pytest.mark.parametrize("summary", ["without its summary", "with its summary"])
@@ -55,4 +68,5 @@ def test_a_rank_without_a_valid_rank_file_is_read_from_its_trace(tmp_path, capsy
     assert "rank-straggler" in {f["name"] for f in doc["findings"]}
     trace = next(RECORDED.glob("rank1.*.pt.trace.json.gz")).name
     said = doc["run"]["skipped"] + doc["run"]["notes"]
-    assert any(f"rank 1 is read from its trace alone ({trace})" in n for n in said), said
+    why = f"ranks/rank1.json {WHY.get(case, 'was left out (above)')}"
+    assert any(f"rank 1 is read from its trace alone ({trace})" in n and n.endswith(why) for n in said), said
