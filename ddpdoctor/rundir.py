@@ -306,7 +306,7 @@ _LAYOUT = {
     # groups/group<N>.json, and groups/group<N>/: the files of another process group of the job, a run's layout
     "groups": _Folder(rf"group\d+\.json|\.group\d+\.json\.{_RANDOM}\.tmp", {r"group\d+": "run"}),
     "ranks": _Folder(rf"rank\d+(\.summary)?\.json|\.rank\d+(\.summary)?\.json\.{_RANDOM}\.tmp"),
-    "nodes": _Folder(rf"node\d+\.json|\.node\d+\.json\.{_RANDOM}\.tmp"),
+    "nodes": _Folder(rf"node\d+\.(json|log)|\.node\d+\.json\.{_RANDOM}\.tmp"),  # node<K>.log: torchrun's report
     # tensorboard/rank<R>/, and the folders `view` writes it in and moves it aside to
     "tensorboard": _Folder(None, {r"rank\d+|\.rank\d+\.old|\.rank\d+\.[a-z0-9_]+\.tmp": "events"}),
     "events": _Folder(EVENT_FILE_RE.pattern[1:-1]),

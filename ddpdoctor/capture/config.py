@@ -22,9 +22,12 @@ class CaptureConfig:
     gil: bool = True
     # With no step seen, the trace covers the run from its start; this bounds it (seconds).
     no_step_limit_s: float = 60.0
-    # A rank with no step for this long after its first step is declared hung: its state and stack are written
-    # and it is ended, so torchrun stops the others (which flush their data). None: wait for the job's own timeouts.
+    # A rank with no step for this long after its first step asks every rank to dump; the dumps decide whether the
+    # job hangs, and who is the cause (ddpdoctor.capture.hang). None: off (wait for the job's own timeouts).
     hang_timeout_s: float | None = None
+    # hang_timeout_s is the floor of the default rule (no --hang-timeout): that or 10x the slowest step, whichever
+    # is longer; the job is then stopped only when the dumps show a hang or a desync.
+    hang_timeout_default: bool = False
     launcher_pid: int = 0
     quiet: bool = False
     # Record every thread (DataParallel's replica threads). In torch 2.13 this drops the trace's [memory] events,

@@ -9,14 +9,16 @@ import os
 import re
 import shlex
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from ddpdoctor import rundir
-from ddpdoctor.capture import interpreter
+from ddpdoctor.capture import hang, interpreter
 from ddpdoctor.capture import manifest as manifest_mod
 from ddpdoctor.capture.config import CaptureConfig
 
@@ -48,6 +50,8 @@ def run_command(cmd: list[str]) -> int:
     """
     global _untraced
     child = subprocess.Popen(cmd)
+    if _judge is not None:
+        _judge.child = child
     watch = interpreter.Watch(child.pid).start()
 
     def forward(signum: int, frame: object) -> None:
@@ -64,6 +68,115 @@ def run_command(cmd: list[str]) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous)
         _untraced = watch.stop()
+
+
+# The hang judge of this trace (set by HangJudge.start): run_command tells it the launcher process it started.
+_judge: HangJudge | None = None
+
+
+class HangJudge:
+    """The launcher's side of the hang timeout: a thread that waits for a rank's hang request
+    (``dumps/request.json``, :mod:`ddpdoctor.capture.watchdog`), waits for every rank's dump (at most
+    ``hang.DUMP_WAIT_S``), has them analysed, prints the verdict (the cause first, the ranks waiting for it as
+    consequences) and stops the job: SIGTERM (to torchrun, which stops its ranks; else to the command and the
+    ranks), then SIGKILL to what is left after ``hang.STOP_GRACE_S``.
+
+    ``explicit``: ``--hang-timeout`` was given (stop whatever the dumps show); the default timeout stops only on a
+    hang or a desync. After a stop, ``verdict`` is the verdict and ``request`` the request's ``by``.
+    """
+
+    def __init__(self, out: Path, *, explicit: bool, launch: str, say: Reporter, how: str) -> None:
+        self.out = out
+        self.explicit = explicit
+        self.how = how  # what stopped it, in the manifest: "stopped by ddpdoctor --hang-timeout 10"
+        self.launch = launch
+        self.say = say
+        self.child: subprocess.Popen[Any] | None = None
+        self.verdict: Any = None
+        self.request: str | None = None
+        self._seen: set[str] = set()
+        self._done = False
+
+    @property
+    def stopped(self) -> bool:
+        """ddpdoctor stopped the job on a verdict."""
+        return self.verdict is not None
+
+    def start(self) -> HangJudge:
+        global _judge
+        _judge = self
+        threading.Thread(target=self._watch, name="ddpdoctor-hang-judge", daemon=True).start()
+        return self
+
+    def close(self) -> None:
+        global _judge
+        self._done = True
+        if _judge is self:
+            _judge = None
+
+    def _watch(self) -> None:
+        while not self._done:
+            time.sleep(0.5)
+            request = hang.read_request(self.out)
+            if request is None or request.get("reason") != "hang" or request["id"] in self._seen:
+                continue
+            self._seen.add(request["id"])
+            try:
+                self.decide(request)
+            except Exception as exc:  # noqa: BLE001 - the ranks' own watchdogs remain; say why, never a traceback
+                self.say._print(f"ddpdoctor: the hang dumps could not be analysed: {type(exc).__name__}: {exc}")
+
+    def decide(self, request: dict[str, Any]) -> None:
+        ranks = manifest_mod.read_rank_files(self.out)
+        here = socket.gethostname()
+        if any(d.get("pid") == os.getpid() and d.get("hostname") == here for d in ranks.values()):
+            return  # this process is a rank itself (a one-process run): its own watchdog acts
+        local = {r: int(d["pid"]) for r, d in ranks.items() if d.get("hostname") == here and d.get("pid")}
+        expected = hang.world_ranks(self.out)
+        self.say._print(f"ddpdoctor: hang timeout: {request.get('by') or 'a rank'}; every rank dumps where it is")
+        dumps = hang.wait_for_answers(
+            self.out, request["id"], expected, alive=lambda: any(hang._exists(p) for p in local.values())
+        )
+        verdict = hang.judge(dumps, world_size=len(expected) or None)
+        from ddpdoctor.capture.watchdog import should_stop
+
+        lines = hang.verdict_lines(verdict, waited_for=expected)
+        if not should_stop(verdict, explicit=self.explicit):
+            self.say._print(f"ddpdoctor: no hang in the dumps ({lines[0]}); the job goes on")
+            return
+        for line in lines:
+            self.say._print(f"ddpdoctor: {line}")
+        self.say._print(
+            f"ddpdoctor: stopping the job (dumps in {self.out / hang.DUMPS_DIR}; `ddpdoctor diagnose {self.out}`)"
+        )
+        self.verdict, self.request = verdict, str(request.get("by") or "")
+        child = [self.child.pid] if self.child is not None and self.child.poll() is None else []
+        if self.launch == "torchrun":  # torchrun stops its ranks itself; what is left is killed after the grace
+            hang.stop(child, grace_s=hang.STOP_GRACE_S, kill=list(local.values()))
+        else:
+            pids = list(local.values()) + child
+            hang.stop(pids, grace_s=hang.STOP_GRACE_S, kill=pids)
+
+
+def apply_verdict(man: dict[str, Any], verdict: Any, how: str) -> None:
+    """Put what the hang verdict found into the manifest: the cause(s) marked hung with where they were, the ranks
+    that waited for them as consequences (``consequence_of``), and ``health`` (kind, summary, culprits, waiting)."""
+    outcomes = hang.rank_outcomes(verdict)
+    for entry in man.get("ranks") or []:
+        outcome = outcomes.get(entry.get("rank"))
+        if outcome is not None:
+            entry["status"], entry["reason"] = outcome
+            if entry["rank"] in verdict.waiting:
+                entry["consequence_of"] = list(verdict.culprits)
+    man["health"] = {
+        "kind": verdict.kind,
+        "summary": verdict.summary,
+        "culprits": list(verdict.culprits),
+        "waiting": list(verdict.waiting),
+        "stopped_by": how,
+    }
+    if man.get("exit_code") in (None, 0) or man.get("exit_code", 0) < 0:
+        man["exit_code"] = hang.HANG_EXIT
 
 
 # What the last run_command saw of its job: processes that ran interpreters the start-up hook cannot reach
@@ -123,8 +236,10 @@ def finish_run(
     exit_code: int,
     started: float,
     launch: str | None = None,
+    judge: HangJudge | None = None,
 ) -> dict[str, Any]:
-    """Write this launcher's node record, then (re)build the manifest from every node and rank file present.
+    """Write this launcher's node record, then (re)build the manifest from every node and rank file present
+    (with what ``judge`` found, when it stopped the job on a hang).
 
     The launchers of a multi-node run end together (torchrun's agents leave through one barrier) and each writes
     the manifest: one that built it before another node's record landed may write it after that node's complete
@@ -146,6 +261,8 @@ def finish_run(
             out, mode=mode, command=command, config=config.schedule_dict(), launch=launch_form(out, launch or mode)
         )
         _name_untraced(man, _untraced)
+        if judge is not None and judge.stopped:
+            apply_verdict(man, judge.verdict, judge.how)
         manifest_mod.write(out, man)
         if _run_files_state(out) == before:
             break
@@ -248,6 +365,7 @@ class Reporter:
         *,
         command: list[str] | None = None,
         who: Any = None,
+        hang_timeout: str = "",
     ) -> None:
         if command is not None:
             what = f"every rank started by `{shlex.join(command)}`"
@@ -257,7 +375,10 @@ class Reporter:
             what = f"{target.name} as one of {who.world_size} ranks started by the scheduler ({who.source} variables)"
         else:
             what = f"{target.name} in this process (and any ranks it starts)"
-        self._print(f"ddpdoctor: tracing {what}; profiling steps {window[0]}-{window[1]}; run directory {out}")
+        hang_text = f"; {hang_timeout}" if hang_timeout else ""
+        self._print(
+            f"ddpdoctor: tracing {what}; profiling steps {window[0]}-{window[1]}{hang_text}; run directory {out}"
+        )
 
     def summary(self, out: Path, *, rank: int | None = None) -> None:
         """What the run left. ``rank``: in-rank mode, this process's rank (it speaks only when the run is complete,
@@ -289,10 +410,15 @@ class Reporter:
         for name, knob in (man.get("knobs") or {}).items():
             if not knob.get("applied"):
                 self._print(f"ddpdoctor: --set {name}={knob.get('value')} did not apply: {knob.get('reason')}")
-        for r in failed:
-            self._print(
-                f"ddpdoctor:   rank {r['rank']} {r['status']}: {r.get('reason') or 'exit ' + str(r.get('exit_code'))}"
-            )
+        if (man.get("health") or {}).get("summary"):
+            health = man["health"]
+            self._print(f"ddpdoctor: {health['kind']}: {health['summary']} ({health.get('stopped_by')})")
+        for r in sorted(failed, key=lambda r: bool(r.get("consequence_of"))):  # the causes first
+            reason = r.get("reason") or "exit " + str(r.get("exit_code"))
+            if r.get("consequence_of"):
+                peers = ", ".join(str(p) for p in r["consequence_of"])
+                reason = f"a consequence of rank {peers}: {_short(reason)}"
+            self._print(f"ddpdoctor:   rank {r['rank']} {r['status']}: {reason}")
         notes = man.get("notes", [])
         before = [n for n in notes if n.startswith(manifest_mod.BEFORE_WINDOW)]
         groups = [n for n in notes if n.startswith(manifest_mod.GROUPS_NOTE)]  # where each process group's files are
@@ -303,3 +429,11 @@ class Reporter:
         for note in before:  # a crash too: it happened before anything was profiled
             self._print(f"ddpdoctor: note: {note}; lower --wait/--warmup or run more steps")
         self._print(f"ddpdoctor: next: ddpdoctor diagnose {out}    (or open it in TensorBoard: ddpdoctor view {out})")
+
+
+def _short(reason: str, limit: int = 160) -> str:
+    """A consequence's error, cut to its first sentence (gloo's run on with advice for the remote worker)."""
+    first = reason.split("\n", 1)[0]
+    cut = first.find(". ", first.find(": ") + 2)
+    first = first[: cut + 1] if cut > 0 else first
+    return first if len(first) <= limit else first[: limit - 3] + "..."

@@ -65,6 +65,24 @@ def _rank_entry(
     }
 
 
+def mark_consequences(entries: list[dict[str, Any]]) -> None:
+    """A rank that failed because a peer died ("Connection closed by peer", stopped by torchrun after another
+    rank's failure: ``ddpdoctor.flight.analyze.is_consequence``) while another rank failed for a reason of its own:
+    ``consequence_of`` names the cause(s)."""
+    from ddpdoctor.flight.analyze import is_consequence
+
+    def gone(entry: dict[str, Any]) -> bool:
+        kind, _, message = str(entry.get("reason") or "").partition(": ")
+        return entry["status"] == "interrupted" or is_consequence(kind, message or kind)
+
+    causes = [e["rank"] for e in entries if e["status"] in ("failed", "hung") and not gone(e)]
+    if not causes:
+        return
+    for entry in entries:
+        if entry["status"] not in ("ok", "unknown", "running") and entry["rank"] not in causes and gone(entry):
+            entry["consequence_of"] = causes
+
+
 BEFORE_WINDOW = "the run ended before the profiled window"
 
 
@@ -130,6 +148,7 @@ def build(
     for entry in entries:
         listed = entry["trace_files"]
         entry["trace_files"] = listed + [f for f in on_disk.get(entry["rank"], []) if f not in listed]
+    mark_consequences(entries)
     exit_codes = [n["exit_code"] for n in nodes]
     if not nodes:  # in-rank: each rank's own exit status; None while a rank has not finished
         exit_codes = [e["exit_code"] for e in entries]

@@ -33,6 +33,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "baseline": ("ddpdoctor.cli.gate_cmd", "write a run's metrics as a baseline file to commit"),
     "gate": ("ddpdoctor.cli.gate_cmd", "fail CI when a run regresses against a baseline"),
     "view": ("ddpdoctor.cli.view_cmd", "open a run in TensorBoard with the ddpdoctor dashboard"),
+    "dump": (
+        "ddpdoctor.cli.dump_cmd",
+        "ask every rank of a running traced job to dump where it is (stacks, Flight Recorder), without stopping it",
+    ),
     "try": (
         "ddpdoctor.cli.try_cmd",
         "run a traced job again with a knob applied (no code change) and measure the gain",

@@ -21,6 +21,19 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see `ddpdoctor trace --help`)")
 
 
+HANG_OFF = 0.0  # --hang-timeout off (or 0): no watchdog
+
+
+def _hang_timeout(text: str) -> float:
+    """``--hang-timeout``: seconds (above 0, in range), or ``off``/``0`` for no watchdog (:data:`HANG_OFF`)."""
+    if text.strip().lower() in ("off", "0", "none"):
+        return HANG_OFF
+    try:
+        return seconds()(text)
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(f"{exc}, or off") from None
+
+
 def _own_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="ddpdoctor trace",
@@ -64,10 +77,11 @@ def _own_parser() -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--hang-timeout",
-        type=seconds(),
+        type=_hang_timeout,
         default=None,
         metavar="SECONDS",
-        help="end a rank that makes no step for SECONDS (after its first), recording where it was stuck",
+        help="no step for SECONDS (after the first): every rank dumps, the cause is named and the job stopped "
+        "(default: 300 s or 10x the slowest step, stopped only on a hang or desync in the dumps; off: never)",
     )
     g.add_argument(
         "--max-steps",

@@ -188,6 +188,7 @@ def main(argv: list[str]) -> int:
 
             if (why := this_interpreter()) is not None:
                 print(f"ddpdoctor: warning: {why}", file=sys.stderr, flush=True)
+    from ddpdoctor.capture import hang
     from ddpdoctor.capture.config import ENV_VAR, CaptureConfig
 
     out = Path(args.out) if args.out else _default_out(target, command)
@@ -214,7 +215,8 @@ def main(argv: list[str]) -> int:
         no_step_limit_s=args.no_step_limit,
         launcher_pid=os.getpid(),
         quiet=args.quiet,
-        hang_timeout_s=args.hang_timeout,
+        hang_timeout_s=hang.DEFAULT_HANG_S if args.hang_timeout is None else args.hang_timeout or None,
+        hang_timeout_default=args.hang_timeout is None,
         all_threads=args.all_threads,
         all_devices=launch == "direct",
         launch=launch,
@@ -226,8 +228,22 @@ def main(argv: list[str]) -> int:
     full_command = ["ddpdoctor", "trace", *argv]
     say = launcher.Reporter(quiet=args.quiet)
     first = args.wait + args.warmup + 1
+    off = args.hang_timeout is not None and not args.hang_timeout
+    explicit = None if args.hang_timeout is None or off else args.hang_timeout
     if launch != "scheduler" or who.rank == 0:
-        say.start(out, target, tr, (first, first + args.active - 1), command=command, who=who)
+        say.start(
+            out,
+            target,
+            tr,
+            (first, first + args.active - 1),
+            command=command,
+            who=who,
+            hang_timeout=hang.describe(explicit, off),
+        )
+    judge = None
+    if launch != "scheduler" and not off:  # the ranks are other processes here: this one stops them on a hang
+        how = f"stopped by ddpdoctor --hang-timeout {explicit:g}" if explicit else "stopped by ddpdoctor's hang timeout"
+        judge = launcher.HangJudge(out, explicit=explicit is not None, launch=launch, say=say, how=how).start()
     # Every Python process the job starts runs the start-up hook, so the ranks it starts itself are traced.
     os.environ.update(launcher.startup_hook_env(dict(os.environ)))
     os.environ[ENV_VAR] = config.to_env()
@@ -274,6 +290,7 @@ def main(argv: list[str]) -> int:
                 exit_code=code,
                 started=started,
                 launch=launch,
+                judge=judge,
             )
 
     if launch == "command":
@@ -283,6 +300,10 @@ def main(argv: list[str]) -> int:
     else:  # direct (this process may only launch the ranks) or scheduler (this process is one rank)
         assert target is not None  # only -- COMMAND has no target
         code = runner.run(target, config, claimed=launch == "scheduler", on_os_exit=finish)
+    if judge is not None:
+        judge.close()
+        if judge.stopped:  # ddpdoctor stopped the job on a hang: its own exit status, not the signal's
+            code = hang.HANG_EXIT
     finish(code)
     if code < 0:
         runner.die_by_signal(-code)

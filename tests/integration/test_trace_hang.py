@@ -1,0 +1,127 @@
+"""Hangs decided by evidence (issue 24): real 2-rank gloo jobs under `ddpdoctor trace`, each bounded in time.
+
+A rank that makes no step for the hang timeout asks every rank to dump; the launcher reads the dumps, names the
+cause (with its frame) and the ranks waiting for it (consequences), and stops the job; torchrun's own failure block
+is one line per rank. The default timeout never stops a healthy job, nor one with a slow first step.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers import read_json, run_cli
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+JOB = str(Path(__file__).with_name("hang_job.py"))
+FAST = ["--wait", "1", "--warmup", "1", "--active", "2"]
+TORCHRUN = ["--standalone", "--nproc-per-node", "2"]
+# The ranks answer dump requests themselves until the capture's own dump thread does (issue 24, F1).
+ANSWER = {"FAKE_DUMPS": "1"}
+
+
+def _trace(out: Path, *options: str, env: dict, timeout: float = 200):
+    return run_cli("trace", "--out", str(out), *FAST, *options, *TORCHRUN, JOB, env={**ANSWER, **env}, timeout=timeout)
+
+
+def _dumps(out: Path) -> dict[int, dict]:
+    found = {}
+    for path in sorted((out / "dumps").glob("rank*.json")):
+        found[int(path.name[4:].split(".", 1)[0])] = read_json(path)
+    return found
+
+
+def test_rank_stuck_in_its_data_function_is_named_the_cause(tmp_path):
+    out = tmp_path / "run"
+    result = _trace(out, "--hang-timeout", "10", env={"STUCK_RANK": "1", "STUCK_STEP": "6", "STEPS": "40"})
+    err = result.stderr
+    assert result.returncode == 124, err
+    assert "hang: rank 1 is stuck in read_shard (hang_job.py:" in err, err  # the cause, with its frame
+    assert "rank 1 hung: the cause of the hang: at read_shard (hang_job.py:" in err, err
+    assert "rank 0 interrupted: a consequence of rank 1: waiting in all_reduce #" in err, err
+    assert "Traceback" not in err and "ChildFailedError" not in err, err
+    assert "Connection closed by peer" not in err, err  # rank 0's lost peer is not reported as a failure
+    dumps = _dumps(out)
+    assert sorted(dumps) == [0, 1] and {d["reason"] for d in dumps.values()} == {"hang"}
+    manifest = read_json(out / "manifest.json")
+    assert manifest["exit_code"] == 124
+    assert manifest["health"]["kind"] == "hang" and manifest["health"]["culprits"] == [1]
+    assert manifest["health"]["waiting"] == [0]
+    by_rank = {r["rank"]: r for r in manifest["ranks"]}
+    assert by_rank[1]["status"] == "hung" and by_rank[0]["consequence_of"] == [1]
+
+
+def test_different_collectives_are_a_desync_not_a_hung_rank(tmp_path):
+    out = tmp_path / "run"
+    result = _trace(out, "--hang-timeout", "10", env={"DESYNC_STEP": "6", "STEPS": "40"})
+    err = result.stderr
+    assert result.returncode == 124, err
+    assert "desync:" in err and "all_reduce" in err and "broadcast" in err, err
+    assert "is stuck in" not in err, err
+    manifest = read_json(out / "manifest.json")
+    assert manifest["health"]["kind"] == "desync", manifest["health"]
+    assert sorted(_dumps(out)) == [0, 1]
+
+
+def test_default_timeout_never_stops_a_healthy_job_with_a_slow_step(tmp_path):
+    """A 20 s step (a compile, a first checkpoint) in a job of 10 ms steps: the default is no step for 300 s or
+    10x the slowest step, so it is not called hung; the header says what the timeout is."""
+    out = tmp_path / "run"
+    result = _trace(out, env={"SLOW_STEP": "3", "SLOW_S": "20", "STEPS": "12"})
+    err = result.stderr
+    assert result.returncode == 0, err
+    assert "hang timeout 300 s or 10x the slowest step" in err.splitlines()[0], err
+    assert "hang timeout:" not in err and not (out / "dumps" / "request.json").exists(), err
+    assert result.stdout.count("finished 12 steps") == 2
+
+
+def test_hang_timeout_off(tmp_path):
+    from ddpdoctor.cli import trace_args
+
+    assert trace_args._parse_own(["--hang-timeout", "off"]).hang_timeout == 0
+    assert trace_args._parse_own([]).hang_timeout is None
+
+
+def test_dump_of_a_running_job_leaves_it_running(tmp_path):
+    out = tmp_path / "run"
+    env = {**__import__("os").environ, **ANSWER, "STEPS": "300", "SLEEP_MS": "30", "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "ddpdoctor", "trace", "--out", str(out), *FAST, *TORCHRUN, JOB]
+    job = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 90
+        while time.time() < deadline and len(list(out.glob("rank*.pt.trace.json.gz"))) < 2:
+            time.sleep(0.3)
+        dump = run_cli("dump", str(out), "--wait", "20", timeout=60)
+        assert dump.returncode == 0, dump.stdout + dump.stderr
+        assert "rank 0: answered at step" in dump.stdout and "rank 1: answered at step" in dump.stdout, dump.stdout
+        stdout, stderr = job.communicate(timeout=150)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode == 0, stderr
+    assert stdout.count("finished 300 steps") == 2
+    assert sorted(_dumps(out)) == [0, 1]
+    manifest = read_json(out / "manifest.json")
+    assert manifest["exit_code"] == 0 and all(r["status"] == "ok" for r in manifest["ranks"])
+
+
+def test_torchrun_failure_block_is_one_line_per_rank(tmp_path):
+    out = tmp_path / "run"
+    script = str(Path(__file__).with_name("ddp_script.py"))
+    result = run_cli(
+        "trace", "--out", str(out), *FAST, *TORCHRUN, script,
+        env={"STEPS": "20", "FAIL_RANK": "1", "FAIL_STEP": "6"}, timeout=200,
+    )  # fmt: skip
+    err = result.stderr
+    assert result.returncode == 1, err
+    assert "ChildFailedError" not in err and "Root Cause" not in err, err
+    assert "torchrun: rank 1 (local rank 1, pid" in err and "(the first to fail)" in err, err
+    assert "torchrun: rank 0 (local rank 0, pid" in err, err
+    log = (out / "nodes" / "node0.log").read_text()
+    assert "ChildFailedError" in log and "Root Cause" in log
+    assert "rank 1 failed: RuntimeError: injected failure" in err, err
+    assert "rank 0 failed: a consequence of rank 1:" in err or "rank 0 interrupted: a consequence of rank 1" in err, err
