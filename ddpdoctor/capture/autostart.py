@@ -12,6 +12,9 @@ files of the first.
 A launcher (torchrun's agent, ``accelerate launch``, ``mp.spawn``'s parent), a DataLoader worker or a helper script
 never creates a process group, so it is never traced. Anything that fails here prints one line and leaves the
 process running untraced.
+
+:func:`activate` also turns torch's Flight Recorder on for the process and those it starts (``FR_VARIABLES``, unless
+the user set them): the collectives a rank's dumps list (:mod:`ddpdoctor.capture.flight`).
 """
 
 from __future__ import annotations
@@ -26,6 +29,18 @@ if TYPE_CHECKING:
 _TARGET = "torch.distributed.distributed_c10d"
 _active = False
 _started_pids: set[int] = set()
+# The Flight Recorder's buffer size (entries per process group): torch reads the first name, older torch the second.
+FR_VARIABLES = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
+FR_BUFFER = "2000"
+
+
+def enable_flight_recorder(environ: Any = None) -> None:
+    """Turn the Flight Recorder on in this process's environment (read when a process group is created), unless the
+    user set the variable (an empty value too: theirs)."""
+    env = os.environ if environ is None else environ
+    for name in FR_VARIABLES:
+        if name not in env:
+            env[name] = FR_BUFFER
 
 
 def activate() -> None:
@@ -34,6 +49,7 @@ def activate() -> None:
     if _active:
         return
     _active = True
+    enable_flight_recorder()
     module = sys.modules.get(_TARGET)
     if module is not None:
         _patch(module)
@@ -140,6 +156,22 @@ def _start_rank_session() -> None:
     session.joined_process_group(placement)
     session.start()
     exits.finish_at_exit(session)
+    _dump_on_exception(session)
+
+
+def _dump_on_exception(session: Any) -> None:
+    """An exception that escapes this rank's ``__main__``: dump the rank (its traceback, every thread, the Flight
+    Recorder) before the exception is printed and the process ends."""
+    previous = sys.excepthook
+
+    def excepthook(etype: Any, value: Any, tb: Any) -> None:
+        try:
+            session.saw_exception(value)
+        except Exception:  # never stand between the user and their traceback
+            pass
+        previous(etype, value, tb)
+
+    sys.excepthook = excepthook
 
 
 def _warn(what: str, exc: BaseException) -> None:

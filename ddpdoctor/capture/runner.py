@@ -82,6 +82,8 @@ def _watch_signals(session: Session) -> tuple[int, int] | None:
             for signum in data:
                 if signum in (signal.SIGTERM, signal.SIGINT):
                     session.flush_interrupted(signum)
+                else:  # SIGUSR1: an on-demand dump (capture/flight.py)
+                    session.signal_arrived(signum)
 
     threading.Thread(target=watch, name="ddpdoctor-signal-watch", daemon=True).start()
     return r, w
@@ -258,6 +260,7 @@ def run(
         else:
             status, signum, error = "interrupted", exc.signum, f"terminated by signal {exc.signum}"
     except BaseException as exc:
+        session.saw_exception(exc)  # dumps/rank<R>.exception-<ms>.json, with the traceback
         status, code, error = "failed", 1, f"{type(exc).__name__}: {exc}"
         exc_info = (type(exc), exc, exc.__traceback__)
     finally:

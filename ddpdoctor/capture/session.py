@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import signal
 import sys
 import threading
 import time
@@ -25,13 +26,14 @@ from typing import Any
 
 from ddpdoctor import rundir
 from ddpdoctor.capture import ddp as ddp_capture
-from ddpdoctor.capture import groups, rank_file
+from ddpdoctor.capture import flight, groups, rank_file
 from ddpdoctor.capture import knobs as knobs_capture
 from ddpdoctor.capture.compress import GZ, Compressor
 from ddpdoctor.capture.config import CaptureConfig
 from ddpdoctor.capture.gil import GilProbe
 from ddpdoctor.capture.max_steps import StopTraining, stopped_by
 from ddpdoctor.capture.memory import DeviceMemory
+from ddpdoctor.capture.phase import PhaseTracker
 from ddpdoctor.capture.setup import SetupObserver
 from ddpdoctor.capture.step_clock import StartupTrace, StepClock
 from ddpdoctor.capture.watchdog import HangWatchdog
@@ -82,6 +84,8 @@ class Session:
         self.process_groups: list[dict[str, Any]] = []
         self._lock = threading.RLock()
         self._thread_id = threading.get_ident()
+        self.phase = PhaseTracker(self._thread_id)  # the step and phase a dump reports
+        self.flight = flight.Dumper(self)  # dumps/rank<R>.<id>.json (capture/flight.py)
         self._last_span = 0
         self._handles: list[Any] = []
         self._startup_hook: Any = None
@@ -142,6 +146,10 @@ class Session:
         self._prof = profile(**kwargs)
         self._prof.start()
         self.write_rank_file()
+        try:
+            self.flight.start()
+        except Exception as exc:  # no thread to be had: no dumps, the run goes on
+            self.capture_errors.append(f"dumps unavailable: {type(exc).__name__}: {exc}")
 
     @staticmethod
     def _activities() -> list[Any]:
@@ -165,6 +173,10 @@ class Session:
 
         self._handles.append(register_optimizer_step_post_hook(self._on_optimizer_step))
         self._startup_hook = register_module_forward_pre_hook(self._on_module_forward)
+        try:
+            self.phase.install()
+        except Exception as exc:  # internals of another torch version: dumps say "outside", the run goes on
+            self.capture_errors.append(f"phase tracking unavailable: {type(exc).__name__}: {exc}")
         ddp_capture.install()
         try:
             self.setup.install()
@@ -181,6 +193,7 @@ class Session:
 
     def _remove_hooks(self) -> None:
         knobs_capture.uninstall()
+        self.phase.uninstall()
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
@@ -271,6 +284,7 @@ class Session:
                 self.write_rank_file()
             iteration = self.clock.iteration
             self.clock.tick(source, recording=self._recording())
+            self.phase.step_ended(self.clock.iteration)
             if self.clock.startup is not StartupTrace.RECORDING:
                 self._remove_startup_hook()
             self.memory.sample(iteration)
@@ -424,6 +438,9 @@ class Session:
     def _finish(self, status: str, exit_code: int | None, error: str | None) -> None:
         global _current
         self.status, self.exit_code, self.error = status, exit_code, error
+        if status == "interrupted" and exit_code and exit_code > 128:  # a signal seen only now (no watcher thread)
+            self.flight.dump_signal(exit_code - 128)
+        self.flight.stop()
         if self.clock.startup is StartupTrace.RECORDING:
             self.clock.end_startup("end of run")
         try:
@@ -459,6 +476,19 @@ class Session:
                 self.status = "interrupted"
                 self.error = f"received signal {signum}"
                 self.write_rank_file()
+        if not self._finished:
+            self.flight.dump_signal(signum)  # where every thread was when the signal came
+
+    def signal_arrived(self, signum: int) -> None:
+        """A watcher thread saw a signal other than SIGTERM/SIGINT (the main thread may be blocked in C++)."""
+        if signum == getattr(signal, "SIGUSR1", None) and not self._finished:
+            self.flight.signals_watched = True
+            self.flight.on_demand_signal()
+
+    def saw_exception(self, exc: BaseException) -> None:
+        """An exception escaped the script: dump the rank with its traceback (before the process ends)."""
+        if not self._finished and isinstance(exc, Exception):
+            self.flight.dump_exception(exc)
 
     def rank_data(self) -> dict[str, Any]:
         """The rank capture file's content as it stands."""

@@ -1,0 +1,361 @@
+"""A rank's dumps (``dumps/rank<R>.<id>.json``, ``FlightDump``): its step and phase, every thread's Python stack, the
+exception it raised, and torch's Flight Recorder buffers (the collectives each process group issued).
+
+The Flight Recorder is turned on in every process of a traced job by the start-up hook
+(``autostart.enable_flight_recorder``: ``TORCH_FR_BUFFER_SIZE``, and ``TORCH_NCCL_TRACE_BUFFER_SIZE`` for torch
+versions that read that one; a value the user set is never changed).
+
+Dumps are made by a ddpdoctor thread (``ddpdoctor-flight``), never by the main thread, so they are made while the main
+thread is blocked inside a collective: torch's dump call works from any thread, and ``sys._current_frames()`` gives
+every thread's stack. A rank dumps
+
+- when asked: ``dumps/request.json`` (``{"id", "reason": "hang" | "on_demand", "by", "time"}``, replaced atomically by
+  a rank's hang watchdog or ``ddpdoctor dump``), checked about once a second with one ``os.stat``; answered once per
+  id with ``dumps/rank<R>.<id>.json``;
+- on SIGUSR1 (reason "on_demand"), without stopping the job, when the script left SIGUSR1 at its default (a
+  handler of the script's own, a scheduler's pre-emption signal, stays in charge);
+- on SIGTERM / SIGINT (reason "signal"), from the thread that watches for signals while the main thread may be
+  blocked, before the rank is ended;
+- when an exception escapes the script (reason "exception", with its traceback).
+
+A dump never raises into the training: what fails is one line on stderr.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import re
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ddpdoctor import rundir
+from ddpdoctor.capture.autostart import FR_VARIABLES
+from ddpdoctor.runfile_types import FlightDump
+
+if TYPE_CHECKING:
+    from ddpdoctor.capture.session import Session
+
+DUMPS_DIR = "dumps"
+REQUEST = "request.json"
+ID_RE = re.compile(r"[a-z0-9-]{1,64}")
+POLL_S = 1.0
+_STACK_LIMIT = 100  # innermost frames kept per thread
+_REQUEST_MAX_BYTES = 64 * 1024
+
+
+def dump_path(folder: Path, rank: int, dump_id: str) -> Path:
+    return Path(folder) / DUMPS_DIR / f"rank{rank}.{dump_id}.json"
+
+
+def request_path(folder: Path) -> Path:
+    return Path(folder) / DUMPS_DIR / REQUEST
+
+
+def _now_id(prefix: str) -> str:
+    return f"{prefix}-{int(time.time() * 1000)}"
+
+
+# ---- what a dump holds ---------------------------------------------------------------------------------------------
+def _frame(file: Any, line: Any, name: Any) -> dict[str, Any]:
+    try:
+        number = int(line or 0)
+    except (TypeError, ValueError):
+        number = 0
+    return {"file": str(file or ""), "line": number if 0 <= number < 1 << 31 else 0, "name": str(name or "")}
+
+
+def thread_stacks(skip: set[int] | None = None, main_ident: int | None = None) -> list[dict[str, Any]]:
+    """Every thread's Python stack, outermost frame first (the main thread first)."""
+    main_ident = threading.main_thread().ident if main_ident is None else main_ident
+    names = {t.ident: t.name for t in threading.enumerate()}
+    out = []
+    for ident, frame in sys._current_frames().items():
+        if skip and ident in skip:
+            continue
+        frames = [_frame(f.filename, f.lineno, f.name) for f in traceback.extract_stack(frame, limit=_STACK_LIMIT)]
+        out.append(
+            {"name": names.get(ident, f"thread {ident}"), "ident": ident, "main": ident == main_ident, "frames": frames}
+        )
+    out.sort(key=lambda t: not t["main"])
+    return out
+
+
+def exception_record(exc: BaseException) -> dict[str, Any]:
+    """The exception's type, message and traceback (outermost first, ddpdoctor's own frames left out)."""
+    from ddpdoctor.capture import invisible
+
+    frames = [
+        _frame(f.filename, f.lineno, f.name)
+        for f in traceback.extract_tb(exc.__traceback__)
+        if not invisible.is_own_file(f.filename) and not f.filename.endswith(f"{os.sep}runpy.py")
+    ]
+    return {"type": type(exc).__name__, "message": str(exc)[:4000], "frames": frames}
+
+
+_ENTRY_FIELDS = (
+    "collective_seq_id", "p2p_seq_id", "op_id", "record_id", "pg_id", "process_group", "profiling_name", "state",
+    "is_p2p", "retired", "input_sizes", "input_dtypes", "output_sizes", "output_dtypes", "time_created_ns",
+    "time_discovered_started_ns", "time_discovered_completed_ns", "timeout_ms", "thread_name",
+)  # fmt: skip
+
+
+_MAY_BE_NONE = ("time_discovered_started_ns", "time_discovered_completed_ns", "timeout_ms")
+
+
+def _entry(raw: dict[str, Any]) -> dict[str, Any]:
+    entry = {k: raw[k] for k in _ENTRY_FIELDS if k in raw and (raw[k] is not None or k in _MAY_BE_NONE)}
+    for key in ("time_discovered_started_ns", "time_discovered_completed_ns"):
+        if entry.get(key) == 0:  # gloo's JSON dump writes 0 for "not recorded"
+            entry[key] = None
+    frames = raw.get("frames") or []
+    # torch lists the frames innermost first: a dump lists them outermost first, as the threads' stacks
+    entry["frames"] = [_frame(f.get("filename"), f.get("line"), f.get("name")) for f in reversed(frames)]
+    return entry
+
+
+def _record(raw: dict[str, Any], source: str) -> dict[str, Any]:
+    entries = [_entry(e) for e in raw.get("entries") or [] if isinstance(e, dict)]
+    if entries:
+        prefix = str(entries[-1].get("profiling_name", "")).partition(":")[0]
+        source = prefix if prefix in ("gloo", "nccl") else source
+    return {
+        "source": source,
+        "version": str(raw.get("version", "")),
+        "pg_config": raw.get("pg_config") or {},
+        "pg_status": raw.get("pg_status") or {},
+        "entries": entries,
+    }
+
+
+def flight_records(backend: str | None, *, frames: bool = True) -> tuple[list[dict[str, Any]], str | None]:
+    """This process's Flight Recorder buffers (one record per buffer) and why there are none (None when there are).
+    ``frames``: with the Python frames of each collective (torch's pickle dump; its first call in a process imports
+    much of torch, seconds); else torch's JSON dump (no frames, milliseconds)."""
+    if "torch" not in sys.modules:
+        return [], "torch not loaded"
+    try:
+        import json
+
+        import torch
+
+        c10d = torch._C._distributed_c10d
+    except Exception as exc:  # a torch built without distributed
+        return [], f"no Flight Recorder in this torch ({type(exc).__name__}: {exc})"
+    records: list[dict[str, Any]] = []
+    errors: list[str] = []
+    raw: Any = None
+    if frames and hasattr(c10d, "_dump_fr_trace"):
+        try:  # our own process's bytes, not an input file
+            raw = pickle.loads(c10d._dump_fr_trace(True, True, False))
+        except Exception as exc:
+            errors.append(f"_dump_fr_trace: {type(exc).__name__}: {exc}")
+    if raw is None and hasattr(c10d, "_dump_fr_trace_json"):
+        try:
+            raw = json.loads(c10d._dump_fr_trace_json(True, True))
+        except Exception as exc:
+            errors.append(f"_dump_fr_trace_json: {type(exc).__name__}: {exc}")
+    if isinstance(raw, dict):
+        records.append(_record(raw, backend if backend in ("gloo", "nccl") else "gloo"))
+    if hasattr(c10d, "_dump_nccl_trace") and backend == "nccl":
+        try:
+            nccl = pickle.loads(c10d._dump_nccl_trace(True, True, False))
+            if isinstance(nccl, dict) and nccl.get("entries"):
+                records.append(_record(nccl, "nccl"))
+        except Exception as exc:
+            errors.append(f"_dump_nccl_trace: {type(exc).__name__}: {exc}")
+    records = [r for r in records if r["entries"] or r["pg_status"]]
+    if not records and not errors:
+        enabled = [f"{n}={os.environ[n]}" for n in FR_VARIABLES if n in os.environ]
+        errors.append(
+            "the Flight Recorder recorded nothing" + (f" ({', '.join(enabled)})" if enabled else " (it is off)")
+        )
+    return records, "; ".join(errors) or None
+
+
+# ---- the dumper ----------------------------------------------------------------------------------------------------
+class Dumper:
+    """One process's dumps: its thread (requests, SIGUSR1), and the dumps the session asks for."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._pending: list[tuple[str, str, str]] = []  # (reason, id, request id) asked of the thread
+        self._answered: set[str] = set()  # request ids answered
+        self._seen: dict[Path, tuple[int, int]] = {}  # request file -> (mtime_ns, size) last read
+        self._stopped = False
+        self._thread: threading.Thread | None = None
+        self._signal_dumped = False
+        self._usr1_at = 0.0
+        self._previous_usr1: Any = None
+        self.signals_watched = False  # a thread forwards the signals it sees (runner's wakeup-fd watcher)
+        self.written: list[Path] = []
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="ddpdoctor-flight", daemon=True)
+        self._thread.start()
+        self._install_usr1()
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._wake.set()
+        if self._previous_usr1 is not None and threading.current_thread() is threading.main_thread():
+            with contextlib.suppress(Exception):
+                if signal.getsignal(signal.SIGUSR1) is self._on_usr1:
+                    signal.signal(signal.SIGUSR1, self._previous_usr1)
+            self._previous_usr1 = None
+
+    # ---- what asks for a dump ----
+    def _install_usr1(self) -> None:
+        if not hasattr(signal, "SIGUSR1") or threading.current_thread() is not threading.main_thread():
+            return
+        try:
+            if signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL:  # the script's own handler stays in charge
+                self._previous_usr1 = signal.signal(signal.SIGUSR1, self._on_usr1)
+        except (ValueError, OSError):
+            pass
+
+    def _on_usr1(self, signum: int, frame: Any) -> None:
+        if not self.signals_watched:  # else the thread that watches signals has asked already
+            self.on_demand_signal()
+
+    def on_demand_signal(self) -> None:
+        """SIGUSR1 arrived (from the Python handler, or from a thread that watches signals while the main thread is
+        blocked in C++): one dump from the ddpdoctor thread. The two ways a signal is seen give one dump."""
+        now = time.monotonic()
+        if now - self._usr1_at < 1.0:
+            return
+        self._usr1_at = now
+        self._ask("on_demand", _now_id("sigusr1"), "")
+
+    def _ask(self, reason: str, dump_id: str, request: str) -> None:
+        self._pending.append((reason, dump_id, request))
+        self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stopped:
+            self._wake.wait(POLL_S)
+            self._wake.clear()
+            if self._stopped:
+                return
+            try:
+                self._check_requests()
+                while self._pending:
+                    self._answer(*self._pending.pop(0))
+            except Exception as exc:  # never let the thread die on a bad request
+                self._warn(f"dump request not answered: {type(exc).__name__}: {exc}")
+
+    def _folders(self) -> list[Path]:
+        out, root = Path(self.session.out), Path(self.session.root)
+        return [out] if out == root else [out, root]
+
+    def _check_requests(self) -> None:
+        for folder in self._folders():
+            path = request_path(folder)
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue
+            key = (st.st_mtime_ns, st.st_size)
+            if self._seen.get(path) == key:
+                continue
+            self._seen[path] = key
+            request = self._read_request(path)
+            if request is None or request["id"] in self._answered:
+                continue
+            self._answered.add(request["id"])
+            self._answer(request["reason"], request["id"], request["id"])
+
+    def _answer(self, reason: str, dump_id: str, request: str) -> None:
+        """Answer at once (torch's JSON dump: milliseconds), then replace the file with one that also holds each
+        collective's Python frames (torch's pickle dump, seconds the first time in a process)."""
+        if self.dump(reason, dump_id=dump_id, request=request, frames=False) is not None and not self._stopped:
+            self.dump(reason, dump_id=dump_id, request=request, frames=True)
+
+    def _read_request(self, path: Path) -> dict[str, str] | None:
+        import json
+
+        try:
+            data = json.loads(rundir.read_regular(path, limit=_REQUEST_MAX_BYTES))
+        except (OSError, ValueError) as exc:
+            self._warn(f"{path}: dump request not read: {exc}")
+            return None
+        dump_id = data.get("id") if isinstance(data, dict) else None
+        if not isinstance(dump_id, str) or not ID_RE.fullmatch(dump_id):
+            self._warn(f"{path}: dump request ignored: field 'id' is not 1-64 of [a-z0-9-]")
+            return None
+        reason = data.get("reason")
+        return {"id": dump_id, "reason": reason if reason in ("hang", "on_demand") else "on_demand"}
+
+    # ---- the dump itself ----
+    def dump_signal(self, signum: int) -> Path | None:
+        """SIGTERM / SIGINT: one dump (the first such signal), from whichever thread saw it first."""
+        with self._lock:
+            if self._signal_dumped:
+                return None
+            self._signal_dumped = True
+        return self.dump("signal", dump_id=_now_id("signal"), frames=False)
+
+    def dump_exception(self, exc: BaseException) -> Path | None:
+        """An exception escaped the script (main thread, the process ends next: the fast dump, no frames)."""
+        return self.dump("exception", dump_id=_now_id("exception"), exception=exc, frames=False)
+
+    def dump(
+        self,
+        reason: str,
+        *,
+        dump_id: str,
+        request: str = "",
+        exception: BaseException | None = None,
+        frames: bool = True,
+    ) -> Path | None:
+        """Write ``dumps/rank<R>.<id>.json`` now (any thread); the path, or None when it could not be written."""
+        session = self.session
+        if not session.claimed:
+            return None  # not (yet) a rank: a launcher of ranks writes no dump
+        with self._lock:
+            try:
+                data = self._collect(reason, request, exception, frames)
+                path = dump_path(session.out, session.rank, dump_id)
+                plain = rundir.to_plain(data)
+                why = rundir.check(plain, FlightDump)
+                rundir.atomic_write_json(path, plain)
+                if why:
+                    self._warn(f"{path}: written, but it does not fit its type: {why}")
+                self.written.append(path)
+                return path
+            except Exception as exc:
+                self._warn(f"dump ({reason}) not written: {type(exc).__name__}: {exc}")
+                return None
+
+    def _collect(self, reason: str, request: str, exception: BaseException | None, frames: bool) -> dict[str, Any]:
+        session = self.session
+        backend = (session.dist or {}).get("backend")
+        records, fr_error = flight_records(backend, frames=frames)
+        skip = {threading.get_ident()} if threading.current_thread().name == "ddpdoctor-flight" else set()
+        return {
+            "rank": session.rank,
+            "world_size": max(1, int(session.identity.world_size or 1)),
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "request": request,
+            "reason": reason,
+            "time": time.time(),
+            **session.phase.snapshot(),
+            "exception": exception_record(exception) if exception is not None else None,
+            "threads": thread_stacks(skip, main_ident=session._thread_id),
+            "flight_recorder": records,
+            "fr_error": fr_error,
+        }
+
+    def _warn(self, message: str) -> None:
+        with contextlib.suppress(Exception):
+            print(f"ddpdoctor: warning: rank {self.session.rank}: {message}", file=sys.stderr, flush=True)
