@@ -136,7 +136,7 @@ def _analyze(
         last = "" if steps[1] is None else str(steps[1])
         raise UsageError(f"--steps {steps[0]}..{last}: none of the run's profiled steps is in that range")
     cut_note = None
-    if steps is None and metrics.run.get("job_failed"):
+    if steps is None and metrics.run.get("job_failed") and not metrics.run.get("startup_failed"):
         metrics, cut_note = _without_cut_steps(path, run, metrics, verdict, progress)
     # The files the loader skipped and its notes on the rest go into every report (run.skipped, run.notes).
     metrics.run.setdefault("skipped", list(run.skipped))
@@ -218,9 +218,16 @@ def _health_only(
     )
     world_size = world_size or (max(ranks) + 1 if ranks else None)
     backend = next((c.get("backend") for c in captures.values() if c.get("backend")), None)
-    reason = "no trace was recorded: " + (
-        next((n for n in manifest.get("notes") or [] if "profiled window" in str(n)), None) or str(exc)
-    )
+    before_window = next((n for n in manifest.get("notes") or [] if "profiled window" in str(n)), None)
+    if before_window:
+        reason = f"no trace was recorded: {before_window}"
+    elif captures or manifest:
+        reason = "no trace was recorded: the job ended before its profiled window"
+    else:
+        reason = "no profiler trace: only the ranks' Flight Recorder dumps were read"
+    if backend is None and verdict is not None:
+        refs = [verdict.collective, *(st.collective for st in verdict.ranks.values())]
+        backend = next((c.backend for c in refs if c is not None and c.backend), None)
     why = {m: reason for m in (*catalog.RULE_RANK, *catalog.RULE_RUN) if m not in HEALTH_METRICS and m != "rank"}
     run: dict[str, Any] = {
         "path": str(path),

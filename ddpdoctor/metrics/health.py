@@ -96,9 +96,15 @@ def health_metrics(
     if kind == "desync":
         culprits = tuple(verdict.culprits)
         out["collective_mismatches"] = max(1, len(verdict.mismatches))
-        lines = [_mismatch_text(m) for m in verdict.mismatches]
-        out["health_summary"] = verdict.summary
-        out["health_detail"] = "; ".join(lines + doc["evidence"][:3]) or verdict.summary
+        summary = str(verdict.summary or "").rstrip(". ")
+        # both sides of each mismatch, where the verdict's own line does not already name them
+        lines = [
+            _mismatch_text(m)
+            for m in verdict.mismatches
+            if not all(str(what) in summary for what in m.by_rank.values())
+        ]
+        out["health_summary"] = "; ".join([summary, *lines] if summary else lines) or "the ranks' collectives differ"
+        out["health_detail"] = "; ".join(doc["evidence"][:3]) or out["health_summary"]
         out["health_advice"] = (
             "Every rank must issue the same collectives in the same order with the same shapes and dtypes: look at"
             " the code that issued each side (a rank-dependent branch, a metric reduced on some ranks only, a"
@@ -145,7 +151,8 @@ def health_metrics(
         error = _error(first, ranks, states)
         where = _where(states.get(first))
         before_first_step = all(not ranks.get(r, {}).get("steps") for r in ranks)
-        subject = _ranks_text(culprits) + (" crashed" if len(culprits) == 1 else f" crashed (first: rank {first})")
+        verb = "failed" if before_first_step else "crashed"
+        subject = _ranks_text(culprits) + (f" {verb}" if len(culprits) == 1 else f" {verb} (first: rank {first})")
         when = " before its first step" if not steps else f" after {steps} step{'s' if steps != 1 else ''}"
         out["health_summary"] = f"{subject}{when}: {error}" + (f", in {where}" if where else "") + also
         out["health_detail"] = consequence_text or out["health_summary"]
@@ -269,7 +276,7 @@ def _rank_entry(rank: int, rec: Mapping[str, Any], status: str | None, state: An
         "phase": getattr(state, "phase", None),
         "where": _where(state) or None,
         "collective": state.collective.describe() if getattr(state, "collective", None) is not None else None,
-        "error": _first_line(getattr(state, "exception", None) or rec.get("reason")) or None,
+        "error": _short(_first_line(getattr(state, "exception", None) or rec.get("reason"))) or None,
     }
     if status == "consequence":
         entry["state"] = "consequence"

@@ -7,7 +7,13 @@ Shape (schema_version 1; keys are relied on by users, add but never rename)::
              "skipped": ["<file>: <why it could not be used>", ...],
              "notes": ["<what else to know about the input: missing ranks, no ProfilerStep, ...>", ...],
              "trials": [{"session", "settings", "verdict", "step_ratio", "gain_ms", "gain_interval_ms",
-                         "went_away", "appeared", "estimates", "error"}]},   # only when `ddpdoctor try` ran
+                         "went_away", "appeared", "estimates", "error"}],   # only when `ddpdoctor try` ran
+             "health": {"kind": "crash" | "startup" | "hang" | "desync" | "died" | "ok", "source": "dumps" |
+                        "run record", "summary", "detail", "advice", "culprits": [rank, ...], "waiting": [...],
+                        "collective": {"pg", "seq_id", "op", "backend", "text", "issued_at"} | null,
+                        "mismatches": [{"pg", "seq_id", "kind", "by_rank": {"0": "all_reduce [1] Float"}}],
+                        "ranks": [{"rank", "state", "status", "steps", "phase", "where", "collective", "error"}],
+                        "evidence": [...], "notes": [...]}},   # only for a run that failed, hung or dumped
      "ranks": [{"rank", "step_ms": {"median", "p90"}, "comm_ms", "exposed_comm_ms", "overlap_ratio",
                 "dataloader_ms", "gil_contention", "forward_ms", "backward_ms", "optimizer_ms", "other_ms",
                 "devices": [{"device", "peak_allocated_bytes", "peak_reserved_bytes", "capacity_bytes"}]}],
@@ -103,6 +109,7 @@ def build(result: Diagnosis) -> dict[str, Any]:
             "skipped": _lines(run.get("skipped")),
             "notes": _lines(run.get("notes")),
             **({"trials": jsonable(run["trials"])} if run.get("trials") else {}),
+            **({"health": jsonable(run["health"])} if isinstance(run.get("health"), dict) else {}),
         },
         "ranks": ranks,
         "findings": [jsonable(f.to_json()) for f in result.findings],
@@ -190,4 +197,54 @@ def trial_lines(doc: dict[str, Any]) -> list[str]:
         if t.get("appeared"):
             parts.append("new: " + ", ".join(t["appeared"]))
         out.append("; ".join(parts))
+    return out
+
+
+_STATE_WORDS = {
+    "crashed": "crashed (the cause)",
+    "consequence": "failed as a consequence of a peer",
+    "in_collective": "waiting in a collective",
+    "outside": "outside any collective",
+    "exited": "had returned (finished its script)",
+    "no_dump": "wrote no dump",
+    "died": "died (killed)",
+    "hung": "hung",
+}
+
+
+def health_lines(doc: dict[str, Any]) -> list[str]:
+    """How the job ended, one line each (the text, Markdown and HTML reports show them after the findings): the
+    collective the others wait in, each rank's state and where it was, the evidence, and what could not be
+    decided. None for a run that ended well."""
+    health = doc["run"].get("health")
+    if not isinstance(health, dict):
+        return []
+    out = []
+    coll = health.get("collective")
+    if isinstance(coll, dict) and coll.get("text"):
+        issued = f", issued at {coll['issued_at']}" if coll.get("issued_at") else ""
+        waiting = health.get("waiting") or []
+        who = ("rank " if len(waiting) == 1 else "ranks ") + ", ".join(map(str, waiting)) if waiting else "the others"
+        out.append(f"{who} {'waits' if len(waiting) == 1 else 'wait'} in {coll['text']}{issued}")
+    for m in health.get("mismatches") or []:
+        sides = ", ".join(f"rank {r}: {what}" for r, what in (m.get("by_rank") or {}).items())
+        out.append(f"{m.get('kind')} mismatch at #{m.get('seq_id')} ({m.get('pg')}): {sides}")
+    culprits = set(health.get("culprits") or [])
+    for r in health.get("ranks") or []:
+        state = str(r.get("state") or "unknown")
+        words = _STATE_WORDS.get(state, state)
+        if r.get("rank") in culprits and "cause" not in words:
+            words = words[:-1] + "; the cause)" if words.endswith(")") else words + " (the cause)"
+        where = []
+        if r.get("steps") is not None:
+            n = r["steps"]
+            where.append(f"after {n} step{'' if n == 1 else 's'}" + (f", in {r['phase']}" if r.get("phase") else ""))
+        if r.get("collective"):
+            where.append(f"in {r['collective']}")
+        if r.get("where"):
+            where.append(f"at {r['where']}")
+        error = f": {r['error']}" if r.get("error") and state not in ("ok", "in_collective", "outside") else ""
+        out.append(f"rank {r.get('rank')}: {words}" + (", " + ", ".join(where) if where else "") + error)
+    out += [f"evidence: {line}" for line in health.get("evidence") or []]
+    out += [f"note: {line}" for line in health.get("notes") or []]
     return out

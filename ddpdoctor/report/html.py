@@ -17,6 +17,7 @@ from ddpdoctor.report.document import (
     frame,
     frame_records,
     grouped_not_evaluated,
+    health_lines,
     rank_table_rows,
 )
 from ddpdoctor.report.page import write_page
@@ -149,6 +150,11 @@ def _body(result: Diagnosis) -> list[str]:
         out.append("</ul>")
     out.append(f"<h2>Findings ({len(result.findings)})</h2>")
     out += [_finding_html(i, f) for i, f in enumerate(result.findings, 1)] or ["<p>No findings.</p>"]
+    health = health_lines(doc)
+    if health:
+        out.append("<h2>How the job ended</h2><ul>")
+        out += [f"<li>{_text(line)}</li>" for line in health]
+        out.append("</ul>")
     out += _trials_html(doc)
     out.append("<h2>Step breakdown per rank</h2>")
     bars = [(f"rank {r['rank']}", [(label, r[key]) for label, key in _BREAKDOWN]) for r in doc["ranks"]]

@@ -6,7 +6,14 @@ from typing import Any, TextIO
 
 from ddpdoctor.diagnosis.findings import Diagnosis, format_ranks
 from ddpdoctor.report import fmt
-from ddpdoctor.report.document import RANK_TABLE_COLUMNS, build, grouped_not_evaluated, rank_table_rows, trial_lines
+from ddpdoctor.report.document import (
+    RANK_TABLE_COLUMNS,
+    build,
+    grouped_not_evaluated,
+    health_lines,
+    rank_table_rows,
+    trial_lines,
+)
 
 _ICON = {"error": "🛑", "warning": "⚠️", "info": "ℹ️"}
 
@@ -54,6 +61,9 @@ def _lines(result: Diagnosis) -> list[str]:
             "Evidence: " + "; ".join(f"{fmt.md(k)} = {fmt.md(fmt.evidence_value(v))}" for k, v in f.evidence.items()),
             "",
         ]
+    health = health_lines(doc)
+    if health:
+        out += ["## How the job ended", ""] + [f"- {fmt.md(line)}" for line in health] + [""]
     trials = trial_lines(doc)
     if trials:
         out += [f"## Trials of this run ({len(trials)}, `ddpdoctor try`)", ""]

@@ -12,7 +12,14 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from ddpdoctor.diagnosis.findings import Diagnosis, format_ranks
 from ddpdoctor.report import fmt
-from ddpdoctor.report.document import RANK_TABLE_COLUMNS, build, grouped_not_evaluated, rank_table_rows, trial_lines
+from ddpdoctor.report.document import (
+    RANK_TABLE_COLUMNS,
+    build,
+    grouped_not_evaluated,
+    health_lines,
+    rank_table_rows,
+    trial_lines,
+)
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -323,6 +330,12 @@ def _write(console: Any, result: Diagnosis, doc: dict[str, Any], Text: Any, _t: 
     console.print()
     _input(console, doc, Text, _t)
     _findings(console, result, Text, _t)
+    health = health_lines(doc)
+    if health:
+        console.print(Text("How the job ended", style="bold"))
+        for line in health:
+            console.print(_t("  " + line), overflow="fold")
+        console.print()
     trials = trial_lines(doc)
     if trials:
         console.print(Text(f"Trials of this run ({len(trials)}, ddpdoctor try)", style="bold"))
