@@ -1,6 +1,13 @@
-"""Slow ranks: which ranks arrive last at the matched collectives more often, or at more cost, than chance allows
-(an exact binomial test and Hoeffding's bound, Bonferroni over the ranks), and the wait each one causes. Run by
-``cross_rank.cross_rank`` on the collectives it matched and aligned."""
+"""Slow ranks: which ranks arrive last at the matched collectives more often, or later, than chance allows, and
+the wait each one causes. Run by ``cross_rank.cross_rank`` on the collectives it matched and aligned.
+
+The trials are **blocks**, not collectives: the collectives of one step that are in flight together (DDP's bucket
+all-reduces, launched while the previous ones still run) share that step's lateness (a rank that lost a CPU slice
+before the backward is late at all of them), so counting each as an independent trial overstates the evidence by
+the number of collectives per step. A new block starts with each step and with each collective that every rank
+enters after it left its previous one (synchronous collectives, as tensor parallelism's, re-align the ranks, so
+each one's lateness is its own). Without ``end_us`` a block is a step.
+"""
 
 from __future__ import annotations
 
@@ -10,34 +17,43 @@ from typing import Any
 
 import numpy as np
 
-from ddpdoctor.metrics.group_sums import Segments, n_distinct, pandas_group_sum, running_max
+from ddpdoctor.metrics.group_sums import Segments, n_distinct, running_max
 from ddpdoctor.table import Table, group_ids
 
 # Family-wise significance of "this rank arrives last more often than chance", over all ranks tested
 # (Bonferroni over ranks and the two tests): at most one healthy run in fifty may name a slow rank by chance, and
 # the rule's wait thresholds must hold as well.
 SLOW_RANK_ALPHA = 0.02
+TESTS = 2  # how often, how late
+MIN_BLOCKS_T = 3  # the lateness test needs this many blocks
 
 
 def slow_ranks(analysed: Table, ranks: list[int]) -> dict[str, Any]:
-    """Which ranks arrive last at the matched collectives more often, or at more cost, than chance allows.
+    """Which ranks arrive last at the matched collectives more often, or later, than chance allows.
 
-    ``analysed``: one row per rank and matched collective (``KEY`` columns, ``rank``, ``start_us``,
-    ``aligned_start``, ``wait_us``; a ``Table``, or anything with those columns). In a collective of k ranks,
-    noise alone makes each rank the last with chance 1/k. Two tests per rank, each against that chance:
+    ``analysed``: one row per rank and matched collective (``KEY`` columns, ``rank``, ``start_us``, ``end_us``
+    (optional), ``aligned_start``, ``wait_us``; a ``Table``, or anything with those columns). In a collective of
+    k ranks, noise alone makes each rank the last with chance 1/k. The observations are the blocks (module
+    docstring); in each, a rank's share of last arrivals and its lateness. Two tests per rank over its n blocks,
+    each against chance:
 
-    - how often: last at ``x`` of its ``n`` collectives, P(X >= x) for X ~ Binomial(n, 1/k) (exact);
-    - at what cost: the others' wait in the collectives it was last at (each collective weighs its wait w), against
-      the share 1/k of all the wait that chance gives it; Hoeffding's bound exp(-2 t^2 / sum w^2) on exceeding it
-      by t (conservative; one long stall cannot reach significance, a wait repeated over many collectives can).
+    - how often: the sum of its per-block shares of last arrivals, against the mean chance p: exactly
+      P(X >= x) for X ~ Binomial(n, p) when every block is one collective or all-or-nothing, otherwise
+      Hoeffding's relative-entropy bound exp(-n KL(share || p)) (which is p^n for a rank last at everything);
+    - how late: a one-sided t test of its per-block lateness against the others (its aligned start minus their
+      mean), which is symmetric about 0 when no rank is slower (3+ blocks): a rank late by the same 60 ms in each
+      of 4 steps is slow, a rank that happened to be last by varying amounts is not, nor one long stall (one
+      block far out widens the spread as much as it moves the mean), and a rank last barely more than half the
+      time but by milliseconds, where the others are last by microseconds, is.
 
-    A rank is slow when the smaller p value, doubled for the two tests, is below ``SLOW_RANK_ALPHA`` / ranks tested
-    (Bonferroni). Returns per rank ``last_arrival_share`` (0-1), ``last_arrival_p_value`` (that doubled smaller p,
-    at most 1), ``slow_rank`` (None when no rank could reach significance even if it were last at every
-    collective) and ``wait_caused_ms`` (the others' mean wait per analysed step in the collectives it entered
-    last); ``count`` of slow ranks (None when undecidable), ``collectives`` matched, ``undecidable`` (why, or None).
+    A rank is slow when the smaller p value, times the two tests, is below ``SLOW_RANK_ALPHA`` / ranks tested
+    (Bonferroni). Returns per rank ``last_arrival_share`` (0-1, over its collectives), ``last_arrival_p_value``
+    (that smaller p doubled, at most 1), ``slow_rank`` (None when no rank could reach significance even if it
+    were last at every collective) and ``wait_caused_ms`` (the others' mean wait per analysed step in the
+    collectives it entered last); ``count`` of slow ranks (None when undecidable), ``collectives`` matched,
+    ``blocks`` (the independent observations), ``undecidable`` (why, or None).
     """
-    out: dict[str, Any] = {"ranks": {}, "count": None, "collectives": 0, "undecidable": None}
+    out: dict[str, Any] = {"ranks": {}, "count": None, "collectives": 0, "blocks": 0, "undecidable": None}
     if len(analysed) == 0:
         out["undecidable"] = "no collective was matched across ranks in the analysed steps"
         return out
@@ -51,59 +67,57 @@ def slow_ranks(analysed: Table, ranks: list[int]) -> dict[str, Any]:
     last_idx = order[head]
     is_last = np.zeros(len(a), dtype=bool)
     is_last[last_idx] = True
-    # who was last at each collective, and the others' mean wait in it (its weight), on every row of it
-    wait = a["wait_us"].astype(np.float64)
-    total_wait = pandas_group_sum(wait, gid, n_groups, sort=False)
-    weight = (total_wait[gid] - np.where(is_last, wait, 0.0)) / np.maximum(size - 1, 1)
+    # who was last at each collective, on every row of it
     last_rank = np.empty(n_groups, dtype=np.int64)
     last_rank[gid[last_idx]] = a["rank"][last_idx]
-    group_weight = np.empty(n_groups)
-    group_weight[gid[last_idx]] = weight[last_idx]
     last_of_row = last_rank[gid]
-    weight_of_row = group_weight[gid]
+    # lateness against the others: own aligned start minus the others' mean aligned start in that collective
+    aligned_sum = np.bincount(gid, weights=aligned, minlength=n_groups)[gid]
+    lateness = aligned - (aligned_sum - aligned) / np.maximum(size - 1, 1)
+    block = _blocks(a, gid, n_groups)
     steps = n_distinct(a["step"])
     n_steps = max(steps, 1)
     out["collectives"] = int(len(last_idx))
+    out["blocks"] = n_distinct(block)
     tested = max(len(ranks), 1)
     best_possible = 1.0
-    # per rank (rows in rank order, each rank's rows in their order): the sums numpy gives for each rank's rows
-    rank_col = a["rank"]
-    by_rank = np.argsort(rank_col, kind="stable")
-    present, first, counts = np.unique(rank_col[by_rank], return_index=True, return_counts=True)
-    chance = 1.0 / size[by_rank]
-    w = weight_of_row[by_rank]
-    last_sorted = is_last[by_rank]
-    seg = Segments(first, counts)
-    mean_chance = seg.reduce(np.mean, chance)
-    spread = seg.reduce(np.sum, w**2)
-    expected = seg.reduce(np.sum, w * chance)
-    w_total = seg.reduce(np.sum, w)
-    lasts = np.add.reduceat(last_sorted.astype(np.int64), first) if len(first) else np.zeros(0, dtype=np.int64)
-    caused = Segments.of_mask(first, counts, last_sorted).reduce(np.sum, w[last_sorted])
+    chance = 1.0 / size
     caused_wait = _wait_caused(a, last_of_row, n_steps)
-    index = {int(r): i for i, r in enumerate(present)}
+    # one row per (rank, block): its collectives, last arrivals, chance, lateness, weights
+    rb, n_rb = group_ids(a["rank"], block)
+    count = np.bincount(rb, minlength=n_rb).astype(np.float64)
+    lasts = np.bincount(rb, weights=is_last.astype(np.float64), minlength=n_rb)
+    share = lasts / count
+    p_block = np.bincount(rb, weights=chance, minlength=n_rb) / count
+    late_block = np.bincount(rb, weights=lateness, minlength=n_rb) / count
+    rank_of_rb = np.empty(n_rb, dtype=np.int64)
+    rank_of_rb[rb] = a["rank"]
+    rank_rows = {int(r): np.flatnonzero(rank_of_rb == r) for r in np.unique(rank_of_rb, return_counts=True)[0]}
+    rank_col = a["rank"]
     for r in ranks:
-        i = index.get(int(r))
-        if i is None:
+        rows = rank_rows.get(int(r))
+        if rows is None:
             continue
-        n = int(counts[i])
-        x = int(lasts[i])
-        p_chance = float(mean_chance[i])
-        p_count = binomial_sf(x, n, p_chance)
-        p_cost, best_cost = _hoeffding(float(caused[i]), float(spread[i]), float(expected[i]), float(w_total[i]))
-        p_value = min(1.0, 2.0 * min(p_count, p_cost))
-        best_possible = min(best_possible, 2.0 * min(p_chance**n, best_cost))
+        n = len(rows)
+        p_chance = float(np.mean(p_block[rows]))
+        p_count = _count_p(share[rows], p_block[rows])
+        p_late = _t_p(late_block[rows])
+        p_value = min(1.0, TESTS * min(p_count, p_late))
+        best_late = 0.0 if n >= MIN_BLOCKS_T else 1.0
+        best_possible = min(best_possible, TESTS * min(p_chance**n, best_late))
+        mine = rank_col == r
         out["ranks"][r] = {
-            "last_arrival_share": x / n,
+            "last_arrival_share": float(is_last[mine].sum()) / max(int(mine.sum()), 1),
             "last_arrival_p_value": p_value,
             "slow_rank": p_value * tested < SLOW_RANK_ALPHA,
             "wait_caused_ms": caused_wait.get(int(r), 0.0),
         }
     if best_possible * tested >= SLOW_RANK_ALPHA:
         out["undecidable"] = (
-            f"{out['collectives']} collective(s) matched across ranks in {steps} analysed step(s) cannot tell a "
-            f"slow rank from chance: even a rank last at every one of them would be last by chance with "
-            f"probability {best_possible:.2g}; profile more steps (--active)"
+            f"{out['collectives']} collective(s) matched across ranks in {steps} analysed step(s) "
+            f"({out['blocks']} independent block(s): the collectives of a step in flight together share its "
+            f"lateness) cannot tell a slow rank from chance: even a rank last at every one of them would be last "
+            f"by chance with probability {best_possible:.2g}; profile more steps (--active)"
         )
         for values in out["ranks"].values():
             values["slow_rank"] = None
@@ -112,16 +126,108 @@ def slow_ranks(analysed: Table, ranks: list[int]) -> dict[str, Any]:
     return out
 
 
-def _hoeffding(caused: float, spread: float, expected: float, w_total: float) -> tuple[float, float]:
-    """(p, best p possible) that chance alone makes a rank cause ``caused`` of the waits or more, when it is last at
-    each collective with its chance (``spread``: the sum of the squared waits w, ``expected``: the sum of w times
-    the chance, ``w_total``: the sum of w; Hoeffding's bound for a sum of independent terms in [0, w])."""
-    if spread <= 0:
-        return 1.0, 1.0
-    excess = caused - expected
-    best = w_total - expected
-    p = math.exp(-2.0 * excess**2 / spread) if excess > 0 else 1.0
-    return p, math.exp(-2.0 * best**2 / spread) if best > 0 else 1.0
+def _blocks(a: Table, gid: np.ndarray, n_groups: int) -> np.ndarray:
+    """Per row, its block: a new one with each step and with each collective that every rank of it entered after
+    it had left all its earlier collectives of the step (numbered by the collectives' first aligned start)."""
+    step = a["step"].astype(np.int64)
+    if "end_us" not in a.columns:
+        return group_ids(step)[0]
+    start = a["start_us"].astype(np.float64)
+    end = a["end_us"].astype(np.float64)
+    rank = a["rank"].astype(np.int64)
+    # per rank and step, rows by start: did this row start after every earlier row of its rank ended?
+    order = np.lexsort((np.arange(len(a)), start, step, rank))
+    seg = group_ids(rank[order], step[order])[0]
+    reach = running_max(np.where(np.isfinite(end[order]), end[order], -np.inf), seg)
+    prev = np.r_[-np.inf, reach[:-1]]
+    new_seg = np.r_[True, seg[1:] != seg[:-1]]
+    prev[new_seg] = -np.inf
+    fresh = np.empty(len(a), dtype=bool)
+    fresh[order] = start[order] >= prev
+    fresh_coll = np.ones(n_groups, dtype=bool)
+    np.logical_and.at(fresh_coll, gid, fresh)
+    # collectives by (step, first aligned start): a block number that grows at each fresh one
+    first = np.full(n_groups, np.inf)
+    np.minimum.at(first, gid, a["aligned_start"].astype(np.float64))
+    coll_step = np.empty(n_groups, dtype=np.int64)
+    coll_step[gid] = step
+    corder = np.lexsort((np.arange(n_groups), first, coll_step))
+    new_step = np.r_[True, coll_step[corder][1:] != coll_step[corder][:-1]]
+    starts = new_step | fresh_coll[corder]
+    block_of = np.empty(n_groups, dtype=np.int64)
+    block_of[corder] = np.cumsum(starts) - 1
+    return block_of[gid]
+
+
+def _count_p(share: np.ndarray, chance: np.ndarray) -> float:
+    """P(a rank is last this often or more) over independent blocks, each with its ``share`` of last arrivals
+    (0-1) and its ``chance``."""
+    n = len(share)
+    if n == 0:
+        return 1.0
+    p = float(np.mean(chance))
+    total = float(np.sum(share))
+    if np.all((share == 0) | (share == 1)) and np.ptp(chance) == 0:
+        return binomial_sf(int(round(total)), n, p)  # exact
+    a = total / n
+    if a <= p:
+        return 1.0
+    if a >= 1.0:
+        return p**n
+    kl = a * math.log(a / p) + (1 - a) * math.log((1 - a) / (1 - p))
+    return math.exp(-n * kl)
+
+
+def _t_p(lateness: np.ndarray) -> float:
+    """One-sided p of a t test that the mean ``lateness`` (per block) is above 0 (1 with fewer than
+    ``MIN_BLOCKS_T`` blocks)."""
+    x = lateness[np.isfinite(lateness)]
+    if len(x) < MIN_BLOCKS_T:
+        return 1.0
+    mean = float(np.mean(x))
+    if mean <= 0:
+        return 1.0
+    sd = float(np.std(x, ddof=1))
+    if sd == 0:
+        return 0.0
+    return t_sf(mean / (sd / math.sqrt(len(x))), len(x) - 1)
+
+
+def t_sf(t: float, df: int) -> float:
+    """P(T >= t) for Student's t with ``df`` degrees of freedom, t >= 0 (the regularised incomplete beta function
+    by its continued fraction; scipy.stats would cost diagnose ~0.5 s of imports)."""
+    if t <= 0:
+        return 0.5
+    x = df / (df + t * t)
+    return 0.5 * _betainc(df / 2.0, 0.5, x)
+
+
+def _betainc(a: float, b: float, x: float) -> float:
+    """The regularised incomplete beta function I_x(a, b) (Numerical Recipes' betacf, Lentz's method)."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    if x > (a + 1.0) / (a + b + 2.0):
+        return 1.0 - _betainc(b, a, 1.0 - x)
+    tiny = 1e-300
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1.0)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 500):
+        for num in (
+            m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+            -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1)),
+        ):
+            d = 1.0 + num * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + num / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1.0) < 1e-15:
+            break
+    return min(1.0, front * h / a)
 
 
 def _wait_caused(a: Table, last_of_row: np.ndarray, n_steps: int) -> dict[int, float]:

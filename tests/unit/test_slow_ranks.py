@@ -10,20 +10,35 @@ import scipy.stats
 from ddpdoctor.metrics.slow_ranks import SLOW_RANK_ALPHA, binomial_sf, slow_ranks
 
 
-def _collectives(last: list[int], world: int, wait_us: float = 1000.0, per_step: int = 10) -> pd.DataFrame:
+def _collectives(
+    last: list[int],
+    world: int,
+    wait_us: float = 1000.0,
+    per_step: int = 10,
+    overlapping: bool = False,
+    lateness_us: list[float] | None = None,
+) -> pd.DataFrame:
     """One row per rank and collective; ``last[i]`` is the rank that arrives last at collective i (the others
-    wait ``wait_us`` for it)."""
+    wait ``wait_us`` for it). Each collective ends before the next one starts (synchronous collectives: each
+    one's lateness is its own), or, ``overlapping``, the collectives of a step are all in flight together (DDP's
+    bucket all-reduces: one step's lateness is shared by all of them). ``lateness_us``: how late the last rank
+    is, per step (default 5 us)."""
     rows = []
     for i, late in enumerate(last):
+        step = i // per_step
+        lag = lateness_us[step] if lateness_us is not None else 5.0
+        base = 10_000.0 * (step * per_step if overlapping else i) + (i % per_step if overlapping else 0)
         for r in range(world):
+            start = base + (lag if r == late else 0.01 * r)
             rows.append(
                 {
-                    "step": i // per_step,
+                    "step": step,
                     "kind": "all_reduce",
                     "index": i % per_step,
                     "rank": r,
-                    "start_us": 10_000.0 * i + (5.0 if r == late else 0.01 * r),
-                    "aligned_start": 10_000.0 * i + (5.0 if r == late else 0.01 * r),
+                    "start_us": start,
+                    "end_us": base + (10_000.0 * per_step - 1 if overlapping else 9_000.0),
+                    "aligned_start": start,
                     "wait_us": 0.0 if r == late else wait_us,
                 }
             )
@@ -60,8 +75,10 @@ def test_two_ranks_last_at_8_of_10_is_scheduling_noise_not_a_straggler() -> None
     # a healthy 2-rank run on a busy host: being last is a coin flip, 8 of 10 happens with p = 0.055
     out = slow_ranks(_collectives([1, 1, 0, 1, 1, 1, 0, 1, 1, 1], 2), [0, 1])
     assert out["undecidable"] is None
-    # binomial P(X >= 8) = 56/1024, doubled for the two tests (how often, at what cost)
-    assert out["ranks"][1]["last_arrival_p_value"] == pytest.approx(2 * 56 / 1024)
+    # the smallest of binomial P(X >= 8) = 56/1024 and the t test of its lateness (+5 us when last, -4.99 us when
+    # not), doubled for the two tests (how often, how late)
+    t_p = scipy.stats.ttest_1samp([5.0] * 8 + [-4.99] * 2, 0.0, alternative="greater").pvalue
+    assert out["ranks"][1]["last_arrival_p_value"] == pytest.approx(2 * min(56 / 1024, t_p))
     assert out["count"] == 0 and not out["ranks"][1]["slow_rank"]
 
 
@@ -86,6 +103,7 @@ def test_a_rarely_last_rank_that_costs_the_others_a_lot_is_slow() -> None:
                     "index": i,
                     "rank": r,
                     "start_us": 10_000.0 * i + lag * 1000,
+                    "end_us": 10_000.0 * i + 9_000.0,
                     "aligned_start": 10_000.0 * i + lag * 1000,
                     "wait_us": 0.0 if r == late else lag_of(late),
                 }
@@ -114,3 +132,37 @@ def test_noise_alone_rarely_names_a_slow_rank() -> None:
         last = list(np.random.default_rng(seed).integers(0, 8, size=100))
         named += bool(slow_ranks(_collectives(last, 8), list(range(8)))["count"])
     assert named <= 200 * SLOW_RANK_ALPHA * 2
+
+
+def test_collectives_of_one_step_count_once_not_once_each() -> None:
+    # issue 25: a balanced 2-rank job, 5 steps of 2 bucket all-reduces in flight together; rank 1 happened to be
+    # last in every step (a coin flip per step: 5 of 5 is p = 1/32), by a lateness that varies from step to step
+    lateness = [900.0, 7000.0, 2500.0, 15000.0, 400.0]
+    out = slow_ranks(_collectives([1] * 10, 2, per_step=2, overlapping=True, lateness_us=lateness), [0, 1])
+    assert out["ranks"][1]["last_arrival_share"] == 1.0
+    assert out["ranks"][1]["last_arrival_p_value"] > 0.05  # was 2 * 2**-10 = 0.002: ten "independent" trials
+    assert not out["ranks"][1]["slow_rank"] and out["count"] in (0, None)
+
+
+def test_static_graph_buckets_sharing_the_last_rank_are_five_observations_not_35() -> None:
+    # issue 25: 7 bucket all-reduces per step, the same rank last in all of a step's: rank 0 in 4 of 5 steps
+    last = [r for r in (0, 0, 0, 0, 1) for _ in range(7)]
+    lateness = [3000.0, 800.0, 5000.0, 1200.0, 2000.0]
+    out = slow_ranks(_collectives(last, 2, per_step=7, overlapping=True, lateness_us=lateness), [0, 1])
+    assert out["count"] in (0, None) and not any(v["slow_rank"] for v in out["ranks"].values())
+
+
+def test_a_rank_late_by_the_same_60_ms_in_each_of_4_steps_is_named() -> None:
+    # the recorded straggler sample's shape: 4 steps, 2 overlapping all-reduces each, rank 1 sleeps 60 ms a step
+    lateness = [60_200.0, 59_100.0, 60_900.0, 58_700.0]
+    out = slow_ranks(
+        _collectives([1] * 8, 2, wait_us=60_000.0, per_step=2, overlapping=True, lateness_us=lateness), [0, 1]
+    )
+    assert out["undecidable"] is None and out["ranks"][1]["slow_rank"] and not out["ranks"][0]["slow_rank"]
+
+
+@pytest.mark.parametrize(("t", "df"), [(0.5, 1), (2.0, 3), (4.16, 5), (10.0, 2), (60.0, 3), (1.3, 40), (0.01, 7)])
+def test_t_tail_matches_scipy(t: float, df: int) -> None:
+    from ddpdoctor.metrics.slow_ranks import t_sf
+
+    assert t_sf(t, df) == pytest.approx(scipy.stats.t.sf(t, df), rel=1e-9, abs=1e-300)
