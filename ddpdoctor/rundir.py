@@ -16,6 +16,10 @@ Layout of ``OUT/``::
                                            "created_at"[, "moved_from"]}; the top level holds the training group
                                            (the one every command reads), and manifest.json's ``groups`` lists them
     tensorboard/                           event files (scalars, findings) for TensorBoard
+    dumps/rank<R>.<id>.json                a rank's dump (``FlightDump``: step, phase, every thread's stack, the
+                                           Flight Recorder's collectives, its exception), on a request, a signal
+                                           or an exception (``ddpdoctor.capture.flight``)
+    dumps/request.json                     a request for every rank to dump: {"id", "reason", "by", "time"}
 
 Every file is written to a temporary name in the same folder and renamed into place, so a reader never sees a
 half-written file and a crash leaves the last complete version.
@@ -77,6 +81,8 @@ MANIFEST = "manifest.json"
 RANKS_DIR = "ranks"
 NODES_DIR = "nodes"
 GROUPS_DIR = "groups"
+DUMPS_DIR = "dumps"
+DUMP_ID = r"[a-z0-9-]{1,64}"  # the <id> of dumps/rank<R>.<id>.json
 TENSORBOARD_DIR = "tensorboard"
 
 # The worker-name pattern TensorBoard's profiler plugin uses: "<worker>.<span>.pt.trace.json[.gz]".
@@ -301,7 +307,17 @@ _LAYOUT = {
         rf"|\.{_TRACE}\.gz\.{_RANDOM}\.tmp"  # atomic_gzip_file
         rf"|\.rank\d+\.{_RANDOM}\.json(\.tmp)?"  # the profiler's export and Kineto's own temporary
         r"|\.ddpdoctor-(write-test|space-probe)-\d+",  # trace's and the launcher's probes
-        {RANKS_DIR: "ranks", NODES_DIR: "nodes", TENSORBOARD_DIR: "tensorboard", GROUPS_DIR: "groups"},
+        {
+            RANKS_DIR: "ranks",
+            NODES_DIR: "nodes",
+            TENSORBOARD_DIR: "tensorboard",
+            GROUPS_DIR: "groups",
+            DUMPS_DIR: "dumps",
+        },
+    ),
+    # dumps/rank<R>.<id>.json (a rank's dump, capture/flight.py) and dumps/request.json (a request for every rank's)
+    "dumps": _Folder(
+        rf"(rank\d+\.{DUMP_ID}\.json|request\.json)|\.(rank\d+\.{DUMP_ID}\.json|request\.json)\.{_RANDOM}\.tmp"
     ),
     # groups/group<N>.json, and groups/group<N>/: the files of another process group of the job, a run's layout
     "groups": _Folder(rf"group\d+\.json|\.group\d+\.json\.{_RANDOM}\.tmp", {r"group\d+": "run"}),

@@ -43,9 +43,9 @@ from ddpdoctor.runfile_types import FlightDump
 if TYPE_CHECKING:
     from ddpdoctor.capture.session import Session
 
-DUMPS_DIR = "dumps"
+DUMPS_DIR = rundir.DUMPS_DIR
 REQUEST = "request.json"
-ID_RE = re.compile(r"[a-z0-9-]{1,64}")
+ID_RE = re.compile(rundir.DUMP_ID)
 POLL_S = 1.0
 _STACK_LIMIT = 100  # innermost frames kept per thread
 _REQUEST_MAX_BYTES = 64 * 1024

@@ -7,6 +7,7 @@ state and never builds the record itself. Who a process is (rank, world size, no
 from __future__ import annotations
 
 import os
+import re
 import socket
 import sys
 import time
@@ -211,6 +212,8 @@ def own_files(out: Path, rank: int) -> list[Path]:
         match = rundir.TRACE_FILE_RE.match(path.name)
         if match and int(match["rank"]) == rank:
             files.append(path)
+    dump = re.compile(rf"rank{rank}\.{rundir.DUMP_ID}\.json")  # its dumps (capture/flight.py), not the request
+    files += [p for p in (out / rundir.DUMPS_DIR).glob(f"rank{rank}.*.json") if dump.fullmatch(p.name)]
 
     def regular(path: Path) -> bool:
         try:
