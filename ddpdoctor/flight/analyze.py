@@ -237,6 +237,7 @@ class _Analysis:
             (s or {}).get("status") == "hung" for s in rank_status.values()
         )
         self.states: dict[int, RankState] = {}
+        self.weak: set[int] = set()  # crashed ranks known only as "died" (no exception, no exit code)
 
     # each rank's state ---------------------------------------------------------------------------------------------
 
@@ -271,26 +272,22 @@ class _Analysis:
         pending = self._pending(view)
         if exc is not None and (d is None or d.reason == "exception" or d.exception is not None):
             state = CONSEQUENCE if is_consequence(*exc) else CRASHED
+            if state == CONSEQUENCE and pending is None:
+                pending = self._last(view)  # the collective that failed: gloo counts it completed
             return RankState(rank, state, step, phase, None, pending, user, exc_text[:2000] if exc_text else None)
         if d is None:
             st = view.status.get("status")
             exit_code = view.status.get("exit_code")
             if st == "ok" or (st in (None, "unknown") and exit_code == 0):
                 return RankState(rank, EXITED, step, None, None, None, (), None)
-            if st == "failed" and not view.status.get("stopped_by"):
-                return RankState(
-                    rank,
-                    CRASHED,
-                    step,
-                    None,
-                    None,
-                    None,
-                    (),
-                    str(view.status.get("reason") or f"exit code {exit_code}"),
-                )
+            if st == "failed" and not view.status.get("stopped_by") and not _stopped(exit_code):
+                if not isinstance(exit_code, int) or exit_code == 0:
+                    self.weak.add(rank)  # died without saying how: a cause only when nothing better is known
+                why = str(view.status.get("reason") or "") or _exit_text(exit_code)
+                return RankState(rank, CRASHED, step, None, None, None, (), why)
             return RankState(rank, NO_DUMP, step, None, None, None, (), None)
         if d.reason == "exit":
-            return RankState(rank, EXITED, step, phase, since, None, user, None)
+            return RankState(rank, EXITED, step, phase, since, None, (), None)
         below = fr.below_user(view.main_frames) if view.has_stack else []
         blocked_in_torch = fr.in_torch_wait(below)
         if pending is not None and (blocked_in_torch or not view.has_stack):
@@ -310,6 +307,16 @@ class _Analysis:
                     best = (key, ref)
         return best[1] if best else None
 
+    def _last(self, view: _Rank) -> CollectiveRef | None:
+        best = None
+        for group in view.groups.values():
+            if group.entries:
+                seq = max(group.entries)
+                key = group.entries[seq].time_created_ns
+                if best is None or key > best[0]:
+                    best = (key, _ref(group, seq))
+        return best[1] if best else None
+
     def _waited(self, view: _Rank, ref: CollectiveRef) -> float | None:
         d = view.dump
         for group in view.groups.values():
@@ -326,16 +333,20 @@ class _Analysis:
             self.states[r] = self._state(view)
         missing = [r for r, s in self.states.items() if s.state == NO_DUMP]
         if missing:
-            self.notes.append(f"no dump from rank(s) {_ranks(missing)}: what they were doing is not known")
-        if any(v.dump is not None and not v.dump.flight_recorder for v in self.views.values()):
-            no_fr = [r for r, v in self.views.items() if v.dump is not None and not v.dump.flight_recorder]
+            self.notes.append(f"no dump from {_who(missing)}: what {_it(missing)} was doing is not known")
+        no_fr = [r for r, v in self.views.items() if v.dump is not None and not v.dump.flight_recorder]
+        if no_fr:
             why = next((v.dump.fr_error for v in self.views.values() if v.dump is not None and v.dump.fr_error), None)
-            self.notes.append(f"no Flight Recorder buffer in rank(s) {_ranks(no_fr)}" + (f": {why}" if why else ""))
+            self.notes.append(f"no Flight Recorder buffer in the dump of {_who(no_fr)}" + (f": {why}" if why else ""))
         if any(g.backend == "gloo" for v in self.views.values() for g in v.groups.values()):
             self.notes.append("gloo records no start/end times: waits are measured from when a collective was issued")
+        if any(v.dump is not None and v.dump.reason == "torch" for v in self.views.values()):
+            self.notes.append(
+                "torch's own dump files hold no time, step or stacks: the file's modification time is taken as the "
+                "dump's, and where a rank that never joined was instead is not known"
+            )
         mismatches = self._mismatches()
-        verdict = self._crash() or self._stuck(mismatches) or self._desync(mismatches) or self._ok(mismatches)
-        return verdict
+        return self._crash() or self._stuck(mismatches) or self._desync(mismatches) or self._ok()
 
     def _verdict(
         self,
@@ -349,7 +360,7 @@ class _Analysis:
         return HealthVerdict(
             kind,
             tuple(sorted(culprits)),
-            tuple(sorted(waiting)),
+            tuple(sorted(r for r in waiting if r not in culprits)),
             collective,
             tuple(mismatches),
             dict(self.states),
@@ -360,27 +371,47 @@ class _Analysis:
 
     def _crash(self) -> HealthVerdict | None:
         crashed = [r for r, s in self.states.items() if s.state == CRASHED]
-        if not crashed:
+        strong = [r for r in crashed if r not in self.weak]
+        if strong:
+            culprits = strong
+        elif crashed and any(s.state in (CONSEQUENCE, IN_COLLECTIVE, OUTSIDE) for s in self.states.values()):
+            culprits = crashed  # died without a word while the others lost it or wait for it
+        else:
+            if crashed:
+                self.notes.append(f"{_who(crashed)} ended without finishing; how is not recorded")
             return None
-        others = [r for r, s in self.states.items() if r not in crashed and s.state in (CONSEQUENCE, IN_COLLECTIVE)]
+        others = [
+            r
+            for r, s in self.states.items()
+            if r not in culprits and (s.state in (CONSEQUENCE, IN_COLLECTIVE) or r in self.weak)
+        ]
         parts = []
-        for r in crashed:
+        for r in culprits:
             s = self.states[r]
-            self.evidence.append(f"rank {r} raised {s.exception or 'an error'}" + _where(s))
+            if self.views[r].dump is None:
+                self.evidence.append(f"rank {r} ended without a dump: {_short(s.exception)} (its exit status)")
+            else:
+                self.evidence.append(f"rank {r} raised {_short(s.exception)}{_where(s)}{_at(s)}")
             parts.append(f"rank {r} crashed{_at(s)}: {_short(s.exception)}{_where(s)}")
         for r in others:
             s = self.states[r]
             if s.state == CONSEQUENCE:
-                self.evidence.append(f"rank {r} failed because of its peer: {_short(s.exception)}")
+                self.evidence.append(
+                    f"rank {r} failed because of its peer"
+                    + (f" in {s.collective.describe()}" if s.collective else "")
+                    + f": {_short(s.exception)}"
+                )
+            elif s.state == IN_COLLECTIVE:
+                self.evidence.append(f"rank {r} waits in {_coll(s)}")
             else:
-                self.evidence.append(f"rank {r} waits in {s.collective.describe() if s.collective else 'a collective'}")
-        collective = next((self.states[r].collective for r in others if self.states[r].collective), None)
+                self.evidence.append(f"rank {r} ended without finishing (stopped after the crash)")
         summary = "; ".join(parts)
+        collective = next((self.states[r].collective for r in others if self.states[r].collective), None)
         if others:
-            summary += f"; rank(s) {_ranks(others)} failed or waited as a consequence"
+            summary += f"; {_who(others)} failed or waited as a consequence"
             if collective is not None:
                 summary += f" (in {collective.describe()})"
-        return self._verdict("crash", crashed, others, collective, [], summary)
+        return self._verdict("crash", culprits, others, collective, [], summary)
 
     def _groups(self) -> dict[str, dict[int, _Group]]:
         out: dict[str, dict[int, _Group]] = {}
@@ -398,6 +429,7 @@ class _Analysis:
         return sorted(by_rank)
 
     def _mismatches(self) -> list[Mismatch]:
+        """The first collective of each group where the ranks that recorded it issued different things."""
         found = []
         for by_rank in self._groups().values():
             have = {r: g for r, g in by_rank.items() if g.entries}
@@ -407,25 +439,38 @@ class _Analysis:
             label = next(iter(have.values())).label
             for seq in sorted(common):
                 ops = {r: _op(g.entries[seq].profiling_name)[0] for r, g in have.items()}
+                kind = None
                 if len(set(ops.values())) > 1:
-                    found.append(Mismatch(label, seq, "op", {r: _issued(g, seq) for r, g in have.items()}))
-                    break
-                op = next(iter(ops.values()))
-                if op in _SIZES_MAY_DIFFER:
-                    continue
-                sizes = {r: json.dumps(g.entries[seq].input_sizes) for r, g in have.items()}
-                if len(set(sizes.values())) > 1:
-                    found.append(Mismatch(label, seq, "size", {r: _issued(g, seq) for r, g in have.items()}))
-                    break
-                dtypes = {r: tuple(g.entries[seq].input_dtypes) for r, g in have.items()}
-                if len(set(dtypes.values())) > 1:
-                    found.append(Mismatch(label, seq, "dtype", {r: _issued(g, seq) for r, g in have.items()}))
+                    kind = "op"
+                elif next(iter(ops.values())) not in _SIZES_MAY_DIFFER:
+                    # elements per tensor: a different shape of as many elements is no mismatch (the bytes agree)
+                    if len({_numels(g.entries[seq]) for g in have.values()}) > 1:
+                        kind = "size"
+                    elif len({tuple(g.entries[seq].input_dtypes) for g in have.values()}) > 1:
+                        kind = "dtype"
+                if kind is not None:
+                    found.append(Mismatch(label, seq, kind, {r: _issued(g, seq) for r, g in sorted(have.items())}))
                     break
         return found
 
+    def _stalled(self, waits: list[float], ref: CollectiveRef, by_rank: Mapping[int, _Group]) -> bool:
+        """A hang request, or a wait past the hang threshold or the collective's own timeout."""
+        if self.requested_hang:
+            return True
+        longest = max(waits) if waits else None
+        if longest is None:
+            return False
+        timeouts = [
+            g.entries[ref.seq_id].timeout_ms
+            for g in by_rank.values()
+            if ref.seq_id in g.entries and g.entries[ref.seq_id].timeout_ms
+        ]
+        limit = min([self.hang_after_s] + [t / 1000 for t in timeouts if t])
+        return longest >= limit
+
     def _stuck(self, mismatches: list[Mismatch]) -> HealthVerdict | None:
         """Ranks wait in collective N of a group that others never issued: those others are the cause."""
-        best = None
+        candidates = []
         for name, by_rank in self._groups().items():
             members = self._members_of(name, by_rank)
             front = max((g.last_enqueued for g in by_rank.values()), default=-1)
@@ -436,150 +481,168 @@ class _Analysis:
                 and g.last_enqueued == front
                 and self.states[r].state in (IN_COLLECTIVE, OUTSIDE, CONSEQUENCE)
             ]
-            behind = [r for r in members if r not in by_rank or by_rank[r].last_enqueued < front]
-            if not waiting or not behind:
+            if not waiting:
                 continue
-            behind = [r for r in behind if self.states[r].state != NO_DUMP or self.views[r].status]
+            behind = []
+            for r in members:
+                g = by_rank.get(r)
+                if g is not None and g.last_enqueued >= front:
+                    continue
+                if g is not None and g.pending is not None:
+                    continue  # still finishing an earlier collective of this group: progress, not a cause
+                behind.append(r)
+            known = [r for r in behind if self.states[r].state != NO_DUMP]
+            if not known and not (behind and self.requested_hang):
+                continue  # only ranks without a dump: nothing shows they never issued it, unless a hang was seen
             group = by_rank[waiting[0]]
-            seq = group.pending if group.pending is not None else front
-            # the collective the waiting ranks wait in: the first one the laggards never issued
-            first_missing = (
-                min(by_rank[r].last_enqueued for r in behind if r in by_rank) + 1
-                if any(r in by_rank for r in behind)
-                else seq
-            )
-            seq = max(seq, first_missing) if first_missing <= front else seq
-            ref = _ref(group, seq)
-            if best is None or len(waiting) > len(best[1]):
-                best = (name, waiting, behind, ref, by_rank)
-        if best is None:
+            issued = [by_rank[r].last_enqueued for r in behind if r in by_rank]
+            seq = min(issued) + 1 if issued else (group.pending if group.pending is not None else front)
+            seq = min(max(seq, group.last_completed + 1), front)
+            candidates.append((len(known), len(waiting), name, waiting, known or behind, _ref(group, seq), by_rank))
+        if not candidates:
             return None
-        name, waiting, behind, ref, by_rank = best
-        waits = [w for w in (self.states[r].since_s for r in waiting) if w is not None]
+        candidates.sort(key=lambda c: (c[0], c[1]), reverse=True)
+        _, _, _name, waiting, behind, ref, by_rank = candidates[0]
+        waits = [w for w in (self._waited(self.views[r], ref) for r in waiting) if w is not None]
         longest = max(waits) if waits else None
-        exited = [r for r in behind if self.states[r].state == EXITED]
-        outside = [r for r in behind if self.states[r].state == OUTSIDE]
-        elsewhere = [r for r in behind if self.states[r].state == IN_COLLECTIVE]
-        if not self.requested_hang and (longest is None or longest < self.hang_after_s) and not exited:
+        if not self._stalled(waits, ref, by_rank):
             lag = ", ".join(
-                f"rank {r} {front - by_rank[r].last_enqueued if r in by_rank else '?'} behind" for r in behind
+                f"rank {r} {by_rank[r].last_enqueued}" if r in by_rank else f"rank {r} none" for r in behind
             )
             self.notes.append(
-                f"at the dump, rank(s) {_ranks(waiting)} had issued {ref.describe()} and {lag}"
-                + (f" for {longest:.1f} s" if longest is not None else "")
-                + f": ordinary skew, not a hang (a hang is a wait of {self.hang_after_s:g} s or a hang request)"
+                f"at the dump {_who(waiting)} had issued {ref.describe()} and the others had not (last issued: {lag})"
+                + (f", for {longest:.1f} s" if longest is not None else "")
+                + f": ordinary skew, not a hang (a hang is a wait of {self.hang_after_s:g} s, or a hang request)"
             )
             return None
+        states = {r: self.states[r] for r in behind}
+        exited = [r for r, s in states.items() if s.state == EXITED]
+        outside = [r for r, s in states.items() if s.state == OUTSIDE]
+        elsewhere = [r for r, s in states.items() if s.state == IN_COLLECTIVE]
+        unknown = [r for r in behind if r not in outside + exited + elsewhere]
         for r in waiting:
-            s = self.states[r]
+            w = self._waited(self.views[r], ref)
             self.evidence.append(
                 f"rank {r} issued {ref.describe()}"
-                + (f" {s.since_s:.0f} s before its dump" if s.since_s is not None else "")
+                + (f" {w:.0f} s before its dump" if w is not None else "")
                 + " and waits in it"
             )
         for r in behind:
-            last = by_rank[r].last_enqueued if r in by_rank else None
-            s = self.states[r]
-            issued = f"its last collective there was #{last}" if last is not None and last >= 0 else "it issued none"
-            self.evidence.append(f"rank {r} never issued {ref.op} #{ref.seq_id} ({ref.pg}): {issued}; {_doing(s)}")
-        lead = []
-        if outside:
-            for r in outside:
-                s = self.states[r]
-                if s.frames:
-                    lead.append(
-                        f"rank {r} is stuck in {_frames_short(s)}{_at(s)}, outside any collective"
-                        + (f" for {s.since_s:.0f} s" if s.since_s is not None else "")
-                    )
-                else:
-                    lead.append(
-                        f"rank {r} never joined {ref.op} #{ref.seq_id}{_at(s)} and is in no collective "
-                        "(its dump holds no stack)"
-                    )
-        if exited:
-            lead.append(f"rank(s) {_ranks(exited)} returned from main without issuing it")
-        if elsewhere:
-            for r in elsewhere:
-                s = self.states[r]
-                lead.append(f"rank {r} waits in another collective, {s.collective.describe() if s.collective else '?'}")
-        unknown = [r for r in behind if r not in outside + exited + elsewhere]
-        if unknown:
-            lead.append(
-                f"rank(s) {_ranks(unknown)} never issued it ({', '.join(self.states[r].state for r in unknown)})"
+            last = by_rank[r].last_enqueued if r in by_rank else -1
+            done = f"its last collective there was #{last}" if last >= 0 else "it issued none there"
+            self.evidence.append(
+                f"rank {r} never issued {ref.op} #{ref.seq_id} ({ref.pg}): {done}; {_doing(states[r])}"
             )
+        self.evidence.append(f"not all ranks joining collective {ref.seq_id} ({ref.pg}): {_who(behind)} never joined")
+        lead = []
+        for r in outside:
+            s = states[r]
+            if s.frames:
+                lead.append(
+                    f"rank {r} is stuck in {_frames_short(s)}{_at(s)}, outside any collective"
+                    + (f" for {s.since_s:.0f} s" if s.since_s is not None else "")
+                )
+            else:
+                lead.append(f"rank {r} never joined {ref.op} #{ref.seq_id}{_at(s)} and is in no collective")
+        for r in exited:
+            s = states[r]
+            lead.append(f"rank {r} returned from main{_after(s)} without issuing {ref.op} #{ref.seq_id}")
+        for r in elsewhere:
+            lead.append(f"rank {r} waits in another collective, {_coll(states[r])}")
+        if unknown:
+            lead.append(f"{_who(unknown)} never joined it ({', '.join(_doing(states[r]) for r in unknown)})")
         wait = f" for {longest:.0f} s" if longest is not None else ""
-        summary = (
-            "; ".join(lead) + f"; rank(s) {_ranks(waiting)} wait{'s' if len(waiting) == 1 else ''} in "
-            f"{ref.describe()}{wait}"
-        )
+        summary = "; ".join(lead) + f"; {_who(waiting)} {_verb(waiting, 'waits', 'wait')} in {ref.describe()}{wait}"
         if ref.frame is not None:
             summary += f", issued at {frame_text(ref.frame)}"
-        kind = "desync" if exited and not outside else "hang"
-        mm = list(mismatches)
-        if exited:
+        found = list(mismatches)
+        if exited and not outside and not elsewhere:
+            kind = "desync"
             by = {r: _issued(by_rank[r], ref.seq_id) for r in waiting if ref.seq_id in by_rank[r].entries}
-            for r in exited:
-                by[r] = "nothing (returned from main)"
-            mm.append(Mismatch(ref.pg, ref.seq_id, "missing", by))
-        self.evidence.append(f"not all ranks joining collective {ref.seq_id} ({ref.pg}): missing {_ranks(behind)}")
-        return self._verdict(kind, behind, waiting, ref, mm, summary)
+            by.update({r: "nothing (returned from main)" for r in exited})
+            found.append(Mismatch(ref.pg, ref.seq_id, "missing", dict(sorted(by.items()))))
+        else:
+            kind = "hang"
+        silent = [r for r in behind if states[r].state == NO_DUMP]
+        if silent:
+            self.notes.append(
+                f"{_who(silent)} left no dump: a rank blocked in native code that holds the GIL, or gone, cannot "
+                "answer; it is named because it alone is not seen in the collective"
+            )
+        return self._verdict(kind, behind, waiting, ref, found, summary)
 
     def _desync(self, mismatches: list[Mismatch]) -> HealthVerdict | None:
         if not mismatches:
             return None
         m = mismatches[0]
-        sides = "; ".join(f"rank {r}: {what}" for r, what in sorted(m.by_rank.items()))
         word = {"op": "collective type", "size": "size", "dtype": "dtype"}.get(m.kind, m.kind)
-        summary = f"{word} mismatch at collective #{m.seq_id} ({m.pg}): {sides}"
-        self.evidence.append(summary)
-        waiting = [r for r, s in self.states.items() if s.state in (IN_COLLECTIVE, CONSEQUENCE)]
+        where = {}
         ref = None
         for r in sorted(m.by_rank):
             for g in self.views[r].groups.values():
                 if g.label == m.pg and m.seq_id in g.entries:
-                    ref = _ref(g, m.seq_id)
-                    break
-            if ref:
-                break
-        frames_by = []
-        for r in sorted(m.by_rank):
-            for g in self.views[r].groups.values():
-                if g.label == m.pg and m.seq_id in g.entries:
+                    ref = ref or _ref(g, m.seq_id)
                     f = fr.innermost_user_frame(g.entries[m.seq_id].frames)
                     if f is not None:
-                        frames_by.append(f"rank {r} at {frame_text(f)}")
-        if frames_by:
-            summary += " (" + ", ".join(frames_by) + ")"
-        # Every rank issued something there: nobody alone is the cause; all of them are named.
+                        where[r] = f" at {frame_text(f)}"
+        sides = "; ".join(f"rank {r}: {what}{where.get(r, '')}" for r, what in sorted(m.by_rank.items()))
+        summary = f"{word} mismatch at collective #{m.seq_id} ({m.pg}): {sides}"
+        self.evidence.append(summary)
+        for extra in mismatches[1:]:
+            self.evidence.append(
+                f"also a {extra.kind} mismatch at collective #{extra.seq_id} ({extra.pg}): "
+                + "; ".join(f"rank {r}: {w}" for r, w in sorted(extra.by_rank.items()))
+            )
+        # Every rank issued something there: no rank alone is the cause; all of them are named.
+        waiting = [r for r, s in self.states.items() if s.state in (IN_COLLECTIVE, CONSEQUENCE)]
         return self._verdict("desync", sorted(m.by_rank), waiting, ref, mismatches, summary)
 
-    def _ok(self, mismatches: list[Mismatch]) -> HealthVerdict:
+    def _ok(self) -> HealthVerdict:
         have = [r for r, s in self.states.items() if s.state != NO_DUMP]
         if not have:
             return self._verdict("undecided", [], [], None, [], "no rank left a dump")
         waiting = [r for r, s in self.states.items() if s.state == IN_COLLECTIVE]
         consequence = [r for r, s in self.states.items() if s.state == CONSEQUENCE]
         if consequence:
-            summary = f"rank(s) {_ranks(consequence)} failed because of a peer, and no dump shows which peer"
+            silent = [r for r, s in self.states.items() if s.state == NO_DUMP]
+            if silent and len(silent) + len(consequence) == len(self.states):
+                # every rank that dumped lost its peer; the ones that did not dump are the peers that went
+                collective = next((self.states[r].collective for r in consequence if self.states[r].collective), None)
+                for r in consequence:
+                    c = self.states[r].collective
+                    self.evidence.append(
+                        f"rank {r} failed because of its peer"
+                        + (f" in {c.describe()}" if c else "")
+                        + f": {_short(self.states[r].exception)}"
+                    )
+                self.notes.append(
+                    f"{_who(silent)} left no dump and no exit status: named because every other rank lost its peer"
+                )
+                summary = (
+                    f"{_who(silent)} died without a dump (no exception recorded); {_who(consequence)} failed as a "
+                    "consequence" + (f" in {collective.describe()}" if collective else "")
+                )
+                return self._verdict("crash", silent, consequence, collective, [], summary)
+            summary = f"{_who(consequence)} failed because of a peer, and no dump shows which peer or why"
             return self._verdict("undecided", [], consequence, None, [], summary)
         if self.requested_hang:
-            if waiting and len(waiting) == len(have) and not [r for r, s in self.states.items() if s.state == NO_DUMP]:
-                ref = self.states[waiting[0]].collective
+            collective = self.states[waiting[0]].collective if waiting else None
+            if waiting and len(waiting) == len(self.states):
                 summary = (
-                    f"every rank waits in {ref.describe() if ref else 'a collective'}, which they all issued "
-                    "alike: the cause is not in the dumps (the network, or a process group not recorded)"
+                    f"every rank waits in {_coll(self.states[waiting[0]])}, which they all issued alike: the cause is "
+                    "not in the dumps (the network, or a process group whose collectives were not recorded)"
                 )
             else:
                 summary = "a hang was reported, but the dumps do not show which rank holds the others up"
-            return self._verdict(
-                "undecided", [], waiting, self.states[waiting[0]].collective if waiting else None, [], summary
-            )
+            return self._verdict("undecided", [], waiting, collective, [], summary)
         fronts: dict[str, list[int]] = {}
         for r in self.states:
             for g in self.views[r].groups.values():
                 fronts.setdefault(g.label, []).append(g.last_enqueued)
         where = ", ".join(f"{pg} at #{max(v)}" for pg, v in fronts.items())
-        summary = f"{len(have)} rank(s) dumped; no hang, desync or crash" + (f" ({where})" if where else "")
+        summary = f"{len(have)} of {len(self.states)} ranks dumped: no hang, desync or crash" + (
+            f" ({where})" if where else ""
+        )
         return self._verdict("ok", [], [], None, [], summary)
 
 
@@ -648,3 +711,61 @@ def _doing(s: RankState) -> str:
     if s.state in (CRASHED, CONSEQUENCE):
         return f"it raised {_short(s.exception)}"
     return "it left no dump"
+
+
+def _who(ranks: list[int] | tuple[int, ...]) -> str:
+    ranks = sorted(ranks)
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {_ranks(ranks)}"
+
+
+def _it(ranks: list[int]) -> str:
+    return "it" if len(ranks) == 1 else "they"
+
+
+def _verb(ranks: list[int], one: str, many: str) -> str:
+    return one if len(ranks) == 1 else many
+
+
+def _coll(s: RankState) -> str:
+    return s.collective.describe() if s.collective else "a collective"
+
+
+def _after(s: RankState) -> str:
+    return f" after step {s.step}" if s.step is not None else ""
+
+
+_SIGNALS = {
+    2: "SIGINT",
+    4: "SIGILL",
+    6: "SIGABRT",
+    7: "SIGBUS",
+    8: "SIGFPE",
+    9: "SIGKILL",
+    11: "SIGSEGV",
+    15: "SIGTERM",
+}
+
+
+def _stopped(exit_code: Any) -> bool:
+    """Ended by SIGTERM / SIGINT: stopped (by torchrun after a peer failed, by ddpdoctor, by the user), not crashed."""
+    return isinstance(exit_code, int) and exit_code in (-15, -2, 128 + 15, 128 + 2)
+
+
+def _exit_text(exit_code: Any) -> str:
+    if isinstance(exit_code, int) and exit_code < 0:
+        name = _SIGNALS.get(-exit_code, f"signal {-exit_code}")
+        hint = " (out of memory, or kill -9)" if exit_code == -9 else ""
+        return f"killed by {name}{hint}"
+    if isinstance(exit_code, int):
+        return f"exited with code {exit_code}"
+    return "died without finishing"
+
+
+def _numels(entry: FlightEntry) -> tuple[int, ...]:
+    out = []
+    for shape in entry.input_sizes:
+        n = 1
+        for d in shape:
+            n *= d
+        out.append(n)
+    return tuple(out)

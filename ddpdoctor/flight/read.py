@@ -49,6 +49,7 @@ class DumpSet:
     request: str = ""
     skipped: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    stems: dict[int, str] = field(default_factory=dict, repr=False)  # torch's files: each rank's name, less .json
 
 
 class _SafeUnpickler(pickle.Unpickler):
@@ -215,8 +216,17 @@ def _add_torch_file(found: DumpSet, file: Path, name: str, *, single: bool) -> N
         found.skipped.append(f"{file}: {exc}")
         return
     if dump.rank in found.dumps:
-        found.skipped.append(f"{file}: a second dump of rank {dump.rank}")
+        stem = name.rsplit(".", 1)[0] if m and m.group(3) else name
+        other = found.stems.get(dump.rank, "")
+        if stem == other:  # the same dump as pickle and JSON: the one with the issuing frames is kept
+            has_frames = any(e.frames for rec in dump.flight_recorder for e in rec.entries)
+            if has_frames:
+                found.dumps[dump.rank] = dump
+            found.notes.append(f"rank {dump.rank}: {stem} read as pickle and as JSON; the one with frames is used")
+            return
+        found.skipped.append(f"{file}: a second dump of rank {dump.rank} (the first: {other})")
         return
+    found.stems[dump.rank] = name.rsplit(".", 1)[0] if m and m.group(3) else name
     found.dumps[dump.rank] = dump
     if rank is None:
         found.notes.append(f"{file}: rank {dump.rank} taken from the dump's process group, not the file name")
