@@ -27,8 +27,10 @@ half-written file and a crash leaves the last complete version.
 The files read by more than one part have msgspec types (``Manifest``, ``RankCapture``, ``RankSummary``, defined in
 ``ddpdoctor.runfile_types`` and re-exported here):
 the capture writes through them and every reader reads through ``read_run_files`` / ``read_summaries``, with
-one error policy: a file that cannot be read or does not fit its type is left out and named in a note
-(``ranks/rank3.json: skipped: ...``); the others are used.
+one error policy: a file that cannot be read or does not fit its type is left out and named in a note with the
+field (``ranks/rank3.json: skipped: Expected `int | null`, got `str` - at `$.memory.devices[0].index```); the
+others are used. The types reach down to the nested values the readers use; only a rank capture's GIL and
+schedule records, optional to every reader, are left out alone when they do not fit (``runfile_types.DROPPABLE``).
 
 ``ranks/rank<R>.json`` (schema_version 1)::
 
