@@ -23,14 +23,16 @@ from typing import Any
 import msgspec
 
 from ddpdoctor import rundir
+from ddpdoctor.capture.flight import dump_path, request_path
 from ddpdoctor.runfile_types import FlightDump
+
+__all__ = ["dump_path", "request_path"]  # the capture's own names of the dump files (ddpdoctor.capture.flight)
 
 DEFAULT_HANG_S = 300.0  # the default hang timeout's floor (seconds)
 STEP_FACTOR = 10  # ... or this many times the slowest step seen, whichever is longer
 DUMP_WAIT_S = 15.0  # how long the ranks' dumps are waited for
 STOP_GRACE_S = 10.0  # SIGTERM, then SIGKILL after this long
-DUMPS_DIR = "dumps"
-REQUEST = "request.json"
+DUMPS_DIR = rundir.DUMPS_DIR
 HANG_EXIT = 124  # trace's exit code when ddpdoctor stopped a hung job (as timeout(1))
 
 
@@ -53,10 +55,6 @@ def describe(explicit: float | None, off: bool) -> str:
 
 
 # ---- the request --------------------------------------------------------------------------------------------
-def request_path(out: Path) -> Path:
-    return Path(out) / DUMPS_DIR / REQUEST
-
-
 def read_request(out: Path) -> dict[str, Any] | None:
     """``dumps/request.json`` as written (None when absent or unreadable)."""
     try:
@@ -88,10 +86,6 @@ def request_hang(out: Path, *, by: str, since: float) -> tuple[str, bool]:
 
 
 # ---- the answers --------------------------------------------------------------------------------------------
-def dump_path(out: Path, rank: int, ident: str) -> Path:
-    return Path(out) / DUMPS_DIR / f"rank{rank}.{ident}.json"
-
-
 def read_dump(path: Path) -> FlightDump | None:
     try:
         return msgspec.json.decode(rundir.read_regular(path), type=FlightDump)

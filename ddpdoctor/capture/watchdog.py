@@ -105,14 +105,15 @@ class HangWatchdog:
             since = time.time() - idle if fired_at is None else fired_at
             step = self.clock.iteration
             by = f"rank {self._rank()} (no step for {idle:.0f} s after step {step})"
-            ident, _written = hang.request_hang(self.out, by=by, since=since)
+            ident, written = hang.request_hang(self.out, by=by, since=since)
             fired_at, times = time.time(), times + 1
             if not self.in_rank and _alive(self.launcher_pid):
                 continue  # the launcher decides, prints and stops the job
-            self._act(ident, idle)
+            self._act(ident, idle, speak=written)
 
-    def _act(self, ident: str, idle: float) -> None:
-        """No launcher watches this rank: read the dumps and end this rank if they show a hang."""
+    def _act(self, ident: str, idle: float, *, speak: bool) -> None:
+        """No launcher watches this rank: read the dumps and end this rank if they show a hang. ``speak``: this
+        rank asked for the dumps, so it prints the verdict (the others only say that they stop)."""
         rank = self._rank()
         ranks = hang.world_ranks(self.out)
         dumps = hang.wait_for_answers(self.out, ident, ranks)
@@ -129,7 +130,7 @@ class HangWatchdog:
                 flush=True,
             )
             return
-        if verdict is not None:
+        if verdict is not None and speak:
             for line in hang.verdict_lines(verdict, waited_for=ranks):
                 print(f"ddpdoctor: rank {rank}: {line}", file=sys.stderr, flush=True)
         if verdict is None or rank in verdict.culprits or not verdict.culprits:
