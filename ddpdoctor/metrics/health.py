@@ -48,8 +48,9 @@ def health_metrics(
     status = {r: _classify(rec) for r, rec in ranks.items()}
     states = dict(getattr(verdict, "ranks", None) or {})
     for r, st in states.items():  # a dump says more than a status line: a crash's traceback, a consequence
-        if st.state == "crashed":
-            status[r] = "crashed"
+        own = bool(st.exception) and DIED not in str(st.exception)  # an exception, not "died without finishing"
+        if st.state == "crashed" and (own or status.get(r) in (None, "crashed")):
+            status[r] = "crashed"  # not a rank the manifest saw die without an exception
         elif st.state == "consequence":
             status[r] = "consequence"
         ranks.setdefault(r, {"rank": r, "steps": st.step, "reason": st.exception})
@@ -128,22 +129,30 @@ def health_metrics(
         )
         doc["kind"] = "hang"
     elif hung and not crashed:
-        culprits = tuple(hung)
-        out["hang_detected"] = True
+        # the launcher's verdict at the time (manifest.json "health", decided from the dumps when it stopped the
+        # job), else the hung rank's own watchdog line
+        launcher = (manifest or {}).get("health")
+        launcher = launcher if isinstance(launcher, Mapping) and launcher.get("kind") == "hang" else {}
+        culprits = tuple(r for r in launcher.get("culprits") or [] if isinstance(r, int)) or tuple(hung)
         reason = _first_line(ranks[hung[0]].get("reason"))
-        out["health_summary"] = (
-            f"{_ranks_text(hung)} hung: {reason}" if reason else f"{_ranks_text(hung)} hung"
-        ) + also
+        if launcher.get("summary"):
+            out["health_summary"] = _first_line(launcher["summary"])
+        else:
+            out["health_summary"] = (
+                f"{_ranks_text(hung)} hung: {reason}" if reason else f"{_ranks_text(hung)} hung"
+            ) + also
+        out["hang_detected"] = True
         out["health_detail"] = consequence_text or out["health_summary"]
         out["health_advice"] = (
-            "Look at the hung rank's stack (ranks/rank<R>.json) for the call that never returned; a read or a lock"
-            " needs a timeout, and every rank must reach the same collectives."
+            f"Look at what {_ranks_text(culprits)} was doing (its stack: dumps/ or ranks/rank<R>.json) for the call"
+            " that never returned; a read or a lock needs a timeout, and every rank must reach the same collectives."
         )
         doc["kind"] = "hang"
-        doc["notes"].append(
-            "no dumps of the ranks: the hung rank is the one whose watchdog fired first, not decided from what every"
-            " rank was doing"
-        )
+        if verdict is None and not launcher:
+            doc["notes"].append(
+                "no dumps of the ranks: the hung rank is the one whose watchdog fired first, not decided from what"
+                " every rank was doing"
+            )
     elif crashed:
         culprits = tuple(crashed)
         first = culprits[0]
@@ -236,7 +245,7 @@ def _rank_records(manifest: Mapping[str, Any], captures: Mapping[int, Mapping[st
         if not isinstance(entry, Mapping) or not isinstance(entry.get("rank"), int):
             continue
         rec = out.setdefault(entry["rank"], {"rank": entry["rank"]})
-        for key in ("status", "reason", "steps", "exit_code"):
+        for key in ("status", "reason", "steps", "exit_code", "consequence_of"):
             if entry.get(key) is not None or key not in rec:
                 rec[key] = entry.get(key)
     return out
@@ -250,7 +259,7 @@ def _classify(rec: Mapping[str, Any]) -> str:
         return "ok" if status is None else str(status)
     if status == "hung":
         return "hung"
-    if _is_consequence(reason):
+    if rec.get("consequence_of") or _is_consequence(reason):
         return "consequence"
     if status == "interrupted" or "stopped by torchrun" in reason and DIED not in reason:
         return "interrupted"

@@ -202,7 +202,7 @@ def trial_lines(doc: dict[str, Any]) -> list[str]:
 
 _STATE_WORDS = {
     "crashed": "crashed (the cause)",
-    "consequence": "failed as a consequence of a peer",
+    "consequence": "a consequence (failed or stopped because of a peer)",
     "in_collective": "waiting in a collective",
     "outside": "outside any collective",
     "exited": "had returned (finished its script)",
