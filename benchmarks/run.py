@@ -9,7 +9,8 @@ ratio and target, and the results as JSON in benchmarks/results/<timestamp>.json
 Measures: floor (a cold diagnose vs a cold process that only decodes the traces), hta (vs Holistic Trace
 Analysis 0.5.0, in benchmarks/.venv-hta), memory (peak RSS vs the largest rank trace), large (>= 300 MB traces
 made here), capture (trace overhead vs bare and vs a hand-written profiler), scale (up to 16,384 ranks from
-summary files), gate-memory (peak RSS of baseline and gate of a 10,000-rank run vs diagnose of it); gate-noise
+summary files), gate-memory (peak RSS of baseline and gate of a 10,000-rank run vs diagnose of it), flight (the
+step-time cost of the Flight Recorder and phase tracking every traced rank has, vs the same loop without); gate-noise
 (the gate's false alarms on reruns of one job under load; only with --only, it takes minutes). Real GPU traces
 come from ../shared/traces (or $DDPDOCTOR_TRACES); measures that need them are skipped without them. Generated
 traces and runs are cached in benchmarks/.cache/. A MISS does not change the exit code (1 only when a benchmark
@@ -27,6 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import bench_flight  # noqa: E402
 import bench_floor  # noqa: E402
 import bench_gate_memory  # noqa: E402
 import bench_gate_noise  # noqa: E402
@@ -47,6 +49,7 @@ BENCHMARKS = {
         capture_overhead,
         bench_scale,
         bench_gate_memory,
+        bench_flight,
         bench_gate_noise,
     )
 }

@@ -25,7 +25,7 @@ import run as harness  # noqa: E402
 def test_every_benchmark_is_listed(capsys: pytest.CaptureFixture[str]) -> None:
     assert harness.main(["--list"]) == 0
     listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
-    assert listed == ["floor", "hta", "memory", "large", "capture", "scale", "gate-memory", "gate-noise"]
+    assert listed == ["floor", "hta", "memory", "large", "capture", "scale", "gate-memory", "flight", "gate-noise"]
 
 
 def test_a_line_says_pass_or_miss_against_its_target() -> None:
@@ -89,3 +89,11 @@ def test_a_synthetic_run_from_real_summaries_is_diagnosed_in_a_child(tmp_path: P
     assert json.loads((synthetic / "ranks" / "rank7.summary.json").read_text())["rank"] == 7
     child = bench_common.run_child([str(bench_common.CHILD), "summaries", str(synthetic)])
     assert child["work_s"] > 0 and child["peak_rss_kb"] >= child["baseline_rss_kb"] > 0
+
+
+def test_the_flight_recorder_cost_is_measured_on_the_same_loop_with_and_without() -> None:
+    import bench_flight
+
+    result = bench_flight.compare(rounds=1, steps=20)
+    assert result["plain_step_us"] > 0 and result["recorded_step_us"] > 0
+    assert result["ratio"] == result["recorded_step_us"] / result["plain_step_us"]
