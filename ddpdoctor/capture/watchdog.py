@@ -30,7 +30,7 @@ from ddpdoctor.capture.step_clock import StepClock
 
 _STACK_FRAMES = 8  # innermost frames of the stuck thread kept in the rank file
 _GRACE_S = 10  # time the SIGTERM gets to unwind the main thread before the hard exit
-STOP_KINDS = ("hang", "desync")  # verdicts that stop a job under the default timeout
+STOP_KINDS = ("hang", "desync", "crash")  # verdicts that stop a job under the default timeout (a dead peer too)
 
 
 def main_thread_stack(thread_id: int) -> str:

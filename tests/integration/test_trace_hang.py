@@ -119,3 +119,19 @@ def test_torchrun_failure_block_is_one_line_per_rank(tmp_path):
     assert "ChildFailedError" in log and "Root Cause" in log
     assert "rank 1 failed: RuntimeError: injected failure" in err, err
     assert "rank 0 failed: a consequence of rank 1:" in err or "rank 0 interrupted: a consequence of rank 1" in err, err
+
+
+def test_in_rank_mode_each_rank_stops_itself(tmp_path):
+    """No ddpdoctor launcher (each rank is `ddpdoctor trace` started by a scheduler, here torchrun): the rank that
+    asked for the dumps prints the verdict, and every rank whose watchdog fired ends itself."""
+    out = tmp_path / "run"
+    env = {**os.environ, "STUCK_RANK": "1", "STUCK_STEP": "6", "STEPS": "40", "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", *TORCHRUN, "-m", "ddpdoctor", "trace", "--out", str(out)]
+    cmd += [*FAST, "--hang-timeout", "8", JOB]
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=200)
+    err = result.stderr
+    assert result.returncode != 0, err
+    assert err.count("hang: rank 1 is stuck in read_shard (hang_job.py:") == 1, err  # once, by the asking rank
+    assert sorted(_dumps(out, "hang")) == [0, 1]
+    by_rank = {r["rank"]: r for r in read_json(out / "manifest.json")["ranks"]}
+    assert by_rank[1]["status"] == "hung" and by_rank[0].get("consequence_of") == [1], by_rank

@@ -41,8 +41,8 @@ def test_one_request_per_stall(tmp_path) -> None:
 
 @pytest.mark.parametrize(
     ("kind", "explicit", "stop"),
-    [("hang", False, True), ("desync", False, True), ("ok", False, False), ("undecided", False, False),
-     ("ok", True, True), ("undecided", True, True)],
+    [("hang", False, True), ("desync", False, True), ("crash", False, True), ("ok", False, False),
+     ("undecided", False, False), ("ok", True, True), ("undecided", True, True)],
 )  # fmt: skip
 def test_default_timeout_stops_only_on_evidence(kind: str, explicit: bool, stop: bool) -> None:
     """No step for 300 s in a long evaluation with no rank waiting in a collective is not a hang."""
