@@ -604,7 +604,7 @@ class _Analysis:
         waiting = [r for r, s in self.states.items() if s.state == IN_COLLECTIVE]
         consequence = [r for r, s in self.states.items() if s.state == CONSEQUENCE]
         if consequence:
-            silent = [r for r, s in self.states.items() if s.state == NO_DUMP]
+            silent = [r for r, s in self.states.items() if s.state == NO_DUMP and not self.views[r].status]
             if silent and len(silent) + len(consequence) == len(self.states):
                 # every rank that dumped lost its peer; the ones that did not dump are the peers that went
                 collective = next((self.states[r].collective for r in consequence if self.states[r].collective), None)

@@ -1,0 +1,43 @@
+"""A real 2-rank gloo job, run now (not a recording): its dumps read and analysed as the launcher will."""
+
+from __future__ import annotations
+
+import importlib.util
+import socket
+from pathlib import Path
+
+import pytest
+
+from ddpdoctor.flight import analyze, find_dumps, frame_text
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "flight"
+
+
+def _make():
+    spec = importlib.util.spec_from_file_location("flight_make", FIXTURES / "make.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_live_job_stuck_in_data_reading(tmp_path):
+    rc = _make().make("data_stuck", _port(), tmp_path / "run")
+    assert rc == 0
+    found = find_dumps(tmp_path / "run")
+    assert found.request == "hang1" and sorted(found.dumps) == [0, 1]
+    v = analyze(found.dumps, world_size=2)
+    assert v.kind == "hang" and v.culprits == (1,) and v.waiting == (0,)
+    assert frame_text(v.ranks[1].frames[0]).startswith("read_shard (job.py:")
+    assert v.collective.op == "all_reduce" and v.ranks[0].state == "in_collective"
+    # torch's own files of the same job give the same culprit once they are as old as a timeout
+    torch_files = find_dumps(tmp_path / "run" / "torch")
+    assert sorted(torch_files.dumps) == [0, 1]
+    assert analyze(torch_files.dumps, world_size=None, hang_after_s=1).culprits == (1,)

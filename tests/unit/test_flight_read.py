@@ -1,0 +1,88 @@
+"""ddpdoctor.flight.read: which dumps a run directory's dumps/ gives, torch's own files, and never running code from
+an input file (a pickle with globals is refused, not loaded)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+from pathlib import Path
+
+import pytest
+
+from ddpdoctor.errors import TraceError
+from ddpdoctor.flight import find_dumps, read_torch_dump
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "flight"
+
+
+class _Boom:
+    def __reduce__(self):
+        return (os.system, ("touch PWNED",))
+
+
+def test_pickle_with_globals_is_refused_and_nothing_runs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "nccl_trace_rank_0").write_bytes(pickle.dumps({"entries": [_Boom()], "pg_status": {}}))
+    found = find_dumps(tmp_path)
+    assert not (tmp_path / "PWNED").exists()
+    assert found.dumps == {}
+    (why,) = found.skipped
+    assert "nccl_trace_rank_0" in why and "refuses to load posix.system" in why
+
+
+def test_torch_pickle_of_plain_data_is_read(tmp_path):
+    data = (FIXTURES / "desync_op" / "torch" / "nccl_trace_rank_1").read_bytes()
+    dump = read_torch_dump(data, rank=1)
+    (record,) = dump.flight_recorder
+    assert record.source == "gloo" and dump.world_size == 2
+    last = record.entries[-1]
+    assert last.profiling_name == "gloo:broadcast" and last.input_sizes == [[4]]
+    assert last.frames[-1].name == "broadcast"  # outermost first: torch's innermost frame last
+
+
+def test_oversized_or_garbage_torch_files_are_skipped_with_the_reason(tmp_path):
+    shutil.copy(FIXTURES / "desync_op" / "torch" / "nccl_trace_rank_0", tmp_path / "nccl_trace_rank_0")
+    (tmp_path / "nccl_trace_rank_1").write_bytes(b"\x80\x04garbage")
+    (tmp_path / "README.txt").write_text("not a dump")
+    found = find_dumps(tmp_path)
+    assert sorted(found.dumps) == [0]
+    assert len(found.skipped) == 1 and "nccl_trace_rank_1" in found.skipped[0]
+
+
+def test_run_dir_without_dumps_is_empty_and_missing_path_is_an_error(tmp_path):
+    (tmp_path / "manifest.json").write_text("{}")
+    found = find_dumps(tmp_path)
+    assert found.dumps == {} and found.notes
+    with pytest.raises(TraceError, match="no such file"):
+        find_dumps(tmp_path / "nope")
+
+
+def test_newest_request_wins_and_an_answer_to_an_older_request_is_stale(tmp_path):
+    run = tmp_path / "run"
+    (run / "dumps").mkdir(parents=True)
+    src = FIXTURES / "healthy" / "dumps"
+    for r in (0, 1):
+        shutil.copy(src / f"rank{r}.od0.json", run / "dumps")
+    shutil.copy(src / "rank0.od2.json", run / "dumps")  # rank 1 did not answer the newer request
+    found = find_dumps(run)
+    assert found.dumps[0].request == "od2"
+    assert 1 not in found.dumps and any("older request" in n for n in found.notes)
+
+
+def test_bad_rank_dump_is_named_and_the_others_used(tmp_path):
+    (tmp_path / "dumps").mkdir()
+    shutil.copy(
+        FIXTURES
+        / "crash"
+        / "dumps"
+        / next(p.name for p in (FIXTURES / "crash" / "dumps").iterdir() if p.name.startswith("rank1.")),
+        tmp_path / "dumps",
+    )
+    (tmp_path / "dumps" / "rank0.exception-1.json").write_text(json.dumps({"rank": 0, "step": -3}))
+    (tmp_path / "dumps" / "rank5.exception-2.json").write_text(json.dumps({"rank": 4}))
+    found = find_dumps(tmp_path)
+    assert sorted(found.dumps) == [1]
+    assert any("rank0.exception-1.json" in s and "step" in s for s in found.skipped)
+    assert any("rank 4 inside, rank 5 in the name" in s for s in found.skipped)
