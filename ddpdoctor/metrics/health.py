@@ -167,6 +167,9 @@ def health_metrics(
         out["health_detail"] = consequence_text or out["health_summary"]
         if before_first_step:
             out["startup_failed"] = True
+            for entry in doc["ranks"]:
+                if entry["rank"] in culprits:
+                    entry["state"] = "failed_at_startup"
             out["health_advice"] = _startup_advice(error, ranks)
             doc["kind"] = "startup"
         else:

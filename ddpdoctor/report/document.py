@@ -202,6 +202,7 @@ def trial_lines(doc: dict[str, Any]) -> list[str]:
 
 _STATE_WORDS = {
     "crashed": "crashed (the cause)",
+    "failed_at_startup": "failed before its first step (the cause)",
     "consequence": "a consequence (failed or stopped because of a peer)",
     "in_collective": "waiting in a collective",
     "outside": "outside any collective",
@@ -236,7 +237,7 @@ def health_lines(doc: dict[str, Any]) -> list[str]:
         if r.get("rank") in culprits and "cause" not in words:
             words = words[:-1] + "; the cause)" if words.endswith(")") else words + " (the cause)"
         where = []
-        if r.get("steps") is not None:
+        if r.get("steps") is not None and state != "failed_at_startup":
             n = r["steps"]
             where.append(f"after {n} step{'' if n == 1 else 's'}" + (f", in {r['phase']}" if r.get("phase") else ""))
         if r.get("collective"):

@@ -14,6 +14,8 @@ the tables the charts draw added:
 - ``collectives``: ``RunMetrics.collectives`` (``rank, kind, count, bytes, ms, algbw_gbps, busbw_gbps``).
 - ``devices``: peak memory per rank and device with the device's capacity (bytes).
 - ``ddp_breakdown``: per rank, DDP's own forward / backward / communication / overlap averages (ms).
+- ``health_lines``: how a job that failed, hung or crashed ended, one line each (the text report's "How the job
+  ended", then the run's notes); empty for a run that ended well.
 """
 
 from __future__ import annotations
@@ -101,7 +103,8 @@ def build_report(
     timers = catalog.group("ddp_timers")
     doc.update(
         {
-            "source": "trace" if metrics is not None else "capture",
+            # a run diagnosed from how it ended alone (no trace) has metrics but no rank's trace or summary
+            "source": "trace" if metrics is not None and metrics.run.get("ranks_loaded") else "capture",
             "notes": list(analysis.notes) if metrics is None else [],
             "run_metrics": jsonable(dict(getattr(metrics, "run", None) or {})),
             "rank_metrics": rank_metrics,
@@ -118,8 +121,13 @@ def build_report(
             ],
         }
     )
+    # how a failed, hung or crashed job ended (issue 24), in the lines the text report shows, with the run's notes
+    # (e.g. the steps left out of the timing metrics)
+    from ddpdoctor.report.document import health_lines
+
+    doc["health_lines"] = health_lines(doc) + (list(doc["run"]["notes"]) if doc["run"].get("health") else [])
     if name is not None:  # a dashboard shows run names, never this machine's paths
-        for notes in (doc["notes"], doc["run"]["notes"], doc["run"]["skipped"]):
+        for notes in (doc["notes"], doc["run"]["notes"], doc["run"]["skipped"], doc["health_lines"]):
             notes[:] = [str(n).replace(str(run_dir), name) for n in notes]
         doc["run"]["path"] = name
         doc["run"]["name"] = name

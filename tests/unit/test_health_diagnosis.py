@@ -4,6 +4,10 @@ rules over them (rank-crashed, job-failed-at-startup, collective-hang, collectiv
 
 from __future__ import annotations
 
+import io
+import json
+from pathlib import Path
+
 import pytest
 
 from ddpdoctor.diagnosis import evaluate, load_rules
@@ -12,6 +16,7 @@ from ddpdoctor.diagnosis.template import compile_template
 from ddpdoctor.flight.verdict import CollectiveRef, HealthVerdict, Mismatch, RankState
 from ddpdoctor.metrics.health import HEALTH_METRICS, health_metrics
 from ddpdoctor.metrics.result import RunMetrics
+from ddpdoctor.report.document import build, health_lines
 from ddpdoctor.runfile_types import Frame
 from ddpdoctor.table import Table
 
@@ -188,3 +193,57 @@ def test_a_text_metric_may_be_a_template_field_but_never_computed_with():
         compile_expr("health_summary", scope="run")
     with pytest.raises(ExprError, match="is text"):
         compile_template("{health_summary + 1}", scope="run")
+
+
+def _failed_run_without_trace(path, *, reason="RuntimeError: bad batch", steps=5):
+    """A run directory as `ddpdoctor trace` leaves a job that failed before its profiled window: no trace."""
+    import json
+
+    (path / "ranks").mkdir(parents=True)
+    ranks = [(0, "failed", PEER), (1, "failed", reason)]
+    for rank, status, why in ranks:
+        capture = {"rank": rank, "world_size": 2, "status": status, "error": why, "backend": "gloo",
+                   "steps": {"source": "optimizer", "count": steps, "wall_ms": [10.0] * steps, "profiled": []}}  # fmt: skip
+        (path / "ranks" / f"rank{rank}.json").write_text(json.dumps(capture))
+    manifest = {
+        "schema_version": 1,
+        "world_size": 2,
+        "exit_code": 1,
+        "notes": ["the run ended before the profiled window (it starts at step 12): no trace was recorded"],
+        "ranks": [{"rank": r, "status": s, "reason": w, "steps": steps, "trace_files": []} for r, s, w in ranks],
+    }
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    return path
+
+
+def test_a_run_without_any_trace_is_diagnosed_from_how_it_ended(tmp_path):
+    from ddpdoctor.pipeline import analyze_run
+
+    analysis = analyze_run(_failed_run_without_trace(tmp_path / "run"))
+    first = analysis.diagnosis.findings[0]
+    assert (first.name, first.ranks) == ("rank-crashed", (1,))
+    assert "rank 1 crashed after 5 steps: RuntimeError: bad batch" in first.message
+    reasons = {n.name: n.reason for n in analysis.diagnosis.not_evaluated}
+    assert "no trace was recorded" in reasons["poor-comm-compute-overlap"]
+    assert "profiled window" in reasons["rank-straggler"]
+
+
+def test_the_dashboard_of_a_run_without_trace_shows_the_failure(tmp_path):
+    from ddpdoctor.tensorboard.report import build_report
+
+    doc = build_report(_failed_run_without_trace(tmp_path / "run"), name="failed")
+    assert doc["findings"][0]["name"] == "rank-crashed" and doc["source"] == "capture"
+    assert any(line.startswith("rank 1: crashed (the cause)") for line in doc["health_lines"])
+    assert str(tmp_path) not in json.dumps(doc)
+
+
+def test_a_healthy_run_has_no_health_section_in_any_format():
+    from ddpdoctor.pipeline import analyze_run
+    from ddpdoctor.report import render
+
+    result = analyze_run(Path(__file__).resolve().parents[1] / "fixtures" / "ddp_gloo_2rank").diagnosis
+    assert "health" not in build(result)["run"] and not health_lines(build(result))
+    for fmt in ("text", "markdown", "html"):
+        out = io.StringIO()
+        render(result, fmt, out)
+        assert "How the job ended" not in out.getvalue()

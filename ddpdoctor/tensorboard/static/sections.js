@@ -25,6 +25,13 @@ export function summary(report) {
     (report.notes || []).map((n) => el("p", { class: "note" }, n)));
 }
 
+export function health(report) {
+  // how a job that failed, hung or crashed ended (the text report's lines; report.py builds them)
+  const lines = report.health_lines || [];
+  if (!lines.length) return null;
+  return section("health", "How the job ended", null, el("ul", {}, lines.map((line) => el("li", {}, line))));
+}
+
 export function findings(report) {
   const list = report.findings || [];
   const cards = list.map((f) => el("article", { class: `finding sev-${String(f.severity).replace(/[^a-z]/g, "")}`,
