@@ -137,6 +137,8 @@ class HangJudge:
         dumps = hang.wait_for_answers(
             self.out, request["id"], expected, alive=lambda: any(hang._exists(p) for p in local.values())
         )
+        if self._done:
+            return  # the job ended meanwhile
         verdict = hang.judge(dumps, world_size=len(expected) or None)
         from ddpdoctor.capture.watchdog import should_stop
 
