@@ -236,7 +236,8 @@ def _rank_records(manifest: Mapping[str, Any], captures: Mapping[int, Mapping[st
     manifest has none (a run still being traced, an in-rank run)."""
     out: dict[int, dict[str, Any]] = {}
     for rank, cap in captures.items():
-        steps = cap.get("steps") if isinstance(cap.get("steps"), Mapping) else {}
+        recorded = cap.get("steps")
+        steps: Mapping[str, Any] = recorded if isinstance(recorded, Mapping) else {}
         out[int(rank)] = {
             "rank": int(rank),
             "status": cap.get("status"),

@@ -202,8 +202,8 @@ def _failed_run_without_trace(path, *, reason="RuntimeError: bad batch", steps=5
     (path / "ranks").mkdir(parents=True)
     ranks = [(0, "failed", PEER), (1, "failed", reason)]
     for rank, status, why in ranks:
-        capture = {"rank": rank, "world_size": 2, "status": status, "error": why, "backend": "gloo",
-                   "steps": {"source": "optimizer", "count": steps, "wall_ms": [10.0] * steps, "profiled": []}}  # fmt: skip
+        recorded = {"source": "optimizer", "count": steps, "wall_ms": [10.0] * steps, "profiled": []}
+        capture = {"rank": rank, "world_size": 2, "status": status, "error": why, "backend": "gloo", "steps": recorded}
         (path / "ranks" / f"rank{rank}.json").write_text(json.dumps(capture))
     manifest = {
         "schema_version": 1,
