@@ -413,8 +413,9 @@ class Reporter:
             if not knob.get("applied"):
                 self._print(f"ddpdoctor: --set {name}={knob.get('value')} did not apply: {knob.get('reason')}")
         if (man.get("health") or {}).get("summary"):
-            health = man["health"]
-            self._print(f"ddpdoctor: {health['kind']}: {health['summary']} ({health.get('stopped_by')})")
+            health = man["health"]  # the verdict itself was printed when it was made: here, what was done
+            causes = ", ".join(str(r) for r in health.get("culprits") or []) or "undecided"
+            self._print(f"ddpdoctor: {health['kind']}, {health.get('stopped_by')}; the cause: rank {causes}")
         for r in sorted(failed, key=lambda r: bool(r.get("consequence_of"))):  # the causes first
             reason = r.get("reason") or "exit " + str(r.get("exit_code"))
             if r.get("consequence_of"):
