@@ -157,6 +157,7 @@ def _start_rank_session() -> None:
     session.start()
     exits.finish_at_exit(session)
     _dump_on_exception(session)
+    session.flight.watch_signals()  # SIGTERM / SIGUSR1 dump while the main thread is blocked in a collective
 
 
 def _dump_on_exception(session: Any) -> None:

@@ -196,6 +196,7 @@ class Dumper:
         self._signal_dumped = False
         self._usr1_at = 0.0
         self._previous_usr1: Any = None
+        self._busy = False  # the thread is writing a dump
         self.signals_watched = False  # a thread forwards the signals it sees (runner's wakeup-fd watcher)
         self.written: list[Path] = []
 
@@ -204,9 +205,14 @@ class Dumper:
         self._thread.start()
         self._install_usr1()
 
-    def stop(self) -> None:
+    def stop(self, wait_s: float = 15.0) -> None:
+        """No more dumps; a dump being written is waited for (``wait_s`` at most) so that the process does not end
+        halfway through it."""
         self._stopped = True
         self._wake.set()
+        thread = self._thread
+        if self._busy and thread is not None and thread is not threading.current_thread():
+            thread.join(wait_s)
         if self._previous_usr1 is not None and threading.current_thread() is threading.main_thread():
             with contextlib.suppress(Exception):
                 if signal.getsignal(signal.SIGUSR1) is self._on_usr1:
@@ -246,12 +252,15 @@ class Dumper:
             self._wake.clear()
             if self._stopped:
                 return
+            self._busy = True
             try:
                 self._check_requests()
                 while self._pending:
                     self._answer(*self._pending.pop(0))
             except Exception as exc:  # never let the thread die on a bad request
                 self._warn(f"dump request not answered: {type(exc).__name__}: {exc}")
+            finally:
+                self._busy = False
 
     def _folders(self) -> list[Path]:
         out, root = Path(self.session.out), Path(self.session.root)
@@ -355,6 +364,46 @@ class Dumper:
             "flight_recorder": records,
             "fr_error": fr_error,
         }
+
+    def watch_signals(self) -> bool:
+        """Watch for signals from a thread of our own (a rank ddpdoctor did not start: ``mp.spawn``'s, a
+        scheduler's), so that SIGTERM / SIGUSR1 dump while the main thread is blocked in a collective: through
+        ``signal.set_wakeup_fd``, only where nothing else uses it (the runner's own watcher forwards them already).
+        SIGTERM / SIGINT only dump here: what the rank then does is its handlers' business. Main thread only."""
+        if threading.current_thread() is not threading.main_thread():
+            return False
+        try:
+            r, w = os.pipe()
+            os.set_blocking(w, False)
+            previous = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+        except (ValueError, OSError):
+            return False
+        if previous != -1:  # someone's (asyncio's, the runner's): leave it in place
+            signal.set_wakeup_fd(previous)
+            os.close(r)
+            os.close(w)
+            return False
+        self.signals_watched = True
+        stops = (signal.SIGTERM, signal.SIGINT)
+
+        def watch() -> None:
+            while True:
+                try:
+                    data = os.read(r, 64)
+                except OSError:
+                    return
+                if not data:
+                    return
+                for signum in data:
+                    if self.session.finished:
+                        continue
+                    if signum in stops:
+                        self.dump_signal(signum)
+                    elif signum == getattr(signal, "SIGUSR1", None):
+                        self.on_demand_signal()
+
+        threading.Thread(target=watch, name="ddpdoctor-flight-signals", daemon=True).start()
+        return True
 
     def _warn(self, message: str) -> None:
         with contextlib.suppress(Exception):

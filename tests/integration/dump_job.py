@@ -3,7 +3,8 @@
 MODE=wait: at step 3 rank 1 sits in its data function (``read_batch``) until the file RELEASE exists (90 s at most; it
 creates the file STALLED first),
 while rank 0 waits in the gradients' all_reduce. MODE=crash: rank 1 raises at step 4, after its all_reduce.
-MODE=long: STEPS steps of SLEEP_S each, nothing goes wrong.
+MODE=long: STEPS steps of SLEEP_S each, nothing goes wrong. SPAWN=1: the ranks are started by ``mp.spawn`` (the
+start-up hook traces them), not by torchrun.
 """
 
 import os
@@ -27,8 +28,11 @@ def read_batch(rank, step):
     return torch.randn(8, 4)
 
 
-def main():
-    dist.init_process_group("gloo")
+def main(rank=None, world_size=None):
+    if rank is None:
+        dist.init_process_group("gloo")
+    else:
+        dist.init_process_group("gloo", rank=rank, world_size=world_size)
     rank = dist.get_rank()
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1)
@@ -48,5 +52,20 @@ def main():
     dist.destroy_process_group()
 
 
+def spawned(rank, world_size):
+    main(rank, world_size)
+
+
 if __name__ == "__main__":
-    main()
+    if os.environ.get("SPAWN") == "1":
+        import socket
+
+        import torch.multiprocessing as mp
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        mp.spawn(spawned, args=(2,), nprocs=2)
+    else:
+        main()

@@ -29,7 +29,9 @@ FAST = ["--wait", "1", "--warmup", "1", "--active", "1"]
 
 def _start(out: Path, env: dict[str, str]) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "ddpdoctor", "trace", "--out", str(out), *FAST]
-    cmd += ["--standalone", "--nproc-per-node", "2", str(JOB)]
+    if env.get("SPAWN") != "1":
+        cmd += ["--standalone", "--nproc-per-node", "2"]
+    cmd += [str(JOB)]
     full = {**os.environ, "PYTHONUNBUFFERED": "1", **env}
     return subprocess.Popen(
         cmd, env=full, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
@@ -184,3 +186,26 @@ def test_an_exception_in_rank_1_is_dumped_with_its_traceback_and_rank_0_dumps_to
     other = _load(dumps[0][-1])
     assert other.reason in ("exception", "signal")
     assert [e for rec in other.flight_recorder for e in rec.entries]
+
+
+def test_sigusr1_dumps_an_mp_spawn_rank_blocked_in_a_collective(tmp_path):
+    """Ranks ddpdoctor did not start (mp.spawn's): the signal is seen by a ddpdoctor thread, so rank 0 dumps while
+    its main thread is inside the all_reduce (a Python signal handler would only run once it returns)."""
+    out, release, stalled = tmp_path / "run", tmp_path / "release", tmp_path / "stalled"
+    proc = _start(out, {"MODE": "wait", "STEPS": "5", "SPAWN": "1", "RELEASE": str(release), "STALLED": str(stalled)})
+    try:
+        assert _wait_for(stalled.exists, 90, proc), "rank 1 never reached its stall"
+        pids = _wait_for(lambda: _rank_pids(out), 30, proc)
+        time.sleep(1.5)  # rank 0 reaches its all_reduce
+        os.kill(pids[0], signal.SIGUSR1)
+        assert _wait_for(lambda: _dumps(out, "sigusr1-*").get(0), 30, proc), list(out.glob("dumps/*"))
+    finally:
+        release.touch()
+    _, stderr = _finish(proc)
+    assert proc.returncode == 0, stderr[-3000:]
+    dump = _load(_dumps(out, "sigusr1-*")[0][0])
+    assert (dump.rank, dump.reason, dump.step, dump.phase) == (0, "on_demand", 2, "backward")
+    assert any(f.name == "all_reduce" for f in _main(dump).frames)
+    entries = [e for rec in dump.flight_recorder for e in rec.entries]
+    assert entries and not entries[-1].retired
+    assert [e["status"] for e in read_json(out / "manifest.json")["ranks"]] == ["ok", "ok"]
