@@ -82,14 +82,17 @@ def test_html_report_of_a_real_trace_is_self_contained(tmp_path):
 
 
 @pytest.mark.skipif(not GLOO_2RANK.is_dir(), reason="fixture not generated")
-def test_recorded_gloo_ddp_run_straggler_fires_and_ddp_config_rules_decide():
+def test_recorded_gloo_ddp_run_straggler_undecided_and_ddp_config_rules_decide():
     from ddpdoctor.diagnosis import evaluate, load_rules
     from ddpdoctor.load import load
     from ddpdoctor.metrics import analyze
 
     result = evaluate(load_rules(), analyze(load(GLOO_2RANK)))
     found = {f.name: f for f in result.findings}
-    assert found["rank-straggler"].ranks == (1,)  # the fixture's rank 1 sleeps in every step
+    # the fixture's rank 1 sleeps in every step, but 6 profiled steps of 2 ranks cannot tell it from chance (the
+    # all-reduces of a step share its lateness: 6 observations, not 12)
+    assert "rank-straggler" not in found
+    assert "6 independent block(s)" in {n.name: n.reason for n in result.not_evaluated}["rank-straggler"]
     # evaluated on DDP's real logging data (find_unused_parameters=False) and silent
     assert "find-unused-parameters-cost" in result.passed
     reasons = {n.name: n.reason for n in result.not_evaluated}

@@ -75,10 +75,8 @@ def test_two_ranks_last_at_8_of_10_is_scheduling_noise_not_a_straggler() -> None
     # a healthy 2-rank run on a busy host: being last is a coin flip, 8 of 10 happens with p = 0.055
     out = slow_ranks(_collectives([1, 1, 0, 1, 1, 1, 0, 1, 1, 1], 2), [0, 1])
     assert out["undecidable"] is None
-    # the smallest of binomial P(X >= 8) = 56/1024 and the t test of its lateness (+5 us when last, -4.99 us when
-    # not), doubled for the two tests (how often, how late)
-    t_p = scipy.stats.ttest_1samp([5.0] * 8 + [-4.99] * 2, 0.0, alternative="greater").pvalue
-    assert out["ranks"][1]["last_arrival_p_value"] == pytest.approx(2 * min(56 / 1024, t_p))
+    # binomial P(X >= 8) = 56/1024, doubled for the two tests (how often, at what cost)
+    assert out["ranks"][1]["last_arrival_p_value"] == pytest.approx(2 * 56 / 1024)
     assert out["count"] == 0 and not out["ranks"][1]["slow_rank"]
 
 
@@ -152,17 +150,16 @@ def test_static_graph_buckets_sharing_the_last_rank_are_five_observations_not_35
     assert out["count"] in (0, None) and not any(v["slow_rank"] for v in out["ranks"].values())
 
 
-def test_a_rank_late_by_the_same_60_ms_in_each_of_4_steps_is_named() -> None:
-    # the recorded straggler sample's shape: 4 steps, 2 overlapping all-reduces each, rank 1 sleeps 60 ms a step
+def test_a_rank_late_by_the_same_60_ms_in_each_of_4_steps_cannot_be_told_from_a_starved_one() -> None:
+    # the recorded straggler sample's shape (4 steps, 2 overlapping all-reduces each): 4 observations of a coin
+    # flip cannot reach significance, and a steady lateness is what a rank starved by a busy host shows too
     lateness = [60_200.0, 59_100.0, 60_900.0, 58_700.0]
     out = slow_ranks(
         _collectives([1] * 8, 2, wait_us=60_000.0, per_step=2, overlapping=True, lateness_us=lateness), [0, 1]
     )
-    assert out["undecidable"] is None and out["ranks"][1]["slow_rank"] and not out["ranks"][0]["slow_rank"]
+    assert out["count"] is None and out["blocks"] == 4 and "4 independent block(s)" in out["undecidable"]
 
 
-@pytest.mark.parametrize(("t", "df"), [(0.5, 1), (2.0, 3), (4.16, 5), (10.0, 2), (60.0, 3), (1.3, 40), (0.01, 7)])
-def test_t_tail_matches_scipy(t: float, df: int) -> None:
-    from ddpdoctor.metrics.slow_ranks import t_sf
-
-    assert t_sf(t, df) == pytest.approx(scipy.stats.t.sf(t, df), rel=1e-9, abs=1e-300)
+def test_eight_steps_of_a_rank_last_in_each_name_it() -> None:
+    out = slow_ranks(_collectives([1] * 16, 2, wait_us=60_000.0, per_step=2, overlapping=True), [0, 1])
+    assert out["blocks"] == 8 and out["ranks"][1]["slow_rank"] and not out["ranks"][0]["slow_rank"]

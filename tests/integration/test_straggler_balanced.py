@@ -1,0 +1,74 @@
+"""Issue 25 item 5: a balanced 2-rank job, traced 20 times (5- and 10-step windows, half of them beside a CPU
+burner), names no straggler; a rank that sleeps in every step is still named in an 8-step window.
+
+The collectives a step has in flight together (DDP's bucket all-reduces) share its lateness, so they count as one
+observation: counted one by one, a coin flip per step looked like "last at 20 of 20 collectives, p = 1e-06".
+
+Slow: 20 traces of a few seconds each (about 5 minutes on 2 busy cores). The burner is one
+``python -c 'while True: pass'``, killed at the end of each run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+from helpers import SAMPLES, run_cli
+
+pytestmark = [pytest.mark.integration]
+
+WINDOW = ["--wait", "1", "--warmup", "1"]
+DDP = ["--standalone", "--nproc-per-node", "2"]
+SMALL = ["--batch-size", "128", "--width", "256", "--depth", "4"]
+
+
+def _trace(out, active: int, script: str, *args: str, burner: bool) -> dict:
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True) if burner else None
+    try:
+        traced = run_cli(
+            "trace",
+            "-q",
+            "--out",
+            str(out),
+            *WINDOW,
+            "--active",
+            str(active),
+            *DDP,
+            str(SAMPLES / script),
+            *args,
+            timeout=150,
+        )
+    finally:
+        if hog is not None:
+            os.killpg(hog.pid, signal.SIGKILL)
+            hog.wait()
+    assert traced.returncode == 0, traced.stderr[-3000:]
+    diagnosed = run_cli("diagnose", str(out), "--format", "json", timeout=60)
+    assert diagnosed.returncode == 0, diagnosed.stderr[-3000:]
+    return json.loads(diagnosed.stdout)
+
+
+@pytest.mark.timeout(1500)
+def test_twenty_traces_of_a_balanced_job_name_no_straggler(tmp_path) -> None:
+    named = []
+    for i in range(20):
+        active = 5 if i < 10 else 10
+        report = _trace(
+            tmp_path / f"run{i}", active, "ddp_train.py", *SMALL, "--steps", str(active + 3), burner=i % 2 == 1
+        )
+        found = [f for f in report["findings"] if f["name"] == "rank-straggler"]
+        if found:
+            named.append(f"run {i} ({active} steps, {'burner' if i % 2 else 'quiet'}): {found[0]['message']}")
+    assert not named, "\n".join(named)
+
+
+@pytest.mark.timeout(300)
+def test_a_rank_that_sleeps_every_step_is_still_named_in_an_8_step_window(tmp_path) -> None:
+    # 2 ranks: 8 steps is the fewest in which "last in every one" cannot be chance (2 x 2**-8 x 2 ranks < 0.02)
+    report = _trace(tmp_path / "slow", 8, "ddp_straggler.py", "--steps", "11", "--slow-ms", "60", burner=False)
+    found = [f for f in report["findings"] if f["name"] == "rank-straggler"]
+    assert found and found[0]["ranks"] == [1], report["findings"]
