@@ -102,6 +102,9 @@ class HangJudge:
         """ddpdoctor stopped the job on a verdict."""
         return self.verdict is not None
 
+    def stopped_job(self) -> bool:
+        return self.stopped
+
     def start(self) -> HangJudge:
         global _judge
         _judge = self

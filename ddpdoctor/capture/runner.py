@@ -219,13 +219,16 @@ def run(
     claimed: bool = True,
     on_os_exit: Callable[[int], None] | None = None,
     quiet_interrupt: bool = False,
+    stopped: Callable[[], bool] | None = None,
 ) -> int:
     """Run the target under a capture session; return the exit code a bare run would have.
 
     ``claimed=False``: the process may turn out to be only the launcher of the ranks (see :class:`Session`).
     ``on_os_exit``: called with ``n`` when the script ends the process with ``os._exit(n)``, after the session
     recorded it (the launcher writes its manifest there). ``quiet_interrupt``: no KeyboardInterrupt traceback (a
-    rank under torchrun: the launcher says how each rank ended). For a signal, the caller must re-raise it with
+    rank under torchrun: the launcher says how each rank ended). ``stopped()``: True when ddpdoctor stopped the
+    ranks the script started (a hang): the script's exception about it (``mp.spawn``'s) is then not printed. For a
+    signal, the caller must re-raise it with
     :func:`die_by_signal` after cleaning up.
     """
     from ddpdoctor.capture import autostart
@@ -280,6 +283,8 @@ def run(
                 signal.signal(signal.SIGINT, previous_int)
     if _late_signals and signum is None:
         signum = _late_signals[0]
+    if exc_info is not None and stopped is not None and stopped():
+        exc_info = None  # ddpdoctor stopped the ranks this script started (a hang) and said why: not the script's error
     if exc_info is not None:
         etype, value, tb = exc_info
         sys.stderr.flush()

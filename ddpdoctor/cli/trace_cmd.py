@@ -299,7 +299,13 @@ def main(argv: list[str]) -> int:
         code = launcher.run_torchrun(tr, target_argv)
     else:  # direct (this process may only launch the ranks) or scheduler (this process is one rank)
         assert target is not None  # only -- COMMAND has no target
-        code = runner.run(target, config, claimed=launch == "scheduler", on_os_exit=finish)
+        code = runner.run(
+            target,
+            config,
+            claimed=launch == "scheduler",
+            on_os_exit=finish,
+            stopped=None if judge is None else judge.stopped_job,
+        )
     if judge is not None:
         judge.close()
         if judge.stopped:  # ddpdoctor stopped the job on a hang: its own exit status, not the signal's

@@ -135,3 +135,52 @@ def test_in_rank_mode_each_rank_stops_itself(tmp_path):
     assert sorted(_dumps(out, "hang")) == [0, 1]
     by_rank = {r["rank"]: r for r in read_json(out / "manifest.json")["ranks"]}
     assert by_rank[1]["status"] == "hung" and by_rank[0].get("consequence_of") == [1], by_rank
+
+
+SPAWN_JOB = """
+import os, time
+import torch, torch.distributed as dist, torch.multiprocessing as mp, torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+def read_shard(rank, step):
+    if rank == 1 and step == 6:
+        while True:
+            time.sleep(0.1)
+    return torch.randn(16, 32)
+
+def worker(rank, world, port):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    model = DDP(nn.Linear(32, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(30):
+        x = read_shard(rank, step)
+        model(x).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    dist.barrier()
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    mp.spawn(worker, args=(2, os.environ["PORT"]), nprocs=2)
+"""
+
+
+def test_ranks_started_by_mp_spawn_are_stopped_by_the_trace_process(tmp_path):
+    """The script runs in `ddpdoctor trace`'s own process and spawns its ranks: that process judges and stops
+    them; mp.spawn's exception about the ranks it stopped is not shown as the script's error."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    script = tmp_path / "spawn_job.py"
+    script.write_text(SPAWN_JOB)
+    out = tmp_path / "run"
+    result = run_cli("trace", "--out", str(out), *FAST, "--hang-timeout", "8", str(script), env={"PORT": port},
+                     timeout=200)  # fmt: skip
+    err = result.stderr
+    assert result.returncode == 124, err
+    assert "hang: rank 1 is stuck in read_shard (spawn_job.py:" in err, err
+    assert "Traceback" not in err and "ProcessExitedException" not in err, err
+    assert sorted(_dumps(out, "hang")) == [0, 1]
