@@ -603,6 +603,36 @@ class _Analysis:
             return self._verdict("undecided", [], [], None, [], "no rank left a dump")
         waiting = [r for r, s in self.states.items() if s.state == IN_COLLECTIVE]
         consequence = [r for r, s in self.states.items() if s.state == CONSEQUENCE]
+        exited = [r for r, s in self.states.items() if s.state == EXITED]
+        if consequence and exited:
+            # a rank that returned from main (its process ended) while its peers were still in a collective: they
+            # lose their peer; it skipped the collectives they wait in
+            collective = next((self.states[r].collective for r in consequence if self.states[r].collective), None)
+            for r in exited:
+                self.evidence.append(f"rank {r} returned from main and ended{_exit_of(self.views[r].status)}")
+            for r in consequence:
+                c = self.states[r].collective
+                self.evidence.append(
+                    f"rank {r} lost its peer"
+                    + (f" in {c.describe()}" if c else "")
+                    + f": {_short(self.states[r].exception)}"
+                )
+            what = f"{collective.op} #{collective.seq_id}" if collective else "the collectives its peers issued"
+            summary = (
+                f"{_who(exited)} returned from main without issuing {what}; {_who(consequence)} failed as a "
+                "consequence" + (f" in {collective.describe()}" if collective else "")
+            )
+            if collective is not None and collective.frame is not None:
+                summary += f", issued at {frame_text(collective.frame)}"
+            found = []
+            if collective is not None:
+                by = {
+                    r: f"{collective.op} {describe_shape(collective.sizes, collective.dtypes)}".strip()
+                    for r in consequence
+                }
+                by.update({r: "nothing (returned from main)" for r in exited})
+                found.append(Mismatch(collective.pg, collective.seq_id, "missing", dict(sorted(by.items()))))
+            return self._verdict("desync", exited, consequence, collective, found, summary)
         if consequence:
             silent = [r for r, s in self.states.items() if s.state == NO_DUMP and not self.views[r].status]
             if silent and len(silent) + len(consequence) == len(self.states):
@@ -625,6 +655,17 @@ class _Analysis:
                 return self._verdict("crash", silent, consequence, collective, [], summary)
             summary = f"{_who(consequence)} failed because of a peer, and no dump shows which peer or why"
             return self._verdict("undecided", [], consequence, None, [], summary)
+        outside = [r for r in have if self.states[r].state == OUTSIDE]
+        if self.requested_hang and not waiting and outside and all(self.states[r].frames for r in outside):
+            # no step for the hang timeout, and no rank inside a collective: they are all stuck in their own code
+            parts = []
+            for r in outside:
+                st = self.states[r]
+                since = f" for {st.since_s:.0f} s" if st.since_s is not None else ""
+                parts.append(f"rank {r} in {_frames_short(st)}{_at(st)}{since}")
+                self.evidence.append(f"rank {r} is in no collective: {_doing(st)}{since}")
+            summary = "no rank is inside a collective; " + "; ".join(parts)
+            return self._verdict("hang", outside, [], None, [], summary)
         if self.requested_hang:
             collective = self.states[waiting[0]].collective if waiting else None
             if waiting and len(waiting) == len(self.states):
@@ -769,3 +810,8 @@ def _numels(entry: FlightEntry) -> tuple[int, ...]:
             n *= d
         out.append(n)
     return tuple(out)
+
+
+def _exit_of(status: Mapping[str, Any]) -> str:
+    code = status.get("exit_code")
+    return f" (exit code {code})" if isinstance(code, int) else ""

@@ -8,10 +8,12 @@ import os
 import shutil
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from ddpdoctor.flight import analyze, find_dumps, frame_text
 from ddpdoctor.flight.read import read_own_dump
+from ddpdoctor.flight.verdict import KINDS
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "flight"
 JOB = (FIXTURES / "job.py").read_text().splitlines()
@@ -184,3 +186,65 @@ def test_kill_9_of_a_rank_without_dump_is_the_crash_and_sigterm_is_not():
     # rank 1 stopped with SIGTERM (by torchrun or ddpdoctor) is not a cause; rank 0's peer loss alone names no one
     stopped = analyze(survivor, world_size=2, rank_status={1: {"status": "failed", "exit_code": -15}})
     assert stopped.kind == "undecided" and stopped.culprits == () and stopped.waiting == (0,)
+
+
+def _mutations(dump):
+    """Odd but type-correct dumps: what a hand-edited, truncated or foreign file can hold."""
+    yield msgspec.structs.replace(dump, threads=[])
+    yield msgspec.structs.replace(dump, flight_recorder=[], fr_error="no Flight Recorder in this torch")
+    for rec in dump.flight_recorder:
+        yield msgspec.structs.replace(dump, flight_recorder=[msgspec.structs.replace(rec, pg_status={})])
+        yield msgspec.structs.replace(
+            dump, flight_recorder=[msgspec.structs.replace(rec, pg_status={"0": {"last_enqueued_collective": "x"}})]
+        )
+        yield msgspec.structs.replace(dump, flight_recorder=[msgspec.structs.replace(rec, entries=rec.entries[-1:])])
+        yield msgspec.structs.replace(dump, flight_recorder=[msgspec.structs.replace(rec, pg_config={"": "junk"})])
+        yield msgspec.structs.replace(dump, flight_recorder=[rec, rec])
+
+
+@pytest.mark.parametrize("name", ["data_stuck", "crash", "desync_op", "early_return", "healthy"])
+def test_odd_dumps_and_statuses_give_a_verdict_never_a_traceback(name):
+    found = find_dumps(FIXTURES / name)
+    statuses = [
+        None,
+        {0: {"status": None, "exit_code": "x"}},
+        {1: {"status": "failed", "exit_code": None, "reason": None}},
+        {5: {"status": "ok"}},
+    ]
+    for rank, dump in found.dumps.items():
+        for odd in _mutations(dump):
+            dumps = {**found.dumps, rank: odd}
+            for world in (None, 1, 2, 3):
+                for status in statuses:
+                    v = analyze(dumps, world_size=world, rank_status=status)
+                    assert v.kind in KINDS and v.summary
+                    assert set(v.culprits) <= set(v.ranks)
+
+
+def test_rank_that_ended_its_process_early_is_the_cause_of_its_peers_lost_connection():
+    # rank 1 returned from main and its process ended (exit 0, no dump); rank 0's barrier lost its peer
+    found = find_dumps(FIXTURES / "early_exit")
+    assert sorted(found.dumps) == [0] and found.dumps[0].reason == "exception"
+    v = analyze(
+        found.dumps,
+        world_size=2,
+        rank_status={0: {"status": "failed", "exit_code": 1}, 1: {"status": "ok", "exit_code": 0}},
+    )
+    assert v.kind == "desync" and v.culprits == (1,) and v.waiting == (0,)
+    assert v.ranks[0].state == "consequence" and v.ranks[1].state == "exited"
+    assert v.collective.op == "barrier"
+    assert frame_text(v.collective.frame) == f"main (job.py:{line_of('rank 0 waits here for rank 1')})"
+    assert v.summary.startswith("rank 1 returned from main without issuing barrier #")
+    assert v.mismatches[0].kind == "missing"
+
+
+def test_every_rank_stuck_in_its_own_code_after_a_hang_request():
+    v = verdict("all_stuck")
+    assert v.kind == "hang" and v.culprits == (0, 1) and v.waiting == () and v.collective is None
+    line = line_of("time.sleep(60)")
+    assert v.summary.startswith(f"no rank is inside a collective; rank 0 in read_shard (job.py:{line})")
+    # the same picture nobody asked about because of a hang: two ranks in their data code, which is no finding
+    calm = {
+        r: msgspec.structs.replace(d, reason="on_demand") for r, d in find_dumps(FIXTURES / "all_stuck").dumps.items()
+    }
+    assert analyze(calm, world_size=2).kind == "ok"
