@@ -156,16 +156,18 @@ def _verdict(
     path: Path, manifest: dict[str, Any], world_size: int | None, *, traced: bool = True
 ) -> tuple[Any, list[str]]:
     """``ddpdoctor.flight``'s verdict over the dumps at ``path`` (a run directory's dumps/; without traces
-    (``traced`` False) also a folder of torch's own dump files), and notes on the dumps; (None, []) when there
+    (``traced`` False) also a folder of torch's own dump files, or one such file), and notes on the dumps; (None, []) when there
     are none."""
     from ddpdoctor import flight
 
-    if not path.is_dir() or traced and not (path / "dumps").is_dir():
+    if traced and not (path / "dumps").is_dir():
         return None, []
     try:
         found = flight.find_dumps(path)
     except TraceError as exc:
         return None, [f"dumps: {exc}"]
+    except (RecursionError, ValueError, OSError) as exc:  # a file that is no dump (a trace nested too deeply)
+        return None, [f"dumps: {type(exc).__name__}: {exc}"]
     if not found.dumps:
         return None, list(found.skipped)
     status = {
@@ -199,8 +201,6 @@ def _health_only(
     from ddpdoctor.metrics.result import RunMetrics
     from ddpdoctor.table import Table
 
-    if not path.is_dir():
-        return None
     world_size = manifest.get("world_size") or max([c.get("world_size") or 0 for c in captures.values()] + [0]) or None
     verdict, dump_notes = _verdict(path, manifest, world_size, traced=False)
     if verdict is None and not captures and not manifest:
