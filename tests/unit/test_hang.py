@@ -80,3 +80,19 @@ def test_torchrun_failure_in_one_line_per_rank(tmp_path) -> None:
     assert lines[0] == "torchrun: rank 1 (local rank 1, pid 102) exited with code 1 (the first to fail)"
     assert lines[1] == "torchrun: rank 0 (local rank 0, pid 101) ended by SIGTERM (stopped by torchrun after rank 1)"
     assert lines[2].endswith("node0.log") and len(lines) == 3
+
+
+def test_dump_of_a_finished_run_or_a_plain_folder_is_one_line(tmp_path) -> None:
+    from helpers import run_cli
+
+    from ddpdoctor import rundir
+
+    (tmp_path / "plain").mkdir()
+    run = tmp_path / "run"
+    (run / "ranks").mkdir(parents=True)
+    rundir.atomic_write_json(run / "ranks" / "rank0.json", {"rank": 0, "status": "ok", "world_size": 1})
+    for folder, why in ((tmp_path / "plain", "not a ddpdoctor run directory"), (run, "no rank of this run")):
+        result = run_cli("dump", str(folder), timeout=60)
+        assert result.returncode == 2 and why in result.stderr, result.stderr
+        assert result.stderr.strip().count("\n") == 0 and "Traceback" not in result.stderr
+        assert not (folder / "dumps").exists()  # nothing written to a run that cannot answer
