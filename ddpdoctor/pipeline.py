@@ -156,8 +156,8 @@ def _verdict(
     path: Path, manifest: dict[str, Any], world_size: int | None, *, traced: bool = True
 ) -> tuple[Any, list[str]]:
     """``ddpdoctor.flight``'s verdict over the dumps at ``path`` (a run directory's dumps/; without traces
-    (``traced`` False) also a folder of torch's own dump files, or one such file), and notes on the dumps; (None, []) when there
-    are none."""
+    (``traced`` False) also a folder of torch's own dump files, or one such file), and notes on the dumps;
+    (None, []) when there are none."""
     from ddpdoctor import flight
 
     if traced and not (path / "dumps").is_dir():
