@@ -140,7 +140,17 @@ def run_baseline(args: argparse.Namespace) -> int:
         from_json(json.loads(text), args.output or "-")
     except ValueError as exc:
         raise UsageError(f"{', '.join(args.run)}: cannot make a baseline of this run: {exc}") from None
+    from dataclasses import replace
+
+    from ddpdoctor.compare import load_config
+
+    loud = noise_warnings(snapshot, load_config())
+    if loud:  # written into the file too: gate shows the baseline's notes
+        snapshot = replace(snapshot, notes=[*loud, *snapshot.notes])
+        text = dumps(snapshot)
     emit(lambda _, stream: stream.write(text), None, args.output, announce=False)  # says more below
+    for line in loud:
+        print(f"ddpdoctor: warning: {line}", file=sys.stderr)
     if args.output is not None:
         metrics = sum(v is not None for v in snapshot.metrics.values())
         print(
@@ -150,6 +160,14 @@ def run_baseline(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return 0
+
+
+def noise_warnings(snapshot: Any, config: Any) -> list[str]:
+    """What a baseline of several runs cannot detect under the gate's thresholds (empty when it sees them all)."""
+    from ddpdoctor.compare.gate import sensitivity_note
+
+    note = sensitivity_note(snapshot, config)
+    return [note] if note else []
 
 
 def _github(result: Any, report_on_stdout: bool) -> None:

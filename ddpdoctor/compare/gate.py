@@ -8,9 +8,10 @@ per-step samples in both runs can warn but never fail; memory peaks, which do no
 on the threshold alone.
 
 With a baseline of several runs (``Snapshot.runs``), a timing past its threshold is also compared with the
-spread between the baseline runs: within the prediction interval of one more run (``stats.run_spread``;
-Bonferroni-corrected over the timings gated, so that a rerun of the same job fails at most 5 % of the time),
-it is "within run-to-run noise", a warning.
+spread between the baseline runs: within the range of their own values (``stats.run_spread``: each run's median
+step, overlap, ...; never wider than the metric can move), it is "within run-to-run noise", a warning. A baseline
+whose runs differ by more than a threshold cannot detect a change that small, and every gate report says so
+(``sensitivity_note``), as ``ddpdoctor baseline`` does when it writes one.
 
 A run that did not complete (``Snapshot.incomplete``: a rank failed, died, hung or was interrupted, a rank
 is missing, too few steps), current or baseline, fails the gate whatever its numbers say: a crashed run's
@@ -49,6 +50,7 @@ class MetricCheck:
     message: str
     # a baseline of several runs: how far a run may land from it by run-to-run noise (threshold's unit)
     run_spread: float | None = None
+    spread: stats.RunSpread | None = None
 
 
 @dataclass(frozen=True)
@@ -149,21 +151,16 @@ def check_metric(
         )
     worse = t.exceeded_by(change)
     better = (change < -t.amount) if t.worse == "up" else (change > t.amount)
-    runs = [r.get(t.metric) for r in baseline.runs]
     current_runs = [r.get(t.metric) for r in current.runs]
-    spread = (
-        stats.run_spread(runs, base, relative=t.relative, confidence=spread_confidence, current=current_runs)
-        if spec.noisy
-        else None
-    )
+    spread = _spread(t, baseline, current_runs) if spec.noisy else None
     shown = (
         f"{t.metric}: {units.value(t.metric, base)} -> {units.value(t.metric, cur)} "
         f"({format_change(t, change)}"
         + (f", interval {format_interval(t, interval)}" if interval is not None else "")
         + (
-            f", run-to-run ±{format_change(t, spread.margin).lstrip('+')} over {spread.runs} baseline"
-            + (f" and {spread.current} current runs " if spread.current > 1 else " runs ")
-            + f"({spread.confidence * 100:.1f}%)"
+            f", run-to-run range {format_change(t, spread.margin).lstrip('+')} over {spread.runs} baseline"
+            + (f" and {spread.current} current runs" if spread.current > 1 else " runs")
+            + (" (as far as it can move: no change can be seen)" if spread.bounded else "")
             if spread is not None
             else ""
         )
@@ -181,9 +178,70 @@ def check_metric(
             WARN,
             f"{shown}: past the threshold, but within the spread between the baseline runs",
             spread.margin,
+            spread,
         )
     check = _verdict(t, spec, base, cur, change, interval, worse, better, shown)
-    return replace(check, run_spread=spread.margin) if spread is not None else check
+    return replace(check, run_spread=spread.margin, spread=spread) if spread is not None else check
+
+
+def _bound(t: Threshold, base: float) -> float | None:
+    """The most ``t.metric`` can move from ``base`` in its worse direction, in the threshold's unit (None: no
+    bound, as for a time that grows)."""
+    spec = catalog.spec(t.metric)
+    if t.relative:
+        return 1.0 if spec.worse == "down" else None  # a time or a bandwidth cannot fall by more than 100%
+    if spec.unit == "ratio":
+        return max(base, 0.0) if spec.worse == "down" else max(1.0 - base, 0.0)
+    return max(base, 0.0) if spec.worse == "down" else None
+
+
+def _spread(t: Threshold, baseline: Snapshot, current_runs: list[float | None] | tuple = ()) -> stats.RunSpread | None:
+    base = baseline.value(t.metric)
+    if base is None:
+        return None
+    runs = [r.get(t.metric) for r in baseline.runs]
+    return stats.run_spread(runs, base, relative=t.relative, current=current_runs, bound=_bound(t, base))
+
+
+def sensitivity_note(baseline: Snapshot, config: GateConfig) -> str | None:
+    """What a baseline of several runs cannot detect: the timings whose run-to-run range is wider than their
+    threshold ("the 3 baseline runs differ by 78% in step time: this baseline cannot detect a change smaller than
+    +78% in step_ms.median (threshold +5%)"); None when every gated timing can see its threshold."""
+    if len(baseline.runs) < stats.MIN_RUNS:
+        return None
+    blind = []
+    for m in catalog.METRICS:
+        t = config.thresholds.get(m.name)
+        if t is None or not m.noisy:
+            continue
+        spread = _spread(t, baseline)
+        if spread is None or spread.margin <= t.amount:
+            continue
+        blind.append((t, spread))
+    if not blind:
+        return None
+    k = len(baseline.runs)
+    head = ""
+    step = next((sp for t, sp in blind if t.metric == "step_ms.median"), None)
+    if step is not None and step.low is not None and step.high is not None and step.low > 0:
+        head = (
+            f"the {k} baseline runs differ by {(step.high / step.low - 1) * 100:.0f}% in step time (median step "
+            f"{step.low:,.1f} to {step.high:,.1f} ms): "
+        )
+    else:
+        head = f"the {k} baseline runs differ widely: "
+    parts = [
+        f"any change of {t.metric} (its runs span all it can move)"
+        if sp.bounded
+        else f"{format_change(t, sp.margin)} in {t.metric} (threshold {t.text()})"
+        for t, sp in blind
+    ]
+    return (
+        head
+        + "this baseline cannot detect a change smaller than "
+        + "; nor ".join(parts)
+        + ". Record it again from runs on a quieter machine (or from more runs), or gate on memory and rules only"
+    )
 
 
 def _verdict(
@@ -299,14 +357,11 @@ def gate(current: Snapshot, baseline: Snapshot, config: GateConfig) -> GateResul
     """Compare ``current`` with ``baseline`` under ``config``'s thresholds (see the module docstring)."""
     order = [m.name for m in catalog.METRICS]
     gated = [name for name in order if name in config.thresholds]
-    # The run-to-run test is made once per timing: Bonferroni keeps the chance that any of them fails a rerun of
-    # the same job at 1 - CONFIDENCE (5 %), not 5 % per timing.
-    timings = [
-        n for n in gated if catalog.spec(n).noisy and baseline.value(n) is not None and current.value(n) is not None
-    ]
-    confidence = 1 - (1 - stats.CONFIDENCE) / max(len(timings), 1)
-    checks = [check_metric(config.thresholds[name], baseline, current, confidence) for name in gated]
+    checks = [check_metric(config.thresholds[name], baseline, current) for name in gated]
     rules, notes = check_rules(baseline, current, config.fail_on)
+    loud = sensitivity_note(baseline, config)
+    if loud:
+        notes.insert(0, loud)
     timed = any(c.current is not None and c.baseline is not None and catalog.spec(c.metric).noisy for c in checks)
     if len(baseline.runs) < stats.MIN_RUNS and timed:
         notes.append(

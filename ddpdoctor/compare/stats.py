@@ -73,14 +73,20 @@ MIN_RUNS = 2  # baseline runs needed to estimate the spread between runs
 @dataclass(frozen=True)
 class RunSpread:
     """How far the current run(s) may land from the baseline by run-to-run noise alone (``margin``, in the
-    change's unit). One current run: the half-width of the ``confidence`` prediction interval of one more run,
-    ``t(k-1) * sd * sqrt(1 + 1/k)`` over the ``k`` baseline runs' values. Several current runs (``current`` = m):
-    Welch's interval of the difference of the two sets' means, ``t(df) * sqrt(sd_b^2/k + sd_c^2/m)``."""
+    change's unit): the range (largest minus smallest) of the baseline runs' own values of the metric (each run's
+    median step, its overlap, ...), or of the current runs' when they are several and spread wider. With 3 runs
+    a range is what the data can say; a t interval of their standard deviation (t = 9.9 at 2 degrees of freedom)
+    made one wild run blow the margin up to many times the metric's own range. The margin is never wider than the
+    metric can move in its worse direction (``bound``: a ratio cannot fall below 0 nor rise above 1, a time
+    cannot fall by more than 100%); a margin at that bound means the baseline cannot see any change of it."""
 
     margin: float
     runs: int
-    confidence: float
+    confidence: float = CONFIDENCE  # kept for readers of earlier versions; a range has no confidence level
     current: int = 1
+    low: float | None = None  # the baseline runs' smallest and largest value (the metric's unit)
+    high: float | None = None
+    bounded: bool = False  # the margin reached the most the metric can move: no change of it can be detected
 
 
 def _finite(values: Sequence[float | None]) -> np.ndarray:
@@ -95,31 +101,34 @@ def run_spread(
     relative: bool,
     confidence: float = CONFIDENCE,
     current: Sequence[float | None] = (),
+    bound: float | None = None,
 ) -> RunSpread | None:
     """The run-to-run margin from the baseline runs' ``values`` of one metric (and the ``current`` runs' values,
     when there are several); None with fewer than ``MIN_RUNS`` baseline runs or a relative change from a
-    ``reference`` of 0."""
+    ``reference`` of 0. ``bound``: the most the metric can move in its worse direction (change's unit)."""
     x, y = _finite(values), _finite(current)
     if len(x) < MIN_RUNS or (relative and reference == 0):
         return None
-    q = 0.5 + confidence / 2
     with np.errstate(all="ignore"):  # values near the float limit: no margin (None), not a warning
-        dx = x / reference - 1.0 if relative else x - reference
-        if len(y) < MIN_RUNS:
-            t = float(_scipy_stats().t.ppf(q, len(x) - 1))
-            margin = t * float(np.std(dx, ddof=1)) * float(np.sqrt(1 + 1 / len(x)))
-            return RunSpread(margin, len(x), confidence) if np.isfinite(margin) else None
-        dy = y / reference - 1.0 if relative else y - reference
-        vx, vy = np.var(dx, ddof=1) / len(x), np.var(dy, ddof=1) / len(y)  # numpy floats: inf, not OverflowError
-        se = float(np.sqrt(vx + vy))
-        if not np.isfinite(se):
-            return None
-        if se == 0:
-            return RunSpread(0.0, len(x), confidence, len(y))
-        df = float((vx + vy) ** 2 / (vx**2 / (len(x) - 1) + vy**2 / (len(y) - 1)))  # Welch-Satterthwaite
-        if not np.isfinite(df):
-            return None
-        return RunSpread(float(_scipy_stats().t.ppf(q, df)) * se, len(x), confidence, len(y))
+        margin = float(np.ptp(x))
+        if len(y) >= MIN_RUNS:
+            margin = max(margin, float(np.ptp(y)))
+        if relative:
+            margin /= abs(reference)
+    if not np.isfinite(margin):
+        return None
+    bounded = bound is not None and margin >= bound
+    if bounded and bound is not None:
+        margin = max(bound, 0.0)
+    return RunSpread(
+        margin,
+        len(x),
+        confidence,
+        len(y) if len(y) >= MIN_RUNS else 1,
+        float(np.min(x)),
+        float(np.max(x)),
+        bounded,
+    )
 
 
 def change_interval(

@@ -24,6 +24,12 @@ def annotations(result: GateResult) -> list[str]:
             out.append(f"::{level} title={_prop('ddpdoctor gate: ' + name)}::{_data(check.message)}")
     level = "error" if result.env_failed else "warning"
     out += [f"::{level} title={_prop('ddpdoctor gate: environment')}::{_data(line)}" for line in env_lines(result)]
+    # a baseline too noisy to see its thresholds (issue 25): said where CI readers look, not only in the summary
+    out += [
+        f"::warning title={_prop('ddpdoctor gate: noisy baseline')}::{_data(note)}"
+        for note in result.notes
+        if "cannot detect a change smaller than" in note
+    ]
     return out
 
 

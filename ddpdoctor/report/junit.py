@@ -72,6 +72,8 @@ def build(result: GateResult) -> ET.Element:
         env_text,
         failure="environment differs" if result.env_failed else None,
     )
+    if result.notes:  # the notes every other format shows (a noisy baseline's blind spots first)
+        ET.SubElement(suite, "system-out").text = escape.xml("\n".join(result.notes))
     cases = suite.findall("testcase")
     suite.set("tests", str(len(cases)))
     suite.set("failures", str(sum(1 for c in cases if c.find("failure") is not None)))

@@ -1,7 +1,8 @@
 """Run-to-run noise (issue 13, item 9): per-step samples of one run cannot see the spread between runs (machine
 load, clocks, placement), so a rerun of the same job can move the step median by more than the threshold with a
 bootstrap interval that excludes 0. A baseline made of several runs measures that spread, and the gate fails a
-timing only when the current run is also outside the baseline runs' prediction interval."""
+timing only when the current run is also outside the range of the baseline runs' values (issue 25: was a t
+prediction interval, which one wild run of three blew up)."""
 
 from __future__ import annotations
 
@@ -53,8 +54,8 @@ def test_a_rerun_within_the_baseline_runs_spread_is_not_a_regression():
     assert check.verdict == "within run-to-run noise" and check.outcome == "warn" and not result.failed
     assert check.run_spread is not None and check.run_spread > 0.1
     assert "3 baseline runs" in check.message
-    # two timings gated (median, p90): each run-to-run test at 97.5 %, so that the gate as a whole is at 95 %
-    assert "(97.5%)" in check.message
+    # the margin is the range of the runs' medians (92 to 113 ms: 21% of the pooled median), said as such
+    assert "run-to-run range 21.4% over 3 baseline runs" in check.message
 
 
 def test_a_real_slowdown_still_fails_against_several_runs():
