@@ -103,6 +103,7 @@ def health_metrics(
             _mismatch_text(m)
             for m in verdict.mismatches
             if not all(str(what) in summary for what in m.by_rank.values())
+            and not (m.kind == "missing" and f"#{m.seq_id}" in summary)
         ]
         out["health_summary"] = "; ".join([summary, *lines] if summary else lines) or "the ranks' collectives differ"
         out["health_detail"] = "; ".join(doc["evidence"][:3]) or out["health_summary"]

@@ -213,6 +213,14 @@ _STATE_WORDS = {
 }
 
 
+def health_title(doc: dict[str, Any]) -> str:
+    """The heading of ``health_lines``: how a failed job ended, or where the ranks of a healthy one were when they
+    dumped (an on-demand dump)."""
+    health = doc["run"].get("health")
+    kind = health.get("kind") if isinstance(health, dict) else None
+    return "Where the ranks were at their dump" if kind == "ok" else "How the job ended"
+
+
 def health_lines(doc: dict[str, Any]) -> list[str]:
     """How the job ended, one line each (the text, Markdown and HTML reports show them after the findings): the
     collective the others wait in, each rank's state and where it was, the evidence, and what could not be
@@ -239,7 +247,8 @@ def health_lines(doc: dict[str, Any]) -> list[str]:
         where = []
         if r.get("steps") is not None and state != "failed_at_startup":
             n = r["steps"]
-            where.append(f"after {n} step{'' if n == 1 else 's'}" + (f", in {r['phase']}" if r.get("phase") else ""))
+            phase = f", in {r['phase']}" if r.get("phase") and r.get("phase") != "outside" else ""
+            where.append(f"after {n} step{'' if n == 1 else 's'}{phase}")
         if r.get("collective"):
             where.append(f"in {r['collective']}")
         if r.get("where"):

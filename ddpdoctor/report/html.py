@@ -18,6 +18,7 @@ from ddpdoctor.report.document import (
     frame_records,
     grouped_not_evaluated,
     health_lines,
+    health_title,
     rank_table_rows,
 )
 from ddpdoctor.report.page import write_page
@@ -152,7 +153,7 @@ def _body(result: Diagnosis) -> list[str]:
     out += [_finding_html(i, f) for i, f in enumerate(result.findings, 1)] or ["<p>No findings.</p>"]
     health = health_lines(doc)
     if health:
-        out.append("<h2>How the job ended</h2><ul>")
+        out.append(f"<h2>{health_title(doc)}</h2><ul>")
         out += [f"<li>{_text(line)}</li>" for line in health]
         out.append("</ul>")
     out += _trials_html(doc)

@@ -11,6 +11,7 @@ from ddpdoctor.report.document import (
     build,
     grouped_not_evaluated,
     health_lines,
+    health_title,
     rank_table_rows,
     trial_lines,
 )
@@ -63,7 +64,7 @@ def _lines(result: Diagnosis) -> list[str]:
         ]
     health = health_lines(doc)
     if health:
-        out += ["## How the job ended", ""] + [f"- {fmt.md(line)}" for line in health] + [""]
+        out += [f"## {health_title(doc)}", ""] + [f"- {fmt.md(line)}" for line in health] + [""]
     trials = trial_lines(doc)
     if trials:
         out += [f"## Trials of this run ({len(trials)}, `ddpdoctor try`)", ""]

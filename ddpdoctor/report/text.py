@@ -17,6 +17,7 @@ from ddpdoctor.report.document import (
     build,
     grouped_not_evaluated,
     health_lines,
+    health_title,
     rank_table_rows,
     trial_lines,
 )
@@ -332,7 +333,7 @@ def _write(console: Any, result: Diagnosis, doc: dict[str, Any], Text: Any, _t: 
     _findings(console, result, Text, _t)
     health = health_lines(doc)
     if health:
-        console.print(Text("How the job ended", style="bold"))
+        console.print(Text(health_title(doc), style="bold"))
         for line in health:
             console.print(_t("  " + line), overflow="fold")
         console.print()

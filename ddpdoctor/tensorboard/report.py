@@ -14,8 +14,9 @@ the tables the charts draw added:
 - ``collectives``: ``RunMetrics.collectives`` (``rank, kind, count, bytes, ms, algbw_gbps, busbw_gbps``).
 - ``devices``: peak memory per rank and device with the device's capacity (bytes).
 - ``ddp_breakdown``: per rank, DDP's own forward / backward / communication / overlap averages (ms).
-- ``health_lines``: how a job that failed, hung or crashed ended, one line each (the text report's "How the job
-  ended", then the run's notes); empty for a run that ended well.
+- ``health_title``, ``health_lines``: how a job that failed, hung or crashed ended (or, after an on-demand dump,
+  where its ranks were), one line each as the text report shows them, then the run's notes; no lines for a run
+  that ended well.
 """
 
 from __future__ import annotations
@@ -123,8 +124,9 @@ def build_report(
     )
     # how a failed, hung or crashed job ended (issue 24), in the lines the text report shows, with the run's notes
     # (e.g. the steps left out of the timing metrics)
-    from ddpdoctor.report.document import health_lines
+    from ddpdoctor.report.document import health_lines, health_title
 
+    doc["health_title"] = health_title(doc)
     doc["health_lines"] = health_lines(doc) + (list(doc["run"]["notes"]) if doc["run"].get("health") else [])
     if name is not None:  # a dashboard shows run names, never this machine's paths
         for notes in (doc["notes"], doc["run"]["notes"], doc["run"]["skipped"], doc["health_lines"]):

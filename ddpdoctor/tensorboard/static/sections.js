@@ -29,7 +29,7 @@ export function health(report) {
   // how a job that failed, hung or crashed ended (the text report's lines; report.py builds them)
   const lines = report.health_lines || [];
   if (!lines.length) return null;
-  return section("health", "How the job ended", null, el("ul", {}, lines.map((line) => el("li", {}, line))));
+  return section("health", report.health_title || "How the job ended", null, el("ul", {}, lines.map((line) => el("li", {}, line))));
 }
 
 export function findings(report) {
