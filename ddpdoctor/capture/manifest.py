@@ -147,7 +147,9 @@ def build(
             on_disk.setdefault(int(match["rank"]), []).append(path.name)
     for entry in entries:
         listed = entry["trace_files"]
-        entry["trace_files"] = listed + [f for f in on_disk.get(entry["rank"], []) if f not in listed]
+        # one trace, whether still .json or gzipped (the .json is removed only after the rank file names the .gz)
+        same = {f.removesuffix(".gz") for f in listed}
+        entry["trace_files"] = listed + [f for f in on_disk.get(entry["rank"], []) if f.removesuffix(".gz") not in same]
     mark_consequences(entries)
     exit_codes = [n["exit_code"] for n in nodes]
     if not nodes:  # in-rank: each rank's own exit status; None while a rank has not finished

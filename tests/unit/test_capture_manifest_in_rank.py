@@ -66,3 +66,21 @@ def test_rebuild_keeps_what_the_last_manifest_said(tmp_path):
     rebuilt = manifest.rebuild(tmp_path)
     assert rebuilt["command"] == ["ddpdoctor", "trace"] and rebuilt["launch"] == "scheduler"
     assert rebuilt["exit_code"] == 0 and len(rebuilt["ranks"]) == 2
+
+
+def test_a_trace_still_uncompressed_beside_its_gz_is_listed_once(tmp_path):
+    """The rank file names ``X.json.gz`` before the rank removes ``X.json``: a manifest built in between lists the
+    trace once (it listed both, and the traced Lightning job's rank 0 showed two trace files under load)."""
+    (tmp_path / rundir.RANKS_DIR).mkdir()
+    _rank(tmp_path, 0, "ok", 0, world_size=1)
+    data = rundir.read_json(rundir.rank_file(tmp_path, 0))
+    data["trace_files"] = ["rank0.1700000000000.pt.trace.json.gz"]
+    rundir.atomic_write_json(rundir.rank_file(tmp_path, 0), data)
+    (tmp_path / "rank0.1700000000000.pt.trace.json.gz").write_bytes(b"gz")
+    (tmp_path / "rank0.1700000000000.pt.trace.json").write_text("{}")
+    (tmp_path / "rank0.1700000000999.pt.trace.json").write_text("{}")  # a window the rank file never named
+    built = _build(tmp_path)
+    assert built["ranks"][0]["trace_files"] == [
+        "rank0.1700000000000.pt.trace.json.gz",
+        "rank0.1700000000999.pt.trace.json",
+    ]
