@@ -117,6 +117,8 @@ def read_own_dump(path: Path) -> FlightDump:
     data = rundir.read_regular(path, DUMP_MAX_BYTES)
     try:
         return msgspec.json.decode(data, type=FlightDump)
+    except RecursionError:
+        raise ValueError("nested too deeply to be a dump") from None
     except msgspec.ValidationError as exc:
         raise ValueError(str(exc).splitlines()[0]) from None
     except msgspec.DecodeError as exc:
@@ -244,6 +246,8 @@ def read_torch_dump(data: bytes, *, rank: int | None, time: float = 0.0) -> Flig
     else:
         try:
             raw = json.loads(data)
+        except RecursionError:
+            raise ValueError("not a Flight Recorder dump (JSON nested too deeply)") from None
         except ValueError as exc:
             raise ValueError(f"not JSON ({exc})") from None
     if not isinstance(raw, dict) or not isinstance(raw.get("entries", []), list):

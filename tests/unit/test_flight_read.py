@@ -86,3 +86,15 @@ def test_bad_rank_dump_is_named_and_the_others_used(tmp_path):
     assert sorted(found.dumps) == [1]
     assert any("rank0.exception-1.json" in s and "step" in s for s in found.skipped)
     assert any("rank 4 inside, rank 5 in the name" in s for s in found.skipped)
+
+
+def test_deeply_nested_files_are_skipped_not_raised(tmp_path):
+    (tmp_path / "nccl_trace_rank_0.json").write_text('{"entries": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    (tmp_path / "nccl_trace_rank_1").write_bytes(b"\x80\x04" + b"]" * 200_000 + b".")
+    found = find_dumps(tmp_path)
+    assert found.dumps == {} and len(found.skipped) == 2
+    run = tmp_path / "run" / "dumps"
+    run.mkdir(parents=True)
+    (run / "rank0.x.json").write_text('{"threads": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    found = find_dumps(tmp_path / "run")
+    assert found.dumps == {} and "rank0.x.json" in found.skipped[0]
