@@ -1,13 +1,20 @@
 """``compare(a, b) -> Comparison``: two snapshots side by side, the ratio B/A of every metric, the findings
 only one of them has, and what cannot be compared between them (modes, world sizes, batch, devices, unmeasured
 parts).
+
+Noise: a metric with per-step samples in both runs gets the bootstrap interval of B/A - 1 (``stats.change_interval``,
+the gate's); the headline claims "faster" and the "better" column names a run only when that interval excludes 0,
+that is when the difference is larger than the runs' own step-to-step noise. A timing without samples in both
+runs names no better run (its noise is not measured); memory peaks, which do not vary from run to run, do.
+Two runs of one command on a busy machine can still differ by more than their steps' noise (load between runs
+is not in it): ``gate`` with a baseline of several runs measures that.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ddpdoctor.compare import catalog
+from ddpdoctor.compare import catalog, stats
 from ddpdoctor.compare.catalog import MetricSpec
 from ddpdoctor.compare.snapshot import Snapshot
 
@@ -19,6 +26,8 @@ class Row:
     spec: MetricSpec
     a: float | None
     b: float | None
+    # B/A - 1 over the runs' per-step samples (None: not both have samples)
+    interval: stats.Interval | None = None
 
     @property
     def ratio(self) -> float | None:
@@ -32,6 +41,8 @@ class Row:
         """ "A" or "B": which run is better on this metric (None when equal or not comparable)."""
         if self.a is None or self.b is None or self.a == self.b:
             return None
+        if self.spec.noisy and (self.interval is None or not self.interval.excludes_zero()):
+            return None  # within the runs' step-to-step noise, or noise not measured
         b_higher = self.b > self.a
         return ("A" if b_higher else "B") if self.spec.worse == "up" else ("B" if b_higher else "A")
 
@@ -55,9 +66,7 @@ def _mode_text(s: Snapshot) -> str:
     env = s.environment
     mode = _MODE.get(str(env.get("mode")), str(env.get("mode") or "unknown mode"))
     devices = ", ".join(env.get("devices") or []) or "?"
-    return (
-        f"{mode}, world size {env.get('world_size', '?')}, backend {env.get('backend') or 'none'}, {devices}"
-    )
+    return f"{mode}, world size {env.get('world_size', '?')}, backend {env.get('backend') or 'none'}, {devices}"
 
 
 def _global_batch(s: Snapshot) -> int | None:
@@ -71,9 +80,18 @@ def _headline(rows: dict[str, Row], a: Snapshot, b: Snapshot) -> list[str]:
     if step.ratio:
         faster = "B" if step.ratio < 1 else "A"
         factor = 1 / step.ratio if step.ratio < 1 else step.ratio
+        iv = step.interval
+        shown = f"B/A = {step.ratio:.2f}" + (
+            f", {iv.confidence * 100:.0f}% interval {1 + iv.low:.2f}-{1 + iv.high:.2f}" if iv is not None else ""
+        )
+        if iv is None:
+            verdict = "no faster claim: without per-step samples in both runs their step-to-step noise is not measured."
+        elif not iv.excludes_zero():
+            verdict = "no faster claim: the difference is within the runs' own step-to-step noise."
+        else:
+            verdict = f"{faster} is {factor:.2f}x faster per step (beyond the runs' step-to-step noise)."
         out.append(
-            f"Speed: median step A {step.a:,.1f} ms, B {step.b:,.1f} ms (B/A = {step.ratio:.2f}): "
-            + ("the same speed." if abs(factor - 1) < 0.02 else f"{faster} is {factor:.2f}x faster per step.")
+            f"Speed: median step A {step.a:,.1f} ms, B {step.b:,.1f} ms ({shown}): {verdict} {_step_source(a, b)}"
         )
     for label, s in (("A", a), ("B", b)):
         balance = s.value("gpu0_vs_others_ratio")
@@ -86,6 +104,18 @@ def _headline(rows: dict[str, Row], a: Snapshot, b: Snapshot) -> list[str]:
         elif gpu0 is not None:
             out.append(f"Memory {label}: only GPU 0 used.")
     return out
+
+
+def _step_source(a: Snapshot, b: Snapshot) -> str:
+    """What the quoted medians are, and why they are not diagnose's."""
+    notes = {s.sample_notes.get("step_ms") for s in (a, b)} - {None}
+    outside = any("outside the profiled windows" in n for n in notes)
+    return "(The median of each run's wall time per step, slowest rank per step" + (
+        ", over the steps outside the profiled windows; diagnose's step_ms_median is each rank's median over "
+        "the profiled steps, which recording slows, so it differs.)"
+        if outside
+        else "; diagnose's step_ms_median is each rank's own median, so it can differ.)"
+    )
 
 
 def _not_comparable(a: Snapshot, b: Snapshot, rows: list[Row]) -> list[str]:
@@ -139,7 +169,7 @@ def _not_comparable(a: Snapshot, b: Snapshot, rows: list[Row]) -> list[str]:
 
 def compare(a: Snapshot, b: Snapshot) -> Comparison:
     """A and B side by side (B/A ratios; ``a`` is the reference)."""
-    rows = [Row(m, a.value(m.name), b.value(m.name)) for m in catalog.METRICS]
+    rows = [Row(m, a.value(m.name), b.value(m.name), _interval(m, a, b)) for m in catalog.METRICS]
     by_name = {r.spec.name: r for r in rows}
     fa = {f["name"]: f for f in a.findings or []}
     fb = {f["name"]: f for f in b.findings or []}
@@ -153,3 +183,13 @@ def compare(a: Snapshot, b: Snapshot) -> Comparison:
         headline=tuple(_headline(by_name, a, b)),
         not_comparable=tuple(_not_comparable(a, b, rows)),
     )
+
+
+def _interval(m: MetricSpec, a: Snapshot, b: Snapshot) -> stats.Interval | None:
+    """The interval of B/A - 1 of ``m``'s statistic over the runs' per-step samples (None without them)."""
+    if not m.samples or a.value(m.name) is None or b.value(m.name) is None:
+        return None
+    sa, sb = a.samples.get(m.samples), b.samples.get(m.samples)
+    if not sa or not sb:
+        return None
+    return stats.change_interval(sa, sb, m.statistic, relative=True)
