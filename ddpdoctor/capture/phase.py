@@ -28,7 +28,17 @@ class PhaseTracker:
     """The step and phase of one process's main thread. The hooks only run on that thread (``thread_id``);
     the methods are what the hooks and the step clock call, and may be called directly (tests)."""
 
-    __slots__ = ("phase", "since", "step", "last_step_end", "_thread_id", "_forward_handle", "_handles", "_patched")
+    __slots__ = (
+        "phase",
+        "since",
+        "step",
+        "last_step_end",
+        "_thread_id",
+        "_forward_handle",
+        "_handles",
+        "_patched",
+        "_register",
+    )
 
     def __init__(self, thread_id: int | None = None) -> None:
         self.phase = "outside"
@@ -39,6 +49,7 @@ class PhaseTracker:
         self._forward_handle: Any = None
         self._handles: list[Any] = []
         self._patched: Any = None  # (module, original backward) while torch.autograd.backward is wrapped
+        self._register: Any = None  # torch's register_module_forward_pre_hook, once installed
 
     # ---- transitions -----------------------------------------------------------------------------------------
     def _enter(self, phase: str) -> None:
@@ -74,8 +85,10 @@ class PhaseTracker:
     # ---- hooks -----------------------------------------------------------------------------------------------
     def install(self) -> None:
         """Hook torch: the first forward of each step, ``torch.autograd.backward``, the optimizer's step."""
+        from torch.nn.modules.module import register_module_forward_pre_hook
         from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+        self._register = register_module_forward_pre_hook
         self._handles.append(register_optimizer_step_pre_hook(self._on_optimizer_pre))
         self._arm_forward()
         self._patch_backward()
@@ -85,6 +98,7 @@ class PhaseTracker:
             handle.remove()
         self._handles.clear()
         self._disarm_forward()
+        self._register = None
         if self._patched is not None:
             module, original, wrapper = self._patched
             if getattr(module, "backward", None) is wrapper:
@@ -93,10 +107,8 @@ class PhaseTracker:
         self._enter("outside")
 
     def _arm_forward(self) -> None:
-        if self._forward_handle is None and (self._handles or self._patched is not None):
-            from torch.nn.modules.module import register_module_forward_pre_hook
-
-            self._forward_handle = register_module_forward_pre_hook(self._on_forward_pre)
+        if self._forward_handle is None and self._register is not None:
+            self._forward_handle = self._register(self._on_forward_pre)
 
     def _disarm_forward(self) -> None:
         if self._forward_handle is not None:
