@@ -80,7 +80,13 @@ def thread_stacks(skip: set[int] | None = None, main_ident: int | None = None) -
     for ident, frame in sys._current_frames().items():
         if skip and ident in skip:
             continue
-        frames = [_frame(f.filename, f.lineno, f.name) for f in traceback.extract_stack(frame, limit=_STACK_LIMIT)]
+        stack = traceback.extract_stack(frame, limit=_STACK_LIMIT)
+        if ident == threading.get_ident():  # the thread making the dump: not ddpdoctor's own frames
+            from ddpdoctor.capture import invisible
+
+            while stack and invisible.is_own_file(stack[-1].filename):
+                stack.pop()
+        frames = [_frame(f.filename, f.lineno, f.name) for f in stack]
         out.append(
             {"name": names.get(ident, f"thread {ident}"), "ident": ident, "main": ident == main_ident, "frames": frames}
         )
