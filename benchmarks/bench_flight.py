@@ -106,7 +106,8 @@ def added_work(plain_step_us: float) -> dict:
 
 
 def compare(rounds: int, steps: int) -> dict:
-    plain, recorded = [], []
+    plain: list[tuple[float, float]] = []
+    recorded: list[tuple[float, float]] = []
     for i in range(rounds):
         order = (False, True) if i % 2 == 0 else (True, False)
         for with_fr in order:
