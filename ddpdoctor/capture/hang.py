@@ -33,6 +33,7 @@ STEP_FACTOR = 10  # ... or this many times the slowest step seen, whichever is l
 DUMP_WAIT_S = 15.0  # how long the ranks' dumps are waited for
 STOP_GRACE_S = 10.0  # SIGTERM, then SIGKILL after this long
 DUMPS_DIR = rundir.DUMPS_DIR
+SETTLE_S = 0.3  # after writing a hang request: another rank's written at the same moment has replaced it by then
 HANG_EXIT = 124  # trace's exit code when ddpdoctor stopped a hung job (as timeout(1))
 
 
@@ -82,7 +83,12 @@ def request_hang(out: Path, *, by: str, since: float) -> tuple[str, bool]:
     current = read_request(out)
     if current is not None and current.get("reason") == "hang" and float(current.get("time") or 0) >= since:
         return str(current["id"]), False
-    return write_request(out, reason="hang", by=by), True
+    mine = write_request(out, reason="hang", by=by)
+    time.sleep(SETTLE_S)  # two ranks that asked at the same moment: the request left in place is the one
+    current = read_request(out)
+    if current is not None and current.get("reason") == "hang" and current["id"] != mine:
+        return str(current["id"]), False
+    return mine, True
 
 
 # ---- the answers --------------------------------------------------------------------------------------------
