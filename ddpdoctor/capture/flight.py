@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import pickle
 import re
 import signal
 import socket
@@ -155,12 +154,14 @@ def flight_records(backend: str | None, *, frames: bool = True) -> tuple[list[di
         c10d = torch._C._distributed_c10d
     except Exception as exc:  # a torch built without distributed
         return [], f"no Flight Recorder in this torch ({type(exc).__name__}: {exc})"
+    from ddpdoctor.flight.plain_pickle import loads_plain  # at dump time only: the rank's start-up stays small
+
     records: list[dict[str, Any]] = []
     errors: list[str] = []
     raw: Any = None
     if frames and hasattr(c10d, "_dump_fr_trace"):
-        try:  # our own process's bytes, not an input file
-            raw = pickle.loads(c10d._dump_fr_trace(True, True, False))
+        try:  # our own process's bytes, read as every FR pickle is: plain data only
+            raw = loads_plain(c10d._dump_fr_trace(True, True, False))
         except Exception as exc:
             errors.append(f"_dump_fr_trace: {type(exc).__name__}: {exc}")
     if raw is None and hasattr(c10d, "_dump_fr_trace_json"):
@@ -172,7 +173,7 @@ def flight_records(backend: str | None, *, frames: bool = True) -> tuple[list[di
         records.append(_record(raw, backend if backend in ("gloo", "nccl") else "gloo"))
     if hasattr(c10d, "_dump_nccl_trace") and backend == "nccl":
         try:
-            nccl = pickle.loads(c10d._dump_nccl_trace(True, True, False))
+            nccl = loads_plain(c10d._dump_nccl_trace(True, True, False))
             if isinstance(nccl, dict) and nccl.get("entries"):
                 records.append(_record(nccl, "nccl"))
         except Exception as exc:
@@ -219,6 +220,8 @@ class Dumper:
         thread = self._thread
         if self._busy and thread is not None and thread is not threading.current_thread():
             thread.join(wait_s)
+        if self._lock.acquire(timeout=wait_s):  # a dump another thread is writing (a signal's)
+            self._lock.release()
         if self._previous_usr1 is not None and threading.current_thread() is threading.main_thread():
             with contextlib.suppress(Exception):
                 if signal.getsignal(signal.SIGUSR1) is self._on_usr1:
