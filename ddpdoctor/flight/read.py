@@ -2,18 +2,16 @@
 the capture), or the dumps torch itself writes (``TORCH_FR_DUMP_TEMP_FILE`` / ``TORCH_NCCL_DEBUG_INFO_TEMP_FILE``
 prefix + rank: pickle or JSON, NCCL or gloo) of a job that did not run under ddpdoctor.
 
-ddpdoctor never runs code from an input file: torch's pickle dumps are read by ``_SafeUnpickler``, which allows no
-globals at all (only the builtin containers and scalars that pickle encodes with its own opcodes), after a size
-bound. One error policy, as the run directory's readers: a file that cannot be read or does not fit is left out and
-named in ``DumpSet.skipped``; the others are used.
+ddpdoctor never runs code from an input file: torch's pickle dumps are read by ``ddpdoctor.flight.plain_pickle``,
+which allows no globals at all (only the builtin containers and scalars that pickle encodes with its own opcodes),
+after a size bound. One error policy, as the run directory's readers: a file that cannot be read or does not fit is
+left out and named in ``DumpSet.skipped``; the others are used.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import os
-import pickle
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +21,7 @@ import msgspec
 
 from ddpdoctor import rundir
 from ddpdoctor.errors import TraceError
+from ddpdoctor.flight.plain_pickle import loads_plain
 from ddpdoctor.runfile_types import FlightDump, FlightEntry, FlightRecord, Frame
 
 __all__ = ["DUMP_MAX_BYTES", "DumpSet", "find_dumps", "read_torch_dump"]
@@ -50,20 +49,6 @@ class DumpSet:
     skipped: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     stems: dict[int, str] = field(default_factory=dict, repr=False)  # torch's files: each rank's name, less .json
-
-
-class _SafeUnpickler(pickle.Unpickler):
-    """Builtin containers and scalars only: any global (class, function) or persistent id is refused."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        raise pickle.UnpicklingError(f"refuses to load {module}.{name} (a dump holds only plain data)")
-
-    def persistent_load(self, pid: Any) -> Any:
-        raise pickle.UnpicklingError("refuses a persistent id (a dump holds only plain data)")
-
-
-def _loads_pickle(data: bytes) -> Any:
-    return _SafeUnpickler(io.BytesIO(data)).load()
 
 
 def find_dumps(path: Path) -> DumpSet:
@@ -240,7 +225,7 @@ def read_torch_dump(data: bytes, *, rank: int | None, time: float = 0.0) -> Flig
     raw: Any
     if data[:1] == b"\x80":
         try:
-            raw = _loads_pickle(data)
+            raw = loads_plain(data)
         except Exception as exc:  # noqa: BLE001 - any malformed pickle is the input's problem
             raise ValueError(f"not a Flight Recorder dump (pickle: {exc})") from None
     else:

@@ -189,13 +189,39 @@ def test_the_scanner_finds_what_it_looks_for() -> None:
     assert unsafe_deserialisation("# torch.load(f) and pickle are never used\ns = 'pickle'\n") == []
 
 
+# The one module that may name pickle: torch's Flight Recorder dumps are pickle, read with no global allowed.
+_PLAIN_PICKLE = "ddpdoctor/flight/plain_pickle.py"
+
+
 def test_no_input_file_is_ever_unpickled() -> None:
     found = {
         str(path.relative_to(REPO)): hits
         for path in sorted((REPO / "ddpdoctor").rglob("*.py"))
-        if (hits := unsafe_deserialisation(path.read_text()))
+        if (hits := unsafe_deserialisation(path.read_text())) and str(path.relative_to(REPO)) != _PLAIN_PICKLE
     }
     assert found == {}
+
+
+def test_the_one_unpickler_runs_nothing_a_file_names(tmp_path) -> None:
+    """A pickle that would call os.system while it loads (any global at all) is refused; plain data loads."""
+    import os
+    import pickle
+
+    from ddpdoctor.flight.plain_pickle import UnpicklingError, loads_plain
+
+    marker = tmp_path / "owned"
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    with pytest.raises(UnpicklingError, match="refuses to load"):
+        loads_plain(pickle.dumps({"entries": [Evil()]}))
+    assert not marker.exists()
+    with pytest.raises(UnpicklingError):
+        loads_plain(pickle.dumps(range(3)))  # a builtin class is a global too
+    plain = {"version": "2.10", "entries": [{"frames": [("f", 1)], "sizes": [[4]], "x": None, "ok": True}]}
+    assert loads_plain(pickle.dumps(plain)) == plain
 
 
 # --------------------------------------------------------------------- rule conditions: the safe evaluator
