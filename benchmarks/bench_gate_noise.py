@@ -1,6 +1,9 @@
-"""Gate false alarms from run-to-run noise: the same healthy 2-rank DDP job (benchmarks/bench_train.py, CPU +
-gloo) traced N times on this machine while a busy-loop process competes for the CPUs; every run is then gated
+"""Gate false alarms and misses under load: the same healthy 2-rank DDP job (benchmarks/bench_gate_noise_job.py,
+CPU + gloo) traced N times on this machine while a busy-loop process competes for the CPUs; every run is then gated
 against baselines made of other runs of the same job, with the default thresholds. Every FAIL is a false alarm.
+Then the same job with a real regression, traced under the same load (issue 25): one big bucket
+(bucket_cap_mb=500), a slow loader (+30 ms per batch), a straggler (rank 1 sleeps 30 ms a step), each gated
+against three-run baselines of the healthy runs. Every PASS is a miss.
 
 Three rates are reported: one run against a one-run baseline (every ordered pair of runs), one run against a
 three-run baseline (up to 12 triples of other runs per run), and three runs against three other runs checked as
@@ -22,17 +25,23 @@ from pathlib import Path
 from bench_common import BENCH, REPO, Report
 
 NAME = "gate-noise"
-SCRIPT = BENCH / "bench_train.py"
+SCRIPT = BENCH / "bench_gate_noise_job.py"
+# the regressions injected (environment of the job) and how many runs of each
+REGRESSIONS = {
+    "one big bucket": {"BENCH_BUCKET_MB": "500"},
+    "slow loader": {"BENCH_LOADER_MS": "30"},
+    "straggler": {"BENCH_SLOW_MS": "30"},
+}
 WAIT, WARMUP, ACTIVE = 5, 2, 5
 TRIPLES_PER_RUN = 12
 SET_SPLITS = 40
 
 
-def _trace(out: Path, steps: int, work: Path) -> None:
+def _trace(out: Path, steps: int, work: Path, extra: dict | None = None) -> None:
     cmd = [sys.executable, "-m", "ddpdoctor", "trace", "-q", "--force", "--out", str(out)]
     cmd += ["--wait", str(WAIT), "--warmup", str(WARMUP), "--active", str(ACTIVE)]
     cmd += ["--standalone", "--nproc-per-node", "2", str(SCRIPT)]
-    env = {**os.environ, "BENCH_STEPS": str(steps), "BENCH_OUT": str(work / "bench_out")}
+    env = {**os.environ, "BENCH_STEPS": str(steps), "BENCH_OUT": str(work / "bench_out"), **(extra or {})}
     for attempt in (1, 2):  # a rendezvous port taken by another job on a shared machine: try once more
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=REPO)
         if done.returncode == 0:
@@ -52,9 +61,11 @@ def run(report: Report, quick: bool) -> None:
     from ddpdoctor.compare.snapshot import combine
 
     n_runs, steps = (6, 40) if quick else (10, 60)
+    n_injected = 2 if quick else 4  # runs of each regression
     config = load_config(cwd="/")  # the default thresholds, whatever pyproject.toml is near
     load_before = os.getloadavg()
     snapshots = []
+    injected: dict[str, list] = {k: [] for k in REGRESSIONS}
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="ddpdoctor-gate-noise-") as tmp:
         work = Path(tmp)
@@ -64,6 +75,11 @@ def run(report: Report, quick: bool) -> None:
                 out = work / f"run{i}"
                 _trace(out, steps, work)
                 snapshots.append(read_input(str(out)))
+            for kind, extra in REGRESSIONS.items():
+                for i in range(n_injected):
+                    out = work / f"{kind.replace(' ', '_')}{i}"
+                    _trace(out, steps, work, extra)
+                    injected[kind].append(read_input(str(out)))
         finally:
             burner.kill()
             burner.wait()
@@ -106,6 +122,13 @@ def run(report: Report, quick: bool) -> None:
         base = combine([snapshots[i] for i in base_set])
         sets_fail.append((current_set, base_set, failures(gate(current, base, config))))
     sets_bad = [f for f in sets_fail if f[2]]
+    missed: dict[str, list] = {}  # regression -> [(run, baseline triple, what failed)]
+    for kind, runs in injected.items():
+        for j, snap in enumerate(runs):
+            triples = list(itertools.combinations(range(n_runs), 3))
+            for triple in rng.sample(triples, min(TRIPLES_PER_RUN, len(triples))):
+                base = combine([snapshots[i] for i in triple])
+                missed.setdefault(kind, []).append((j, triple, failures(gate(snap, base, config))))
 
     def what(bad: list) -> str:
         counts: dict[str, int] = {}
@@ -135,6 +158,18 @@ def run(report: Report, quick: bool) -> None:
         target=("<=", 5.0),
         note=f"{len(sets_bad)} of {len(sets_fail)} gates failed ({what(sets_bad)})",
     )
+    all_missed = [m for ms in missed.values() for m in ms]
+    report.add(
+        "gate miss rate, injected regressions vs three-run baseline",
+        100.0 * sum(1 for m in all_missed if not m[2]) / max(len(all_missed), 1),
+        unit="%",
+        status="INFO",
+        note="; ".join(
+            f"{kind}: {sum(1 for m in ms if not m[2])} of {len(ms)} passed"
+            + f" (failed on {what([m for m in ms if m[2]])})"
+            for kind, ms in missed.items()
+        ),
+    )
     report.sections[NAME] = {
         "runs": n_runs,
         "steps": steps,
@@ -144,6 +179,10 @@ def run(report: Report, quick: bool) -> None:
         "single": [{"current": j, "baseline": i, "failed": f} for j, i, f in single_fail],
         "triple": [{"current": j, "baseline": list(t), "failed": f} for j, t, f in triple_fail],
         "sets": [{"current": list(c), "baseline": list(b), "failed": f} for c, b, f in sets_fail],
+        "injected": {
+            kind: [{"run": j, "baseline": list(t), "failed": f} for j, t, f in ms] for kind, ms in missed.items()
+        },
+        "injected_step_medians_ms": {k: [s.value("step_ms.median") for s in v] for k, v in injected.items()},
     }
 
 
