@@ -137,6 +137,26 @@ def _own_dumps(folder: Path, names: list[str]) -> DumpSet:
                 requests[d.request] = max(requests.get(d.request, d.time), d.time)
     newest_request = max(requests, key=lambda r: requests[r]) if requests else ""
     newest_request_time = requests.get(newest_request, 0.0)
+    # A hang request every rank answered is the picture of the hang: the dumps the ranks wrote after it (a signal
+    # when the job was stopped, the exceptions that followed) show them unwinding, not where they were stuck.
+    answers = {
+        rank: next(((i, d) for i, d in dumps if d.request == newest_request and d.reason == "hang"), None)
+        for rank, dumps in by_rank.items()
+    }
+    if newest_request and all(answers.values()):
+        later = sorted(
+            {d.reason for dumps in by_rank.values() for _i, d in dumps if d.time > newest_request_time}
+        )
+        for rank, answer in sorted(answers.items()):
+            assert answer is not None
+            found.dumps[rank] = answer[1]
+        found.request = newest_request
+        if later:
+            found.notes.append(
+                f"every rank's answer to the hang request {newest_request!r} is used; their later dumps "
+                f"({', '.join(later)}: written as the job was stopped) are not"
+            )
+        return found
     ids = set()
     for rank, dumps in sorted(by_rank.items()):
         dumps.sort(key=lambda item: (item[1].time, item[0]))

@@ -98,3 +98,30 @@ def test_deeply_nested_files_are_skipped_not_raised(tmp_path):
     (run / "rank0.x.json").write_text('{"threads": ' + "[" * 100_000 + "]" * 100_000 + "}")
     found = find_dumps(tmp_path / "run")
     assert found.dumps == {} and "rank0.x.json" in found.skipped[0]
+
+
+def test_a_hang_request_every_rank_answered_wins_over_the_dumps_made_as_the_job_was_stopped(tmp_path):
+    """After a hang, ddpdoctor stops the job and each rank writes a "signal" dump as it unwinds: the answers to the
+    hang request, not those newer dumps, show where the ranks were stuck."""
+    import msgspec
+
+    from ddpdoctor.runfile_types import FlightDump
+
+    dumps = tmp_path / "dumps"
+    dumps.mkdir()
+
+    def write(rank, dump_id, **fields):
+        dump = FlightDump(rank=rank, world_size=2, **fields)
+        (dumps / f"rank{rank}.{dump_id}.json").write_bytes(msgspec.json.encode(dump))
+
+    for rank in (0, 1):
+        write(rank, "hang-1", request="hang-1", reason="hang", time=100.0 + rank, phase="data" if rank else "backward")
+        write(rank, f"signal-{200 + rank}", reason="signal", time=200.0 + rank, phase="outside")
+    found = find_dumps(tmp_path)
+    assert found.request == "hang-1"
+    assert {r: d.reason for r, d in found.dumps.items()} == {0: "hang", 1: "hang"}
+    assert any("signal" in n and "not" in n for n in found.notes)
+    # a hang request only one rank answered: each rank's newest dump, as before
+    (dumps / "rank1.hang-1.json").unlink()
+    found = find_dumps(tmp_path)
+    assert {r: d.reason for r, d in found.dumps.items()} == {0: "signal", 1: "signal"}
