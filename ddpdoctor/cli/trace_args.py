@@ -31,7 +31,7 @@ def _hang_timeout(text: str) -> float:
     try:
         return seconds()(text)
     except argparse.ArgumentTypeError as exc:
-        raise argparse.ArgumentTypeError(f"{exc}, or off") from None
+        raise argparse.ArgumentTypeError(str(exc).replace(", not ", ", or off, not ", 1)) from None
 
 
 def _own_parser() -> argparse.ArgumentParser:
