@@ -54,8 +54,8 @@ def test_a_rerun_within_the_baseline_runs_spread_is_not_a_regression():
     assert check.verdict == "within run-to-run noise" and check.outcome == "warn" and not result.failed
     assert check.run_spread is not None and check.run_spread > 0.1
     assert "3 baseline runs" in check.message
-    # the margin is the range of the runs' medians (92 to 113 ms: 21% of the pooled median), said as such
-    assert "run-to-run range 21.4% over 3 baseline runs" in check.message
+    # the margin is twice the range of the runs' medians (92 to 113 ms: 21% of the pooled median), said as such
+    assert "run-to-run range 42.7% over 3 baseline runs" in check.message
 
 
 def test_a_real_slowdown_still_fails_against_several_runs():
