@@ -263,9 +263,14 @@ def run(
         else:
             status, signum, error = "interrupted", exc.signum, f"terminated by signal {exc.signum}"
     except BaseException as exc:
-        session.saw_exception(exc)  # dumps/rank<R>.exception-<ms>.json, with the traceback
+        # How the rank ended is settled before the dump: the dump takes a moment (seconds for torch's first pickle
+        # dump), and torchrun's SIGTERM, once the peers see this rank fail, raises inside it.
         status, code, error = "failed", 1, f"{type(exc).__name__}: {exc}"
         exc_info = (type(exc), exc, exc.__traceback__)
+        try:
+            session.saw_exception(exc)  # dumps/rank<R>.exception-<ms>.json, with the traceback
+        except _Terminated:
+            pass  # stopped while dumping: the exception is still what ended the rank
     finally:
         os._exit = real_os_exit
         _stopping()  # a signal now: finish the files first, then end by it
