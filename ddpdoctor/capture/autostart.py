@@ -29,18 +29,33 @@ if TYPE_CHECKING:
 _TARGET = "torch.distributed.distributed_c10d"
 _active = False
 _started_pids: set[int] = set()
-# The Flight Recorder's buffer size (entries per process group): torch reads the first name, older torch the second.
+# The Flight Recorder's buffer size (entries per process group): torch reads the first name, older torch the second
+# (torch 2.11 and later warn that the second is deprecated, once per rank: it is set only for an older torch).
 FR_VARIABLES = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
 FR_BUFFER = "2000"
+_FR_NEW_NAME_ONLY = (2, 11)
 
 
 def enable_flight_recorder(environ: Any = None) -> None:
     """Turn the Flight Recorder on in this process's environment (read when a process group is created), unless the
-    user set the variable (an empty value too: theirs)."""
+    user set either variable (an empty value too: theirs; the new name would override a user's old one)."""
     env = os.environ if environ is None else environ
-    for name in FR_VARIABLES:
-        if name not in env:
-            env[name] = FR_BUFFER
+    if not any(name in env for name in FR_VARIABLES):
+        env[FR_VARIABLES[0]] = FR_BUFFER
+
+
+def _flight_recorder_for_this_torch(torch_version: str, environ: Any = None) -> None:
+    """Just before a process group is created (torch loaded): a torch older than 2.11 also gets the old name, unless
+    the user set one of them (``enable_flight_recorder`` set only the new one, and only when neither was set)."""
+    env = os.environ if environ is None else environ
+    if env.get(FR_VARIABLES[0]) != FR_BUFFER or FR_VARIABLES[1] in env:
+        return
+    try:
+        major, minor = (int(part) for part in torch_version.split(".")[:2])
+    except ValueError:
+        return
+    if (major, minor) < _FR_NEW_NAME_ONLY:
+        env[FR_VARIABLES[1]] = FR_BUFFER
 
 
 def activate() -> None:
@@ -103,6 +118,9 @@ def _patch(module: Any) -> None:
 
         @functools.wraps(original)
         def init_process_group(*args: Any, **kwargs: Any) -> Any:
+            torch = sys.modules.get("torch")
+            if torch is not None:
+                _flight_recorder_for_this_torch(str(getattr(torch, "__version__", "")))
             result = original(*args, **kwargs)
             _joined_process_group()
             return result
