@@ -338,4 +338,4 @@ def test_per_step_is_made_on_first_use_and_pickles_as_a_table() -> None:
     again = pickle.loads(pickle.dumps(metrics))
     assert type(again.per_step) is Table and again.to_json() == metrics.to_json()
     assert copy.deepcopy(metrics).to_json() == metrics.to_json()
-    assert len(metrics.per_step) == 8 and metrics.per_step.columns[0] == "rank"
+    assert len(metrics.per_step) == 16 and metrics.per_step.columns[0] == "rank"  # 2 ranks x 8 steps
