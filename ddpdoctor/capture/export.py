@@ -112,12 +112,13 @@ def _closes_events(tail: bytes) -> bool:
     return False
 
 
-def disk_error(folder: Path) -> str | None:
-    """The error a small write in ``folder`` meets now ("[Errno 28] No space left on device"), or None."""
+def disk_error(folder: Path, size: int = PROBE_BYTES) -> str | None:
+    """The error a write of ``size`` bytes in ``folder`` meets now ("[Errno 28] No space left on device"), or
+    None."""
     probe = folder / f".ddpdoctor-space-probe-{os.getpid()}"
     try:
         with open(probe, "wb") as f:
-            f.write(bytes(PROBE_BYTES))
+            f.write(bytes(size))
             f.flush()
             os.fsync(f.fileno())
     except OSError as exc:

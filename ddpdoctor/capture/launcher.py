@@ -314,17 +314,10 @@ def rank_write_error(out: Path, man: dict[str, Any]) -> str | None:
     reasons = [str(r.get("reason")) for r in man.get("ranks") or []]
     if not any("died without finishing" in why or why.startswith("no data") for why in reasons):
         return None
-    probe = out / f".ddpdoctor-space-probe-{os.getpid()}"
-    try:
-        with open(probe, "wb") as f:
-            f.write(bytes(PROBE_BYTES))
-            f.flush()
-            os.fsync(f.fileno())
-    except OSError as exc:
-        return exc.strerror or str(exc)
-    finally:
-        probe.unlink(missing_ok=True)
-    return None
+    from ddpdoctor.capture.export import disk_error
+
+    error = disk_error(out, PROBE_BYTES)
+    return None if error is None else re.sub(r"^\[Errno \d+\] ", "", error)  # "No space left on device"
 
 
 def finish_rank(out: Path, *, command: list[str], config: CaptureConfig) -> dict[str, Any]:
