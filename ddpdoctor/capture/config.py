@@ -26,7 +26,8 @@ class CaptureConfig:
     # job hangs, and who is the cause (ddpdoctor.capture.hang). None: off (wait for the job's own timeouts).
     hang_timeout_s: float | None = None
     # hang_timeout_s is the floor of the default rule (no --hang-timeout): that or 10x the slowest step, whichever
-    # is longer; the job is then stopped only when the dumps show a hang or a desync.
+    # is longer; the job is then stopped only when the dumps show a desync or a dead peer (a rank in its own code
+    # while the others wait is reported: it may be a long checkpoint).
     hang_timeout_default: bool = False
     launcher_pid: int = 0
     quiet: bool = False

@@ -52,7 +52,7 @@ def describe(explicit: float | None, off: bool) -> str:
         return "hang timeout off"
     if explicit is not None:
         return f"hang timeout {explicit:g} s"
-    return f"hang timeout {DEFAULT_HANG_S:.0f} s or {STEP_FACTOR}x the slowest step (--hang-timeout to change)"
+    return f"hang timeout {DEFAULT_HANG_S:.0f} s or {STEP_FACTOR}x the slowest step, reported (--hang-timeout stops)"
 
 
 # ---- the request --------------------------------------------------------------------------------------------

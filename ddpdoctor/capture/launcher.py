@@ -147,6 +147,15 @@ class HangJudge:
 
         lines = hang.verdict_lines(verdict, waited_for=expected)
         if not should_stop(verdict, explicit=self.explicit):
+            if verdict.kind == "hang":  # the default timeout: a rank that may only be slow (a long checkpoint)
+                for line in lines:
+                    self.say._print(f"ddpdoctor: {line}")
+                self.say._print(
+                    "ddpdoctor: not stopped: the default hang timeout only reports (a long checkpoint or evaluation "
+                    f"on one rank looks the same); `--hang-timeout SECONDS` stops such a job (dumps in "
+                    f"{self.out / hang.DUMPS_DIR})"
+                )
+                return
             self.say._print(f"ddpdoctor: no hang in the dumps ({lines[0]}); the job goes on")
             return
         for line in lines:

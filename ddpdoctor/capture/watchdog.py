@@ -30,7 +30,10 @@ from ddpdoctor.capture.step_clock import StepClock
 
 _STACK_FRAMES = 8  # innermost frames of the stuck thread kept in the rank file
 _GRACE_S = 10  # time the SIGTERM gets to unwind the main thread before the hard exit
-STOP_KINDS = ("hang", "desync", "crash")  # verdicts that stop a job under the default timeout (a dead peer too)
+# Verdicts that stop a job under the default timeout: ranks in mismatched collectives, or waiting for a dead peer,
+# never go on. A rank outside any collective while the others wait ("hang") may be a long checkpoint or evaluation
+# on one rank: under the default it is reported, and the job goes on (the backend's own timeout still applies).
+STOP_KINDS = ("desync", "crash")
 
 
 def main_thread_stack(thread_id: int) -> str:
@@ -41,7 +44,7 @@ def main_thread_stack(thread_id: int) -> str:
 
 def should_stop(verdict: Any, *, explicit: bool) -> bool:
     """Whether a job is stopped on ``verdict``: always for an explicit ``--hang-timeout`` (the user's limit on a
-    step), only on evidence of a hang or desync for the default one."""
+    step); for the default one only on a desync or a dead peer, never on a rank that is only slow to return."""
     return explicit or verdict.kind in STOP_KINDS
 
 
@@ -122,13 +125,18 @@ class HangWatchdog:
         except Exception as exc:  # never leave a hung rank running because the analysis failed
             print(f"ddpdoctor: rank {rank}: the dumps could not be analysed: {exc}", file=sys.stderr, flush=True)
             verdict = None
+        if verdict is None and self.default:
+            return  # the default timeout never stops a job on no evidence
         if verdict is not None and not should_stop(verdict, explicit=not self.default):
-            print(
-                f"ddpdoctor: rank {rank}: no step for {idle:.0f}s, but no hang in the dumps ({verdict.kind}: "
-                f"{verdict.summary}); not stopped",
-                file=sys.stderr,
-                flush=True,
-            )
+            if verdict.kind == "hang":
+                why = (
+                    f"{verdict.summary}; not stopped: the default hang timeout only reports (a long checkpoint or "
+                    "evaluation on one rank looks the same); --hang-timeout SECONDS stops such a job"
+                )
+            else:
+                why = f"no hang in the dumps ({verdict.kind}: {verdict.summary}); not stopped"
+            if speak or verdict.kind != "hang":
+                print(f"ddpdoctor: rank {rank}: no step for {idle:.0f}s: {why}", file=sys.stderr, flush=True)
             return
         if verdict is not None and speak:
             for line in hang.verdict_lines(verdict, waited_for=ranks):

@@ -81,7 +81,8 @@ def _own_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="SECONDS",
         help="no step for SECONDS (after the first): every rank dumps, the cause is named and the job stopped "
-        "(default: 300 s or 10x the slowest step, stopped only on a hang or desync in the dumps; off: never)",
+        "(default: 300 s or 10x the slowest step, reported, and stopped only on a desync or a dead peer in the "
+        "dumps; off: never)",
     )
     g.add_argument(
         "--max-steps",

@@ -346,7 +346,23 @@ class _Analysis:
                 "dump's, and where a rank that never joined was instead is not known"
             )
         mismatches = self._mismatches()
-        return self._crash() or self._stuck(mismatches) or self._desync(mismatches) or self._ok()
+        verdict = self._crash() or self._stuck(mismatches) or self._desync(mismatches) or self._ok()
+        if verdict.kind == "hang" and self._all_ended_well():
+            # The ranks dumped at a stall, then went on and ended well: a slow step (a checkpoint or an evaluation
+            # on one rank while the others waited), not a hang. Where they were stays in the evidence.
+            self.notes.append(
+                f"the ranks dumped at a stall ({verdict.summary}), then went on and every rank ended well: a slow "
+                "step, not a hang"
+            )
+            return self._verdict("ok", [], [], None, [], "every rank ended well after the stall its dumps show")
+        return verdict
+
+    def _all_ended_well(self) -> bool:
+        """Every rank of the job is known to have ended with status ok and exit code 0 (manifest.json)."""
+        statuses = [v.status for v in self.views.values()]
+        return bool(statuses) and all(
+            st.get("status") == "ok" and st.get("exit_code") in (0, None) for st in statuses
+        )
 
     def _verdict(
         self,

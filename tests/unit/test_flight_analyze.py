@@ -248,3 +248,17 @@ def test_every_rank_stuck_in_its_own_code_after_a_hang_request():
         r: msgspec.structs.replace(d, reason="on_demand") for r, d in find_dumps(FIXTURES / "all_stuck").dumps.items()
     }
     assert analyze(calm, world_size=2).kind == "ok"
+
+
+def test_a_stall_the_job_recovered_from_is_not_a_hang():
+    """The ranks dumped at a stall (rank 1 in its own code, rank 0 waiting in all_reduce), then the job went on and
+    every rank ended well: a long checkpoint or evaluation on one rank, not a hang; named a hang only while the job
+    did not end well."""
+    ok = {r: {"status": "ok", "exit_code": 0} for r in (0, 1)}
+    v = verdict("data_stuck", rank_status=ok)
+    assert v.kind == "ok" and v.culprits == () and any("not a hang" in n for n in v.notes)
+    assert v.ranks[1].state == "outside"  # where they were is still there
+    stopped = {0: {"status": "interrupted", "exit_code": 143}, 1: {"status": "hung", "exit_code": 143}}
+    assert verdict("data_stuck", rank_status=stopped).kind == "hang"
+    one_ok = {0: {"status": "ok", "exit_code": 0}}  # rank 1's end unknown
+    assert verdict("data_stuck", rank_status=one_ok).kind == "hang"
