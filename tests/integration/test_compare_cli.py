@@ -34,7 +34,8 @@ def test_compare_dp_and_ddp_in_every_format(runs, tmp_path):
             assert doc["a"]["environment"]["mode"] == "dp" and doc["b"]["environment"]["mode"] == "ddp"
             text = " ".join(doc["not_comparable"] + doc["headline"])
         assert "DataParallel on CPU" in text  # what is not comparable is said
-        assert "faster per step" in text or "the same speed" in text
+        # a "faster" claim only beyond the runs' step-to-step noise (issue 25), "no faster claim" otherwise
+        assert "faster per step" in text or "no faster claim" in text
         if fmt == "html":
             assert text.count("<svg") >= 2 and "<script" not in text
 
