@@ -163,12 +163,5 @@ def _config() -> Any:
 
 
 def _alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    """Whether the launcher ``pid`` is still there to decide (a zombie is not: ``hang._exists``)."""
+    return pid > 0 and hang._exists(pid)
