@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import contextlib
 import time
 from pathlib import Path
 
@@ -97,3 +98,21 @@ def chromium(profile_dir: Path, *args: str) -> str:
     )
     assert result.returncode == 0, result.stderr[-2000:]
     return result.stdout
+
+
+@contextlib.contextmanager
+def cpu_burner(n: int = 1):
+    """Load the host as a busy neighbour would: ``n`` processes spinning ``while True: pass`` for the block's duration.
+
+    Each burner runs in its own session and is killed (SIGKILL to its group) on leaving the block, even on failure.
+    """
+    hogs = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True) for _ in range(n)
+    ]
+    try:
+        yield hogs
+    finally:
+        for hog in hogs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(hog.pid, signal.SIGKILL)
+            hog.wait(timeout=10)
