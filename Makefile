@@ -1,5 +1,9 @@
 # Developer shortcuts (CI runs .ci/run, which runs the README's test command).
-.PHONY: test unit lint bench bench-quick examples
+.PHONY: demo test unit lint bench bench-quick examples
+
+# From a fresh clone: set up (venv, torch, the project) and trace + diagnose the bundled sample.
+demo:
+	python3 quickstart.py demo
 
 test:
 	python -m pytest
