@@ -203,14 +203,27 @@ def ddpdoctor_cmd(python: str) -> list[str]:
     return [python, "-m", "ddpdoctor"]
 
 
+def activated(python: str) -> dict[str, str]:
+    """This process's environment as ``activate`` would leave it: the env's scripts first on PATH (torchrun, ...)."""
+    env = dict(os.environ)
+    bin_dir = str(Path(python).parent)
+    env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
+    env["VIRTUAL_ENV"] = str(Path(bin_dir).parent)
+    env.pop("PYTHONHOME", None)
+    return env
+
+
 def demo() -> int:
     python = setup("")
     out = REPO / "ddpdoctor-runs" / time.strftime("demo-%Y%m%d-%H%M%S")
     say(f"tracing samples/ddp_straggler.py on 2 CPU ranks into {out.relative_to(REPO)} (about half a minute)")
-    trace = subprocess.run([*ddpdoctor_cmd(python), DEMO_TRACE[0], "--out", str(out), *DEMO_TRACE[1:]], cwd=REPO)
+    env = activated(python)
+    trace = subprocess.run(
+        [*ddpdoctor_cmd(python), DEMO_TRACE[0], "--out", str(out), *DEMO_TRACE[1:]], cwd=REPO, env=env
+    )
     if trace.returncode != 0:
         say(f"the traced sample exited {trace.returncode}; diagnosing what it wrote")
-    diagnose = subprocess.run([*ddpdoctor_cmd(python), "diagnose", str(out)], cwd=REPO)
+    diagnose = subprocess.run([*ddpdoctor_cmd(python), "diagnose", str(out)], cwd=REPO, env=env)
     tool = shlex.quote(str(Path(python).parent / "ddpdoctor"))
     say(f"next: {tool} diagnose --format html -o report.html {out.relative_to(REPO)}")
     return diagnose.returncode
@@ -224,7 +237,7 @@ def test(args: list[str]) -> int:
     if not (REPO.parent / "shared" / "traces").is_dir():
         say("no ../shared/traces beside the checkout: the tests on recorded GPU traces will be skipped")
     say("the whole suite takes about 20 minutes on a loaded 2-core machine")
-    return subprocess.run([python, "-m", "pytest", *args], cwd=REPO).returncode
+    return subprocess.run([python, "-m", "pytest", *args], cwd=REPO, env=activated(python)).returncode
 
 
 USAGE = "usage: python3 quickstart.py (demo | test [PYTEST ARGS...])"
