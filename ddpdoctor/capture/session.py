@@ -169,8 +169,10 @@ class Session:
 
     def _install_hooks(self) -> None:
         from torch.nn.modules.module import register_module_forward_pre_hook
-        from torch.optim.optimizer import register_optimizer_step_post_hook
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
+        # the pre-hook keeps which optimizer steps are running: only the outermost ends an iteration (ZeRO)
+        self._handles.append(register_optimizer_step_pre_hook(self._on_optimizer_start))
         self._handles.append(register_optimizer_step_post_hook(self._on_optimizer_step))
         self._startup_hook = register_module_forward_pre_hook(self._on_module_forward)
         try:
@@ -261,6 +263,9 @@ class Session:
         self._compressor.out = folder
 
     # ---- steps -----------------------------------------------------------------------------------------------
+    def _on_optimizer_start(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.clock.optimizer_started(optimizer, sys._getframe(1))  # the frame of torch's step wrapper
+
     def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self.clock.counts_optimizer(optimizer):
             self.step(source="optimizer")

@@ -1,7 +1,11 @@
 """The step clock of one training process: which iteration is running, how long each took, which were recorded.
 
 Steps are found without touching the script: torch's global optimizer step hook marks the end of each iteration
-(``ddpdoctor.step()`` does the same for loops without ``torch.optim``). Iteration 0 also holds the script's start-up,
+(``ddpdoctor.step()`` does the same for loops without ``torch.optim``). Only the OUTERMOST step does: an optimizer
+that steps another inside its own step (``ZeroRedundancyOptimizer`` around its local optimizer, which then broadcasts
+the updated parameters) fires torch's global hooks for the inner one first, and ending the iteration there would put
+the outer step's own work into the next step. The pre-hook (:meth:`StepClock.optimizer_started`) keeps the steps
+running on each thread. Iteration 0 also holds the script's start-up,
 so the profiler schedule counts from iteration 1.
 
 Until the first step is seen the profiler records the start of the run (the *start-up trace*), so that a script with
@@ -11,6 +15,7 @@ no detectable step still yields a trace. :class:`StartupTrace` is the life of th
 from __future__ import annotations
 
 import enum
+import threading
 import time
 import weakref
 from typing import Any
@@ -41,6 +46,15 @@ def ranges(indices: list[int]) -> list[list[int]]:
     return out
 
 
+def _frames_above(frame: Any) -> set[int]:
+    """ids of ``frame`` and every frame that called it (empty for None)."""
+    out: set[int] = set()
+    while frame is not None:
+        out.add(id(frame))
+        frame = frame.f_back
+    return out
+
+
 def _ref(obj: Any) -> Any:
     """A weak reference to ``obj`` (a strong one, as a callable, for an object that cannot have weak ones)."""
     try:
@@ -61,12 +75,39 @@ class StepClock:
         self.startup_ended_by: str | None = None  # "first step" | "time limit" | "end of run"
         self._marker: Any = None  # () -> the optimizer whose step ends an iteration (a weak reference)
         self._others: dict[int, Any] = {}  # optimizers stepped since the marker last did (id -> reference)
+        # per thread: the optimizer steps running now, outermost first ((id of the optimizer, torch's step frame))
+        self._running: dict[int, list[tuple[int, Any]]] = {}
         self._t0 = time.perf_counter()
         self.last_step_t = self._t0
 
     # ---- which calls are steps -------------------------------------------------------------------------------
+    def optimizer_started(self, optimizer: Any, frame: Any = None) -> None:
+        """torch's step pre-hook: ``optimizer.step()`` begins (``frame``: the frame of torch's step wrapper that
+        calls the hook). A step that raised never reached its post-hook; its entry is dropped once its frame is no
+        longer on the thread's stack."""
+        running = self._running.setdefault(threading.get_ident(), [])
+        if running:
+            live = _frames_above(frame)
+            running[:] = [(key, f) for key, f in running if key != id(optimizer) and (f is None or id(f) in live)]
+        running.append((id(optimizer), frame))
+
+    def _finished(self, optimizer: Any) -> bool:
+        """The post-hook of ``optimizer``: remove its step; True if no other optimizer step is still running on
+        this thread (it was the outermost)."""
+        running = self._running.get(threading.get_ident())
+        if not running:
+            return True
+        key = id(optimizer)
+        for i in range(len(running) - 1, -1, -1):
+            if running[i][0] == key:
+                del running[i:]
+                break
+        return not running
+
     def counts_optimizer(self, optimizer: Any) -> bool:
         """Whether this ``optimizer.step()`` ends an iteration.
+
+        A step inside another optimizer's step (ZeRO's local optimizer) never does, and never becomes the marker.
 
         ``ddpdoctor.step()`` takes over from optimizers once called. One optimizer marks the iterations: the first
         to step. With several stepped in one iteration (a GAN's two, ZeRO's wrapper and the optimizer inside it)
@@ -74,7 +115,7 @@ class StepClock:
         passes to the next optimizer that steps once the marking one is gone (freed), or to one that steps twice
         while the marking one did not step at all. An optimizer built and never stepped changes nothing.
         """
-        if self.source == "manual":
+        if not self._finished(optimizer) or self.source == "manual":
             return False
         marker = self._marker() if self._marker is not None else None
         if marker is None:  # the first step of the run, or the optimizer that marked iterations was freed
