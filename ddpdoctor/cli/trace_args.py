@@ -51,7 +51,14 @@ def _own_parser() -> argparse.ArgumentParser:
     g.add_argument("-h", "--help", action="store_true", help="show this help and exit")
     g.add_argument("--out", "-o", metavar="DIR", help="run directory (default: ddpdoctor-runs/<script>-<time>)")
     g.add_argument("--force", action="store_true", help="replace ddpdoctor's files in an existing run directory")
-    g.add_argument("--wait", type=count(0), default=5, metavar="N", help="steps to skip before profiling (default 5)")
+    g.add_argument(
+        "--wait",
+        type=count(0),
+        default=5,
+        metavar="N",
+        help="steps run before the profiler starts (default 5); the window is steps WAIT+WARMUP+1 to "
+        "WAIT+WARMUP+ACTIVE, counting from 1: 8-12 with the defaults",
+    )
     g.add_argument("--warmup", type=count(0), default=2, metavar="N", help="profiler warm-up steps (default 2)")
     g.add_argument("--active", type=count(1), default=5, metavar="N", help="steps recorded per window (default 5)")
     g.add_argument(

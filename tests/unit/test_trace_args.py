@@ -81,3 +81,12 @@ def test_trace_refuses_nan_hang_timeout_before_running_anything(tmp_path) -> Non
     )
     assert result.returncode == 2 and not marker.exists(), result.stderr
     assert result.stderr.strip().count("\n") == 0 and "--hang-timeout" in result.stderr, result.stderr
+
+
+def test_the_help_states_the_window_the_banner_prints_for_the_defaults() -> None:
+    parser = trace_args._own_parser()
+    defaults = parser.parse_args([])
+    first = defaults.wait + defaults.warmup + 1  # what `trace` prints as "profiling steps FIRST-LAST"
+    last = first + defaults.active - 1
+    wait_help = next(a.help for a in parser._actions if "--wait" in a.option_strings)
+    assert f"{first}-{last} with the defaults" in wait_help.replace("\n", " ")
