@@ -9,6 +9,7 @@ from typing import Any
 
 from ddpdoctor import escape
 from ddpdoctor.cli.diagnose_cmd import add_rule_options, rule_options
+from ddpdoctor.diagnosis.applies import applies_summary
 from ddpdoctor.pipeline import resolve_rules
 
 
@@ -36,6 +37,7 @@ def run_list(args: argparse.Namespace) -> int:
                 "name": r.name,
                 "severity": r.severity,
                 "applies_to": r.applies_to,
+                "applies": applies_summary(r),
                 "parallelism": list(r.parallelism),
                 "requires": list(r.requires),
                 "scope": r.scope,
@@ -58,7 +60,7 @@ def run_list(args: argparse.Namespace) -> int:
     for col in ("id", "name", "severity", "applies to", "summary"):
         table.add_column(col, overflow="fold")
     for r in rules:
-        table.add_row(*(Text(escape.terminal(v)) for v in (r.id, r.name, r.severity, r.applies_to, r.summary)))
+        table.add_row(*(Text(escape.terminal(v)) for v in (r.id, r.name, r.severity, applies_summary(r), r.summary)))
     console = make_console(sys.stdout, 140)
     console.print(table)
     console.print(Text("`ddpdoctor explain NAME` shows a rule's documentation and options."))

@@ -33,3 +33,14 @@ def test_every_command_is_documented():
 def test_ci_runs_the_readme_test_command():
     ci = (Path(__file__).resolve().parents[2] / ".ci" / "run").read_text()
     assert "<!-- test-command -->" in README and "test-command" in ci
+
+
+def test_the_rule_table_says_what_each_rule_applies_to_as_ddpdoctor_rules_does():
+    from ddpdoctor.diagnosis.applies import applies_summary
+
+    rows = {
+        m.group(2): m.group(3)
+        for m in re.finditer(r"^\| (DDP\d+) \| `([a-z0-9-]+)` \| \w+ \| ([^|]+) \|", README, re.M)
+    }
+    for rule in load_rules():
+        assert rows.get(rule.name, "").strip() == applies_summary(rule), rule.name
