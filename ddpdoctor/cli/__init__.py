@@ -37,6 +37,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "ddpdoctor.cli.dump_cmd",
         "ask every rank of a running traced job to dump where it is (stacks, Flight Recorder), without stopping it",
     ),
+    "export": (
+        "ddpdoctor.cli.export_cmd",
+        "write one clock-aligned trace of every rank, findings marked, for ui.perfetto.dev (--perfetto FILE)",
+    ),
     "try": (
         "ddpdoctor.cli.try_cmd",
         "run a traced job again with a knob applied (no code change) and measure the gain",
@@ -46,7 +50,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 _ALL = object()
 # the commands that read runs with numpy (not `trace` and `try`, which run the user's job)
-_READERS = frozenset(("diagnose", "compare", "baseline", "gate", "view"))
+_READERS = frozenset(("diagnose", "compare", "baseline", "gate", "view", "export"))
 
 
 def _import_numpy_single_threaded() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import signal
 import sys
 import threading
@@ -77,8 +78,10 @@ def run(args: argparse.Namespace) -> int:
     _serve_until_stopped(
         f"{warning}ddpdoctor: TensorBoard at {url} (Ctrl-C to stop)\n"
         f"  ddpdoctor dashboard: {url}#ddpdoctor\n"
-        f"  PyTorch profiler:    {url}#pytorch_profiler\n"
-        f"  scalars:             {url}#timeseries"
+        f"  scalars:             {url}#timeseries\n"
+        f"  timeline:            ddpdoctor export {shlex.quote(args.run)} --perfetto run.perfetto.json, then open it "
+        "in ui.perfetto.dev (every rank, clocks aligned, findings marked; the PyTorch Profiler tab at "
+        f"{url}#pytorch_profiler needs the internet for its charts)"
     )
     print("ddpdoctor: TensorBoard stopped", flush=True)
     return 0
