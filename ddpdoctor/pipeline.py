@@ -134,7 +134,11 @@ def _analyze(
     metrics = analyze(run, steps=steps, verdict=verdict)
     if steps is not None and not metrics.run.get("steps_analyzed"):
         last = "" if steps[1] is None else str(steps[1])
-        raise UsageError(f"--steps {steps[0]}..{last}: none of the run's profiled steps is in that range")
+        have = sorted(
+            {int(x) for rt in run.ranks for x in ((rt.summary or {}).get("per_step") or {}).get("step") or []}
+        )
+        listed = f"the run's profiled steps are {_step_list(have)}" if have else "the run has no profiled step"
+        raise UsageError(f"--steps {steps[0]}..{last}: none of the run's profiled steps is in that range ({listed})")
     cut_note = None
     if steps is None and metrics.run.get("job_failed") and not metrics.run.get("startup_failed"):
         metrics, cut_note = _without_cut_steps(path, run, metrics, verdict, progress)
