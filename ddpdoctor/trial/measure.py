@@ -65,6 +65,7 @@ class Measurement:
     # B/A interval of the median step against each control run on its own (before, after), and their medians
     step_vs_each_control: tuple[tuple[float, float] | None, ...] = ()
     control_step_ms: tuple[float | None, ...] = ()
+    reason: str = ""  # why the verdict is what it is, in a few words (printed beside it)
 
     def change(self, name: str) -> Change | None:
         return next((c for c in self.changes if c.name == name), None)
@@ -72,6 +73,7 @@ class Measurement:
     def to_json(self) -> dict[str, Any]:
         return {
             "verdict": self.verdict,
+            "verdict_reason": self.reason,
             "measured_gain_ms": self.gain_ms,
             "measured_gain_interval_ms": list(self.gain_interval_ms) if self.gain_interval_ms else None,
             "metrics": [c.to_json() for c in self.changes],
@@ -124,6 +126,7 @@ def measure(controls: list[snap.Snapshot], trial: snap.Snapshot) -> Measurement:
     each = [_step_interval(c, trial) for c in controls]
     verdict, gain, gain_interval = NO_EFFECT, None, None
     notes = []
+    reason = ""
     if step is not None and step.a is not None and step.b is not None:
         gain = step.a - step.b
         if step.interval is not None and all(i is not None for i in each):
@@ -131,17 +134,26 @@ def measure(controls: list[snap.Snapshot], trial: snap.Snapshot) -> Measurement:
             intervals = [step.interval, *each]
             if all(i.high < 0 for i in intervals):  # type: ignore[union-attr]
                 verdict = HELPS
+                reason = "B's median step is shorter beyond the interval, against each control run"
             elif all(i.low > 0 for i in intervals):  # type: ignore[union-attr]
                 verdict = HURTS
-            elif step.interval.excludes_zero():
+                reason = "B's median step is longer beyond the interval, against each control run"
+            elif step.interval.excludes_zero() or (
+                any(i.high < 0 for i in each) and any(i.low > 0 for i in each)  # type: ignore[union-attr]
+            ):
                 medians = ", ".join(units.value("step_ms.median", c.value("step_ms.median")) for c in controls)
+                reason = "the control runs drifted apart: the change is within that drift"
                 notes.append(
                     f"the change is within the drift between the control runs (median step {medians}): the "
                     "machine's load changed between the runs, so no verdict"
                 )
+            else:
+                reason = "the interval of B/A includes no change"
         else:
+            reason = "too few steps for an interval"
             notes.append(f"too few steps for an interval (at least {stats.MIN_SAMPLES} per run): no verdict")
     else:
+        reason = "no step time in one of the runs"
         notes.append("no step time in one of the runs: no verdict")
     notes += list(comparison.not_comparable)
     return Measurement(
@@ -152,6 +164,7 @@ def measure(controls: list[snap.Snapshot], trial: snap.Snapshot) -> Measurement:
         appeared=tuple(f["name"] for f in comparison.only_b),
         went_away=tuple(f["name"] for f in comparison.only_a),
         notes=tuple(notes),
+        reason=reason,
         step_vs_each_control=tuple(None if i is None else (1 + i.low, 1 + i.high) for i in each),
         control_step_ms=tuple(c.value("step_ms.median") for c in controls),
     )

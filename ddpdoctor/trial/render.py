@@ -79,7 +79,7 @@ def _outcome(o: Outcome, stream: TextIO) -> None:
         return
     me = o.measurement
     step = me.change("step_ms.median")
-    head = f"  verdict: {me.verdict}"
+    head = f"  verdict: {me.verdict}" + (f" ({me.reason})" if me.reason else "")
     if step is not None and step.a is not None and step.b is not None:
         head += f": median step {units.value(step.name, step.a)} -> {units.value(step.name, step.b)}"
         head += f", gain {_gain(o)} per step"
@@ -121,7 +121,7 @@ def _findings(session: Session, stream: TextIO) -> None:
     if not tried:
         w("  none: no finding of this run has a rule that prescribes a knob\n")
         return
-    rows = [["finding", "knob", "estimated", "measured (95% interval)", "verdict"]]
+    rows = [["finding", "knob", "estimated gain", "measured gain per step (95% interval)", "verdict"]]
     for p, o in tried:
         est = "—" if p.estimated_gain_ms is None else f"{p.estimated_gain_ms:.1f} ms"
         verdict = o.verdict if o.measurement is not None else f"failed: {_short(o.run.error, 60)}"

@@ -1,0 +1,59 @@
+"""``try``'s verdict carries its reason (issue 27): a gain beyond the interval against each control run, no change
+within the interval, or control runs that drifted apart (the machine's load changed)."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+
+from ddpdoctor.compare.snapshot import Snapshot
+from ddpdoctor.trial import measure as m
+
+ENV = {"mode": "ddp", "world_size": 2, "backend": "gloo", "devices": ["cpu"], "torch_version": "2.13.0"}
+
+
+def _run(median: float, seed: int, spread: float = 0.03) -> Snapshot:
+    steps = (median * (1 + np.random.default_rng(seed).normal(0, spread, 30))).tolist()
+    return Snapshot(
+        source=f"runs/r{seed}",
+        environment=dict(ENV),
+        metrics={"step_ms.median": float(np.median(steps)), "step_ms.p90": float(np.percentile(steps, 90))},
+        samples={"step_ms": steps},
+        findings=[],
+        rules_evaluated=[],
+    )
+
+
+def test_a_real_gain_says_it_holds_against_each_control():
+    me = m.measure([_run(100, 1), _run(101, 2)], _run(70, 3))
+    assert me.verdict == m.HELPS and "against each control run" in me.reason
+    assert me.to_json()["verdict_reason"] == me.reason
+
+
+def test_no_change_says_the_interval_includes_none():
+    me = m.measure([_run(100, 1), _run(100, 2)], _run(100, 3))
+    assert me.verdict == m.NO_EFFECT and me.reason == "the interval of B/A includes no change"
+
+
+def test_drifted_controls_are_the_reason_for_no_verdict():
+    # the machine got busier between the two control runs; B sits between them
+    me = m.measure([_run(90, 1, 0.01), _run(110, 2, 0.01)], _run(92, 3, 0.01))
+    assert me.verdict == m.NO_EFFECT and "drifted" in me.reason, (me.verdict, me.reason)
+
+
+def test_the_verdict_line_prints_the_reason():
+    from types import SimpleNamespace
+
+    from ddpdoctor.trial import render
+
+    me = m.measure([_run(100, 1), _run(101, 2)], _run(70, 3))
+    outcome = SimpleNamespace(
+        run=SimpleNamespace(label="bucket_cap_mb=5", out="t/1", log="t/1.log", error=None),
+        measurement=me,
+        prescribed=[],
+        code_lines=lambda: ["DDP(model, bucket_cap_mb=5)"],
+    )
+    out = io.StringIO()
+    render._outcome(outcome, out)
+    assert f"verdict: {m.HELPS} ({me.reason})" in out.getvalue()
