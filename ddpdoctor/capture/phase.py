@@ -13,6 +13,11 @@ Phases, as the hooks see them (one call each per step, nothing per module, so th
 
 With gradient accumulation the next micro-batch's forward is "forward" again (the forward hook is re-armed when a
 backward returns); its data loading in between counts as backward. ``since`` is unix seconds.
+
+Once the script calls ``torch.compile`` (``capture/compiled.py``) no global forward hook is armed again: dynamo would
+trace it into the compiled graph. The first forward is then the first call of a compiled module (its own hook, run
+outside the compiled region); a forward reached only from inside a compiled function counts as the phase before it.
+Every hook returns at once while dynamo traces.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from __future__ import annotations
 import threading
 import time
 from typing import Any
+
+from ddpdoctor.capture import compiled
 
 PHASES = ("outside", "data", "forward", "backward", "optimizer")
 
@@ -35,6 +42,7 @@ class PhaseTracker:
         "last_step_end",
         "_thread_id",
         "_forward_handle",
+        "_awaiting_forward",
         "_handles",
         "_patched",
         "_register",
@@ -47,6 +55,7 @@ class PhaseTracker:
         self.last_step_end: float | None = None
         self._thread_id = threading.get_ident() if thread_id is None else thread_id
         self._forward_handle: Any = None
+        self._awaiting_forward = False  # armed: the next forward is the step's (or micro-batch's) first
         self._handles: list[Any] = []
         self._patched: Any = None  # (module, original backward) while torch.autograd.backward is wrapped
         self._register: Any = None  # torch's register_module_forward_pre_hook, once installed
@@ -92,6 +101,17 @@ class PhaseTracker:
         self._handles.append(register_optimizer_step_pre_hook(self._on_optimizer_pre))
         self._arm_forward()
         self._patch_backward()
+        compiled.on_compile_mode(self.compile_mode)
+
+    def compile_mode(self) -> None:
+        """The script compiles: no global forward hook from now on; compiled modules' own hooks tell the forward."""
+        if self._register is None:
+            return
+        awaiting = self._awaiting_forward
+        self._disarm_forward()
+        self._awaiting_forward = awaiting
+        self._register = None
+        compiled.on_compiled_forward(self._on_compiled_forward)
 
     def uninstall(self) -> None:
         for handle in self._handles:
@@ -107,20 +127,31 @@ class PhaseTracker:
         self._enter("outside")
 
     def _arm_forward(self) -> None:
+        self._awaiting_forward = True
         if self._forward_handle is None and self._register is not None:
             self._forward_handle = self._register(self._on_forward_pre)
 
     def _disarm_forward(self) -> None:
+        self._awaiting_forward = False
         if self._forward_handle is not None:
             self._forward_handle.remove()
             self._forward_handle = None
 
     def _on_forward_pre(self, module: Any, args: Any) -> None:
+        if compiled.is_compiling():
+            return
         if threading.get_ident() == self._thread_id:
             self._disarm_forward()
             self.forward_started()
 
+    def _on_compiled_forward(self, module: Any) -> None:
+        if self._awaiting_forward and threading.get_ident() == self._thread_id:
+            self._awaiting_forward = False
+            self.forward_started()
+
     def _on_optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if compiled.is_compiling():
+            return
         if threading.get_ident() == self._thread_id:
             self.optimizer_started()
 
@@ -136,6 +167,8 @@ class PhaseTracker:
         tracker = self
 
         def backward(*args: Any, **kwargs: Any) -> Any:
+            if compiled.is_compiling():
+                return original(*args, **kwargs)
             mine = threading.get_ident() == tracker._thread_id
             if mine:
                 tracker.backward_started()

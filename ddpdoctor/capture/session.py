@@ -26,7 +26,7 @@ from typing import Any
 
 from ddpdoctor import rundir
 from ddpdoctor.capture import ddp as ddp_capture
-from ddpdoctor.capture import flight, groups, rank_file
+from ddpdoctor.capture import compiled, flight, groups, rank_file
 from ddpdoctor.capture import knobs as knobs_capture
 from ddpdoctor.capture.compress import GZ, Compressor
 from ddpdoctor.capture.config import CaptureConfig
@@ -175,6 +175,11 @@ class Session:
         self._handles.append(register_optimizer_step_pre_hook(self._on_optimizer_start))
         self._handles.append(register_optimizer_step_post_hook(self._on_optimizer_step))
         self._startup_hook = register_module_forward_pre_hook(self._on_module_forward)
+        try:  # before the phase tracker's hooks: it listens for the script's torch.compile
+            compiled.install()
+            compiled.on_compile_mode(self._compile_mode)
+        except Exception as exc:  # another torch: compiled jobs may see ddpdoctor's hooks, the run goes on
+            self.capture_errors.append(f"torch.compile watch unavailable: {type(exc).__name__}: {exc}")
         try:
             self.phase.install()
         except Exception as exc:  # internals of another torch version: dumps say "outside", the run goes on
@@ -202,6 +207,7 @@ class Session:
         self._remove_startup_hook()
         self.setup.uninstall()
         ddp_capture.uninstall()
+        compiled.uninstall()
         if self.dp is not None:
             self.dp.uninstall()
 
@@ -267,14 +273,29 @@ class Session:
         self.clock.optimizer_started(optimizer, sys._getframe(1))  # the frame of torch's step wrapper
 
     def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if compiled.is_compiling():  # a compiled optimizer step: nothing of ours in its graph
+            return
         if self.clock.counts_optimizer(optimizer):
             self.step(source="optimizer")
 
-    def _on_module_forward(self, module: Any, args: Any) -> None:
+    def _on_module_forward(self, module: Any, args: Any = None) -> None:
         # Only installed until the first step: bounds the start-up recording of a script with no visible step.
-        if self.clock.startup_over_limit(self.config.no_step_limit_s) and threading.get_ident() == self._thread_id:
+        if compiled.is_compiling():
+            return
+        if (
+            self._prof is not None
+            and self.clock.startup_over_limit(self.config.no_step_limit_s)
+            and threading.get_ident() == self._thread_id
+        ):
             self._end_startup("time limit")
             self._prof.step()
+
+    def _compile_mode(self) -> None:
+        """The script calls torch.compile: the start-up bound's global hook would be traced into its graphs; the
+        compiled modules' own forward hooks check the bound instead (capture/compiled.py)."""
+        if self._startup_hook is not None:
+            self._remove_startup_hook()
+            compiled.on_compiled_forward(self._on_module_forward)
 
     def _end_startup(self, ended_by: str) -> None:
         self.clock.end_startup(ended_by)

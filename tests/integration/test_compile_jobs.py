@@ -1,0 +1,73 @@
+"""torch.compile'd jobs under `ddpdoctor trace` compile exactly what they compile bare (issue 26 item 5): ddpdoctor's
+hooks are never traced into a compiled region, split no graph, cause no recompile and add no torch warning.
+
+The job (tests/integration/compile_job.py) counts the graphs dynamo hands its backend and the graph calls per step
+(a counting backend: no inductor compile, seconds per job); the traced run is also read back by diagnose."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import REPO, run_cli
+
+pytestmark = [pytest.mark.integration]
+
+JOB = REPO / "tests" / "integration" / "compile_job.py"
+LAUNCH = ["--standalone", "--nproc-per-node", "2"]
+
+
+def _script_stderr(stderr: str) -> list[str]:
+    """The job's warnings: stderr without ddpdoctor's lines, torchrun's banner and the profiler's own notes."""
+    skip = ("ddpdoctor:", "*****", "Setting OMP_NUM_THREADS", "CPUAllocator.cpp", "torch/distributed/run.py")
+    return [line for line in stderr.splitlines() if line.strip() and not any(s in line for s in skip)]
+
+
+def _run(tmp: Path, name: str, env: dict, traced: bool, dist: bool) -> tuple[dict, list[str], Path]:
+    result = tmp / f"{name}.json"
+    full_env = {**os.environ, **env, "RESULT": str(result), "DIST": "1" if dist else "0", "PYTHONUNBUFFERED": "1"}
+    out = tmp / f"{name}.run"
+    if traced:
+        args = ["trace", "--out", str(out), "--wait", "1", "--warmup", "1", "--active", "3"]
+        proc = run_cli(*args, *(LAUNCH if dist else []), str(JOB), env=full_env, timeout=150)
+    elif dist:
+        cmd = [sys.executable, "-m", "torch.distributed.run", *LAUNCH, str(JOB)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=full_env, timeout=150)
+    else:
+        proc = subprocess.run([sys.executable, str(JOB)], capture_output=True, text=True, env=full_env, timeout=150)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(result.read_text()), _script_stderr(proc.stderr), out
+
+
+@pytest.fixture(scope="module")
+def ddp_inner(tmp_path_factory):
+    """DDP(torch.compile(model)) on 2 ranks, 4 DDP buckets of 1 MB: DDPOptimizer splits the graph into 4."""
+    tmp = tmp_path_factory.mktemp("compile_ddp")
+    env = {"FORM": "inner", "COMPILE_BACKEND": "count", "STEPS": "8", "WIDTH": "512", "LAYERS": "4", "CAP_MB": "1"}
+    return _run(tmp, "bare", env, traced=False, dist=True), _run(tmp, "traced", env, traced=True, dist=True)
+
+
+@pytest.mark.timeout(240)
+def test_ddp_compiled_module_compiles_the_same_graphs_as_bare(ddp_inner):
+    (bare, bare_err, _), (traced, traced_err, _) = ddp_inner
+    assert bare["graphs"] == 4 and set(bare["per_step"]) == {4}, bare  # the job is what it claims to be
+    assert traced["graphs"] == bare["graphs"], (traced, bare)
+    assert traced["per_step"] == bare["per_step"]
+    assert traced["frames"] == bare["frames"] and traced["graph_breaks"] == bare["graph_breaks"]
+    assert traced_err == bare_err, "\n".join(traced_err)  # no torch warning of ddpdoctor's making
+
+
+@pytest.mark.timeout(240)
+def test_compiled_function_around_a_module_compiles_the_same_graphs_as_bare(tmp_path):
+    """torch.compile(step_fn) whose body calls the model: dynamo inlines the module call, global hooks and all."""
+    env = {"FORM": "function", "COMPILE_BACKEND": "count", "STEPS": "6", "WIDTH": "64", "LAYERS": "2"}
+    bare, bare_err, _ = _run(tmp_path, "bare", env, traced=False, dist=False)
+    traced, traced_err, _ = _run(tmp_path, "traced", env, traced=True, dist=False)
+    assert bare["graphs"] == 1 and bare["graph_breaks"] == [], bare
+    assert (traced["graphs"], traced["per_step"], traced["graph_breaks"]) == (1, bare["per_step"], [])
+    assert traced["frames"] == bare["frames"]
+    assert traced_err == bare_err, "\n".join(traced_err)
