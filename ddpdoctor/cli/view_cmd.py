@@ -65,6 +65,10 @@ def run(args: argparse.Namespace) -> int:
     rules = resolve_rules(rule_options(args))
     report.DEFAULT_RULES = rules  # the dashboard, served from this process, uses the same rules
     if args.rewrite_events or not has_events(path):
+        why = _keep_unchanged(path)
+        if why:
+            path = _served_copy(path)
+            print(f"ddpdoctor: {args.run} is {why}: it stays as it is; TensorBoard serves a copy in {path}", flush=True)
         out = write_events(path, rules=rules)
         print(f"ddpdoctor: wrote TensorBoard event files to {out}", flush=True)
     for why in server.unreadable_traces(path):
@@ -85,6 +89,51 @@ def run(args: argparse.Namespace) -> int:
     )
     print("ddpdoctor: TensorBoard stopped", flush=True)
     return 0
+
+
+def _keep_unchanged(path: Path) -> str | None:
+    """Why ``view`` must not write its event files into the run directory, or None: a directory it cannot write,
+    or one whose files are tracked by git (a run committed to a repository, such as the bundled samples: the
+    checkout would turn dirty)."""
+    if not os.access(path, os.W_OK):
+        return "not writable"
+    import subprocess
+
+    try:
+        tracked = subprocess.run(
+            ["git", "-C", str(path), "ls-files", "--error-unmatch", rundir.MANIFEST],
+            capture_output=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):  # no git, or it hangs: nothing says the run is tracked
+        return None
+    return "tracked by git" if tracked.returncode == 0 else None
+
+
+def _cache_home() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "ddpdoctor" / "view"
+
+
+def _served_copy(path: Path) -> Path:
+    """A copy of the run directory (without its ``tensorboard/``) under the user's cache, made afresh each time:
+    TensorBoard's logdir must hold the traces and the event files together."""
+    import hashlib
+    import shutil
+
+    real = path.resolve()
+    home = _cache_home() / hashlib.sha256(str(real).encode()).hexdigest()[:16]
+    copy = home / real.name
+    if copy.exists():
+        shutil.rmtree(copy)
+    home.mkdir(parents=True, exist_ok=True)
+    try:
+        shutil.copytree(real, copy, symlinks=True, ignore=shutil.ignore_patterns(rundir.TENSORBOARD_DIR))
+    except OSError as exc:
+        raise DDPDoctorError(
+            f"{path}: could not copy the run to {copy} for TensorBoard: {exc.strerror or exc}"
+        ) from None
+    return copy
 
 
 def _serve_until_stopped(banner: str) -> None:
