@@ -174,6 +174,15 @@ def _verdict(
         return None, [f"dumps: {type(exc).__name__}: {exc}"]
     if not found.dumps:
         return None, list(found.skipped)
+    entries = [e for e in manifest.get("ranks") or [] if isinstance(e, dict)]
+    if (
+        all(d.reason == "exit" for d in found.dumps.values())
+        and entries
+        and all(e.get("status") == "ok" for e in entries)
+    ):
+        # ranks that dumped as they returned while their peers were still finishing, in a job that ended well:
+        # nothing to diagnose (a dump at exit exists for the rank that leaves while its peers wait)
+        return None, list(found.skipped)
     status = {
         e["rank"]: {k: e.get(k) for k in ("status", "exit_code", "reason")}
         for e in manifest.get("ranks") or []

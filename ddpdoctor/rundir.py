@@ -4,6 +4,7 @@ Layout of ``OUT/``::
 
     manifest.json                          the run: command, world size, exit code, per-rank status and files
     nodes/node<K>.json                     what the launcher on node K saw (merged into manifest.json)
+    nodes/node<K>.log, exits<K>.json       torchrun's failure report in full, and each failed rank's exit status
     rank<R>.<ms>.pt.trace.json.gz          Kineto trace of rank R, one per profiled window ("span");
                                            TensorBoard's profiler plugin shows worker "rank<R>"
     ranks/rank<R>.json                     capture data of rank R (``RankCapture`` below)
@@ -20,6 +21,8 @@ Layout of ``OUT/``::
                                            Flight Recorder's collectives, its exception), on a request, a signal
                                            or an exception (``ddpdoctor.capture.flight``)
     dumps/request.json                     a request for every rank to dump: {"id", "reason", "by", "time"}
+    dumps/rank<R>.fatal-<pid>.txt          a rank's stacks at a fatal signal (SIGABRT, SIGSEGV: faulthandler's
+                                           text below one header line); removed when the rank ends normally
 
 Every file is written to a temporary name in the same folder and renamed into place, so a reader never sees a
 half-written file and a crash leaves the last complete version.
@@ -29,7 +32,7 @@ The files read by more than one part have msgspec types (``Manifest``, ``RankCap
 the capture writes through them and every reader reads through ``read_run_files`` / ``read_summaries``, with
 one error policy: a file that cannot be read or does not fit its type is left out and named in a note with the
 field (``ranks/rank3.json: skipped: Expected `int | null`, got `str` - at `$.memory.devices[0].index```); the
-others are used. The types reach down to the nested values the readers use; only a rank capture's GIL and
+others are used. The types reach down to the nested values the readers use; only a rank capture's GIL, host load and
 schedule records, optional to every reader, are left out alone when they do not fit (``runfile_types.DROPPABLE``).
 
 ``ranks/rank<R>.json`` (schema_version 1)::
@@ -44,6 +47,8 @@ schedule records, optional to every reader, are left out alone when they do not 
                              "peak_reserved_bytes", "per_step": {"step": [...], "peak_allocated_bytes": [...],
                              "peak_reserved_bytes": [...]}}]},
      "gil": {"probe", "available", "reason", "per_step": {"step": [...], "contention": [...], "threads": [...]}},
+     "hostload": {"source", "reason", "windows": [{"first_step", "last_step", "wall_s", "cpu_s", "run_s",
+                  "run_delay_s", "involuntary_switches", "host_busy_s", "host_steal_s", ...}]},  # capture/hostload.py
      "ddp": [{"module", "logging_data": {...}}],  # DistributedDataParallel._get_ddp_logging_data()
      "dp": [{"module", "device_ids", "output_device"}],
      "threads": {"cpu_count", "omp_num_threads", "torch_intra_op_threads", "torch_inter_op_threads"},
@@ -320,11 +325,13 @@ _LAYOUT = {
     # dumps/rank<R>.<id>.json (a rank's dump, capture/flight.py) and dumps/request.json (a request for every rank's)
     "dumps": _Folder(
         rf"(rank\d+\.{DUMP_ID}\.json|request\.json)|\.(rank\d+\.{DUMP_ID}\.json|request\.json)\.{_RANDOM}\.tmp"
+        r"|rank\d+\.fatal-\d+\.txt"  # a rank's stacks at a fatal signal (faulthandler's, capture/flight.py)
     ),
     # groups/group<N>.json, and groups/group<N>/: the files of another process group of the job, a run's layout
     "groups": _Folder(rf"group\d+\.json|\.group\d+\.json\.{_RANDOM}\.tmp", {r"group\d+": "run"}),
     "ranks": _Folder(rf"rank\d+(\.summary)?\.json|\.rank\d+(\.summary)?\.json\.{_RANDOM}\.tmp"),
-    "nodes": _Folder(rf"node\d+\.(json|log)|\.node\d+\.json\.{_RANDOM}\.tmp"),  # node<K>.log: torchrun's report
+    # node<K>.log: torchrun's report; exits<K>.json: the exit status torchrun saw of each rank that failed
+    "nodes": _Folder(rf"node\d+\.(json|log)|exits\d+\.json|\.(node|exits)\d+\.json\.{_RANDOM}\.tmp"),
     # tensorboard/rank<R>/, and the folders `view` writes it in and moves it aside to
     "tensorboard": _Folder(None, {r"rank\d+|\.rank\d+\.old|\.rank\d+\.[a-z0-9_]+\.tmp": "events"}),
     "events": _Folder(EVENT_FILE_RE.pattern[1:-1]),

@@ -187,6 +187,65 @@ def flight_records(backend: str | None, *, frames: bool = True) -> tuple[list[di
     return records, "; ".join(errors) or None
 
 
+# ---- a fatal signal: Python's faulthandler ---------------------------------------------------------------------------
+# A rank that a fatal signal ends (gloo aborts a process with SIGABRT when a collective receives more data than its
+# tensor holds; a segfault in an extension) runs no Python again, so it cannot dump. Python's faulthandler writes
+# every thread's stack at that moment from its C signal handler: into dumps/rank<R>.fatal-<pid>.txt, opened at
+# start-up with one header line (rank, pid, the main thread's id); a file holding only the header is removed when
+# the rank ends normally. A user's own faulthandler (PYTHONFAULTHANDLER, -X faulthandler) is left in charge.
+FATAL_HEADER = "ddpdoctor fatal-signal record "
+_fatal: dict[str, Any] = {}
+
+
+def fatal_path(folder: Path, rank: int, pid: int) -> Path:
+    return Path(folder) / DUMPS_DIR / f"rank{rank}.fatal-{pid}.txt"
+
+
+def arm_fatal(session: Session) -> Path | None:
+    """Have faulthandler write this rank's stacks to its fatal record on a fatal signal; the path, or None."""
+    import faulthandler
+    import json
+
+    if _fatal or faulthandler.is_enabled() or not session.claimed:
+        return None
+    path = fatal_path(session.out, session.rank, os.getpid())
+    try:
+        made = not path.parent.is_dir()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        f = open(path, "w", encoding="utf-8")  # noqa: SIM115 - faulthandler writes to it until the process ends
+        header = {
+            "rank": session.rank,
+            "world_size": max(1, int(session.identity.world_size or 1)),
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "main": threading.main_thread().ident,
+            "started": time.time(),
+        }
+        f.write(FATAL_HEADER + json.dumps(header) + "\n")
+        f.flush()
+        faulthandler.enable(file=f, all_threads=True)
+    except (OSError, ValueError, RuntimeError):
+        return None
+    _fatal.update(path=path, file=f, size=f.tell(), pid=os.getpid(), made_dir=made)
+    return path
+
+
+def remove_fatal() -> None:
+    """The rank ends without a fatal signal: its fatal record holds only the header, and is removed (the rank's
+    files stay as they were). faulthandler stays on until the process ends."""
+    path = _fatal.get("path")
+    if path is None or _fatal.get("pid") != os.getpid():
+        return
+    try:
+        if os.path.getsize(path) <= _fatal["size"]:
+            os.unlink(path)
+            if _fatal.get("made_dir"):
+                with contextlib.suppress(OSError):
+                    os.rmdir(path.parent)  # only when empty: the folder was made for this record
+    except OSError:
+        pass
+
+
 # ---- the dumper ----------------------------------------------------------------------------------------------------
 class Dumper:
     """One process's dumps: its thread (requests, SIGUSR1), and the dumps the session asks for."""

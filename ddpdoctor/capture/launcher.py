@@ -182,6 +182,11 @@ def apply_verdict(man: dict[str, Any], verdict: Any, how: str) -> None:
             entry["status"], entry["reason"] = outcome
             if entry["rank"] in verdict.waiting:
                 entry["consequence_of"] = list(verdict.culprits)
+    # the note of a run that ended before its window lists how each rank ended: as the verdict has it now
+    notes = man.get("notes") or []
+    for i, note in enumerate(notes):
+        if note.startswith(manifest_mod.BEFORE_WINDOW):
+            notes[i] = manifest_mod.before_window_note(man.get("ranks") or [], man.get("capture") or {})
     man["health"] = {
         "kind": verdict.kind,
         "summary": verdict.summary,

@@ -65,6 +65,54 @@ def _rank_entry(
     }
 
 
+def _how_they_died(out: Path, entries: list[dict[str, Any]], ranks: dict[int, dict[str, Any]]) -> None:
+    """A rank that ended without finishing its files: its exit status as torchrun saw it (``nodes/exits<K>.json``)
+    and, when a fatal signal ended it, where its main thread was (its fatal record, ``dumps/rank<R>.fatal-<pid>.txt``)."""
+    from ddpdoctor.flight.frames import dist_op, user_frames
+    from ddpdoctor.flight.read import read_fatal_record
+    from ddpdoctor.flight.verdict import frame_text
+
+    exits: dict[int, int] = {}
+    for path in sorted((out / rundir.NODES_DIR).glob("exits*.json")):
+        try:
+            for rank, failure in (rundir.read_json(path).get("failures") or {}).items():
+                if isinstance(failure, dict) and isinstance(failure.get("exitcode"), int):
+                    exits[int(rank)] = failure["exitcode"]
+        except (OSError, ValueError, AttributeError, TypeError):
+            continue
+    for entry in entries:
+        if "died without finishing" not in str(entry.get("reason") or ""):
+            continue
+        rank = entry["rank"]
+        if entry.get("exit_code") is None and rank in exits:
+            entry["exit_code"] = exits[rank]
+        pid = (ranks.get(rank) or {}).get("pid")
+        records = sorted((out / rundir.DUMPS_DIR).glob(f"rank{rank}.fatal-*.txt"))
+        records = [p for p in records if pid is None or p.name == f"rank{rank}.fatal-{pid}.txt"] or records
+        for path in records:
+            try:
+                fatal = read_fatal_record(path)
+            except (OSError, ValueError):
+                continue
+            if fatal is None or fatal.exception is None:
+                continue
+            frames = next((t.frames for t in fatal.threads if t.main), [])
+            op, user = dist_op(frames), user_frames(frames)
+            where = (f" inside {op}" if op else "") + (f" at {frame_text(user[0])}" if user else "")
+            entry["reason"] = f"ended by {fatal.exception.type}{where} (its stacks: {rundir.DUMPS_DIR}/{path.name})"
+            break
+        else:
+            code = entry.get("exit_code")
+            if isinstance(code, int) and code < 0:
+                import signal as _signal
+
+                try:
+                    name = _signal.Signals(-code).name
+                except ValueError:
+                    name = f"signal {-code}"
+                entry["reason"] = f"ended by {name} without finishing its files (torchrun's exit status)"
+
+
 def mark_consequences(entries: list[dict[str, Any]]) -> None:
     """A rank that failed because a peer died ("Connection closed by peer", stopped by torchrun after another
     rank's failure: ``ddpdoctor.flight.analyze.is_consequence``) while another rank failed for a reason of its own:
@@ -86,14 +134,17 @@ def mark_consequences(entries: list[dict[str, Any]]) -> None:
 BEFORE_WINDOW = "the run ended before the profiled window"
 
 
-def _before_window(entries: list[dict[str, Any]], config: dict[str, Any]) -> str:
+def before_window_note(entries: list[dict[str, Any]], config: dict[str, Any]) -> str:
     """The note for a run that recorded no trace because it ended (or crashed) before the window started."""
     try:
         first = f" (it starts at step {int(config.get('wait') or 0) + int(config.get('warmup') or 0) + 1})"
     except (AttributeError, TypeError, ValueError):
         first = ""
     ended = [
-        f"rank {e['rank']} {e['status']} after {e.get('steps') or 0} steps" for e in entries if e["status"] != "ok"
+        f"rank {e['rank']} {e['status']} after {e.get('steps') or 0} steps"
+        + (f" (a consequence of rank {', '.join(map(str, e['consequence_of']))})" if e.get("consequence_of") else "")
+        for e in sorted(entries, key=lambda e: (bool(e.get("consequence_of")), e["rank"]))  # the causes first
+        if e["status"] != "ok"
     ]
     return f"{BEFORE_WINDOW}{first}: no trace was recorded" + (f"; {', '.join(ended)}" if ended else "")
 
@@ -150,6 +201,7 @@ def build(
         # one trace, whether still .json or gzipped (the .json is removed only after the rank file names the .gz)
         same = {f.removesuffix(".gz") for f in listed}
         entry["trace_files"] = listed + [f for f in on_disk.get(entry["rank"], []) if f.removesuffix(".gz") not in same]
+    _how_they_died(out, entries, ranks)
     mark_consequences(entries)
     exit_codes = [n["exit_code"] for n in nodes]
     if not nodes:  # in-rank: each rank's own exit status; None while a rank has not finished
@@ -165,7 +217,7 @@ def build(
             "called): the trace covers the start of the run instead of chosen steps"
         )
     if ranks and steps_seen and not any(e.get("profiled_steps") or e.get("trace_files") for e in entries):
-        notes.append(_before_window(entries, config))
+        notes.append(before_window_note(entries, config))
     groups = process_groups(out, ranks)
     if len(groups) > 1:
         notes.append(groups_note(groups))

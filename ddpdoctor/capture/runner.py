@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import NoReturn
 
-from ddpdoctor.capture import invisible
+from ddpdoctor.capture import flight, invisible
 from ddpdoctor.capture.config import CaptureConfig
 from ddpdoctor.capture.session import Session
 
@@ -199,6 +199,7 @@ def _record_os_exit(session: Session, on_os_exit: Callable[[int], None] | None) 
     def recorded(code: int) -> NoReturn:
         if os.getpid() == pid:
             os._exit = real
+            flight.remove_fatal()
             try:
                 n = int(code)
                 session.finish("ok" if n == 0 else "failed", n, None if n == 0 else f"os._exit({n})")
@@ -247,13 +248,17 @@ def run(
     exc_info = None
     try:
         session.start()
+        flight.arm_fatal(session)  # dumps/rank<R>.fatal-<pid>.txt: the stacks at a fatal signal (a gloo abort)
         if target.kind == "script":
             _run_script(target.name)
         else:
             runpy.run_module(target.name, run_name="__main__", alter_sys=True)
+        _dump_if_peers_run(session)
     except SystemExit as exc:
         code, error = _exit_code(exc.code)
         status = "ok" if code == 0 else "failed"
+        if code == 0:
+            _dump_if_peers_run(session)
     except KeyboardInterrupt as exc:
         status, signum, error = "interrupted", signal.SIGINT, "KeyboardInterrupt"
         exc_info = None if quiet_interrupt else (type(exc), exc, exc.__traceback__)
@@ -268,6 +273,9 @@ def run(
         status, code, error = "failed", 1, f"{type(exc).__name__}: {exc}"
         exc_info = (type(exc), exc, exc.__traceback__)
         try:
+            # A stop signal from now on is recorded, not raised: torchrun's SIGTERM (sent to every rank as soon as
+            # one fails) must not cut the dump short; the rank still ends by it once its files are written.
+            _stopping()
             session.saw_exception(exc)  # dumps/rank<R>.exception-<ms>.json, with the traceback
         except _Terminated:
             pass  # stopped while dumping: the exception is still what ended the rank
@@ -278,6 +286,7 @@ def run(
         try:
             session.finish(status, 128 + signum if signum else code, error)
         finally:
+            flight.remove_fatal()
             settling.wait()
             if watch is not None:
                 signal.set_wakeup_fd(-1)
@@ -298,6 +307,27 @@ def run(
     if signum:
         return -int(signum)
     return code
+
+
+def _dump_if_peers_run(session: Session) -> None:
+    """The script returned (or exited with 0) while its process group is alive and other ranks of the job are still
+    running: dump (reason "exit", torch's fast dump: milliseconds), so that a peer left waiting in a collective this
+    rank never issued is diagnosed with this rank's last collective, not as a rank that vanished. A script that
+    destroyed its process group, or whose peers all finished, leaves no dump."""
+    try:
+        if not _process_group_alive() or "torch.distributed" not in sys.modules:
+            return
+        import torch.distributed as dist
+
+        if not dist.is_initialized() or dist.get_world_size() < 2:
+            return
+        from ddpdoctor.capture import hang
+
+        others = set(hang.running_ranks(session.out)) - {session.rank}
+        if others:
+            session.flight.dump("exit", dump_id=flight._now_id("exit"), frames=False)
+    except Exception:  # noqa: BLE001 - the rank ended well: a dump that cannot be made changes nothing
+        pass
 
 
 def _exit_code(code: object) -> tuple[int, str | None]:

@@ -36,6 +36,7 @@ def main() -> None:
         torchrun()
     except ChildFailedError as exc:  # the block of every rank's failure: one line each here, in full in the log
         log.write(traceback.format_exc())
+        log.write_exits(exc)
         for line in failure_lines(exc, log.path):
             print(f"ddpdoctor: {line}", file=sys.stderr, flush=True)
         sys.stdout.flush()
@@ -88,6 +89,23 @@ class _NodeLog:
             with open(self.path, "a", encoding="utf-8") as f:
                 f.write(text if text.endswith("\n") else text + "\n")
         except OSError:
+            pass
+
+    def write_exits(self, exc: Any) -> None:
+        """``nodes/exits<K>.json``: each failed rank's exit status as torchrun saw it (a rank ended by a signal
+        before it could write its own files has no other record of it)."""
+        if self.path is None:
+            return
+        try:
+            from ddpdoctor import rundir
+
+            failures = {
+                str(rank): {"exitcode": f.exitcode, "pid": f.pid, "local_rank": f.local_rank}
+                for rank, f in exc.failures.items()
+            }
+            exits = self.path.with_name("exits" + self.path.stem.removeprefix("node") + ".json")
+            rundir.atomic_write_json(exits, {"failures": failures})
+        except Exception:  # noqa: BLE001 - the summary lines still say it
             pass
 
     def divert(self, record: logging.LogRecord) -> bool:

@@ -257,8 +257,11 @@ class _Analysis:
     def _state(self, view: _Rank) -> RankState:
         d = view.dump
         rank = view.rank
-        foreign = d is not None and d.reason == "torch"  # torch's own dump: no step, phase or stacks
+        # torch's own dump: no step, phase or stacks; a fatal-signal record: stacks only
+        foreign = d is not None and d.reason in ("torch", "fatal")
         got = d.step if d is not None and not foreign else _int(view.status.get("steps"), -1)
+        if d is not None and d.reason == "fatal":
+            got = -1  # the rank file's step count is the one it last wrote, not the step the signal came in
         step = got if got >= 0 else None
         phase = d.phase if d is not None and not foreign else None
         since = (d.time - d.phase_since) if d is not None and d.phase_since else None
@@ -385,10 +388,68 @@ class _Analysis:
             tuple(self.notes),
         )
 
+    def _aborted_in_collective(self, crashed: list[int]) -> HealthVerdict | None:
+        """A rank that gloo aborted (a fatal signal while its main thread was inside a collective) while its peers
+        lost it in a collective: gloo aborts a process whose collective receives more data than its own tensor holds,
+        so this is a mismatch of the collective the ranks were in, not a crash of the rank's own code. The aborted
+        rank could not dump: its side is the collective its stack shows, its size is not recorded."""
+        aborted = {}
+        for r in crashed:
+            d = self.views[r].dump
+            if d is None or d.reason != "fatal" or d.exception is None:
+                continue
+            op = fr.dist_op(self.views[r].main_frames)
+            if op is not None:
+                aborted[r] = (op, d.exception.type)
+        if not aborted or len(aborted) != len(crashed):
+            return None
+        peers = [
+            r
+            for r, s in self.states.items()
+            if r not in aborted and s.state in (CONSEQUENCE, IN_COLLECTIVE) and s.collective is not None
+        ]
+        if not peers:
+            return None
+        ref = self.states[peers[0]].collective
+        assert ref is not None
+        if ref.backend and ref.backend != "gloo":
+            return None
+        kind = "size" if all(op == ref.op for op, _sig in aborted.values()) else "op"
+        by_rank: dict[int, str] = {}
+        sides = []
+        for r, (op, sig) in sorted(aborted.items()):
+            by_rank[r] = f"{op} (aborted by gloo with {sig} before it could dump: its size is not recorded)"
+            where = self.states[r].frames
+            at = f" at {frame_text(where[0])}" if where else ""
+            sides.append(f"rank {r}: {by_rank[r]}{at}")
+        for r in peers:
+            s = self.states[r]
+            c = s.collective
+            assert c is not None
+            issued = f"{c.op} {describe_shape(c.sizes, c.dtypes)}".strip()
+            by_rank[r] = issued
+            frame = c.frame or (s.frames[0] if s.frames else None)
+            at = f" at {frame_text(frame)}" if frame is not None else ""
+            lost = "then lost its peer" if s.state == CONSEQUENCE else "waits in it"
+            sides.append(f"rank {r}: {issued}{at}, {lost}")
+        word = {"size": "size", "op": "collective type"}[kind]
+        summary = (
+            f"{word} mismatch at {ref.op} #{ref.seq_id} ({ref.pg}): " + "; ".join(sides)
+            + " (gloo aborts a rank whose collective receives more data than its own tensor holds)"
+        )
+        self.evidence.append(summary)
+        for r, (op, sig) in sorted(aborted.items()):
+            self.evidence.append(f"rank {r} ended by {sig} inside {op} (its stack at the signal: faulthandler)")
+        mismatch = Mismatch(ref.pg, ref.seq_id, kind, dict(sorted(by_rank.items())))
+        return self._verdict("desync", sorted(by_rank), [], ref, [mismatch], summary)
+
     def _crash(self) -> HealthVerdict | None:
         crashed = [r for r, s in self.states.items() if s.state == CRASHED]
         strong = [r for r in crashed if r not in self.weak]
         if strong:
+            aborted = self._aborted_in_collective(strong)
+            if aborted is not None:
+                return aborted
             culprits = strong
         elif crashed and any(s.state in (CONSEQUENCE, IN_COLLECTIVE, OUTSIDE) for s in self.states.values()):
             culprits = crashed  # died without a word while the others lost it or wait for it
@@ -638,8 +699,16 @@ class _Analysis:
                 f"{_who(exited)} returned from main without issuing {what}; {_who(consequence)} failed as a "
                 "consequence" + (f" in {collective.describe()}" if collective else "")
             )
-            if collective is not None and collective.frame is not None:
-                summary += f", issued at {frame_text(collective.frame)}"
+            # where it was issued: the FR entry's frames, else the waiting rank's own traceback (a fast dump has none)
+            frame = collective.frame if collective is not None else None
+            if frame is None:
+                frame = next((self.states[r].frames[0] for r in consequence if self.states[r].frames), None)
+            if frame is not None:
+                summary += f", issued at {frame_text(frame)}"
+            for r in exited:
+                last = max((g.last_enqueued for g in self.views[r].groups.values()), default=-1)
+                if self.views[r].dump is not None and last >= 0:
+                    self.evidence.append(f"rank {r}'s last collective before it returned was #{last} (its exit dump)")
             found = []
             if collective is not None:
                 by = {

@@ -31,6 +31,9 @@ _MAX_FILES = 100_000  # files looked at in one folder
 
 # dumps/rank<R>.<id>.json
 _OWN_NAME = re.compile(r"rank(\d{1,10})\.([a-z0-9-]{1,64})\.json")
+# dumps/rank<R>.fatal-<pid>.txt: faulthandler's stacks at a fatal signal, below ddpdoctor's header line
+_FATAL_NAME = re.compile(r"rank(\d{1,10})\.fatal-(\d{1,10})\.txt")
+_FATAL_MAX_BYTES = 4 << 20
 # torch's names: <prefix><rank>, e.g. nccl_trace_rank_3, fr_trace_rank_3.json, my_prefix12.pkl
 _TORCH_NAME = re.compile(r"(.*?)(\d{1,10})(\.(?:json|pkl|pickle))?")
 _OWN_REASONS_STALE = ("hang", "on_demand")  # answers to a request: stale once a newer request was made
@@ -61,7 +64,7 @@ def find_dumps(path: Path) -> DumpSet:
     if path.is_dir():
         own = path / "dumps" if (path / "dumps").is_dir() else path
         names = _names(own)
-        if any(_OWN_NAME.fullmatch(n) for n in names):
+        if any(_OWN_NAME.fullmatch(n) or _FATAL_NAME.fullmatch(n) for n in names):
             return _own_dumps(own, names)
         if own is not path:  # a run directory whose dumps/ holds none of ours: torch's files may be beside it
             names = _names(path)
@@ -127,6 +130,17 @@ def _own_dumps(folder: Path, names: list[str]) -> DumpSet:
             found.skipped.append(f"{file}: rank {dump.rank} inside, rank {m.group(1)} in the name")
             continue
         by_rank.setdefault(dump.rank, []).append((m.group(2), dump))
+    for name in names:
+        m = _FATAL_NAME.fullmatch(name)
+        if not m:
+            continue
+        try:
+            fatal = read_fatal_record(folder / name)
+        except (OSError, ValueError) as exc:
+            found.skipped.append(f"{folder / name}: {_why(exc)}")
+            continue
+        if fatal is not None and fatal.rank == int(m.group(1)):
+            by_rank.setdefault(fatal.rank, []).append((f"fatal-{m.group(2)}", fatal))
     if not by_rank:
         return found
     # The newest request that was answered: a rank's answer to an older request is stale once a newer one was made.
@@ -180,6 +194,82 @@ def _own_dumps(folder: Path, names: list[str]) -> DumpSet:
             "each rank's newest dump is used: " + ", ".join(f"rank {r} {d.reason}" for r, d in found.dumps.items())
         )
     return found
+
+
+_SIGNAL_OF = {
+    "Aborted": "SIGABRT",
+    "Segmentation fault": "SIGSEGV",
+    "Bus error": "SIGBUS",
+    "Floating-point exception": "SIGFPE",
+    "Floating point exception": "SIGFPE",
+    "Illegal instruction": "SIGILL",
+}
+_THREAD_LINE = re.compile(r"(Current thread|Thread) (0x[0-9a-fA-F]+) \(most recent call first\):")
+_FILE_LINE = re.compile(r'  File "(.*)", line (\d+) in (.*)')
+
+
+def read_fatal_record(path: Path) -> FlightDump | None:
+    """``dumps/rank<R>.fatal-<pid>.txt`` as a FlightDump (reason "fatal": the signal as its exception, every thread's
+    stack, no Flight Recorder buffer: the process ran no Python after the signal); None when the signal never came
+    (the header alone). ValueError when it is not such a record."""
+    from ddpdoctor.capture.flight import FATAL_HEADER
+
+    text = rundir.read_regular(path, _FATAL_MAX_BYTES).decode("utf-8", "replace")
+    first, _, body = text.partition("\n")
+    if not first.startswith(FATAL_HEADER):
+        raise ValueError("not a fatal-signal record (no ddpdoctor header line)")
+    try:
+        header = json.loads(first[len(FATAL_HEADER) :])
+        rank, pid, main = int(header["rank"]), int(header.get("pid") or 0), int(header.get("main") or 0)
+        world = max(1, int(header.get("world_size") or 1))
+    except (ValueError, TypeError, KeyError, AttributeError):
+        raise ValueError("not a fatal-signal record (its header line is not ddpdoctor's)") from None
+    if not body.strip():
+        return None
+    fatal = re.search(r"Fatal Python error: ([^\n]*)", body)
+    what = fatal.group(1).strip() if fatal else "a fatal signal"
+    signame = _SIGNAL_OF.get(what, what)
+    threads: list[dict[str, Any]] = []
+    current = None
+    for line in body.splitlines():
+        m = _THREAD_LINE.match(line)
+        if m:
+            ident = int(m.group(2), 16)
+            current = {"name": "MainThread" if ident == main else f"thread {m.group(2)}", "ident": ident,
+                       "main": ident == main, "frames": []}  # fmt: skip
+            threads.append(current)
+            continue
+        m = _FILE_LINE.match(line)
+        if m and current is not None:
+            current["frames"].append({"file": m.group(1), "line": int(m.group(2)), "name": m.group(3).strip()})
+        elif current is not None and not line.startswith("  "):
+            current = None
+    for t in threads:
+        t["frames"].reverse()  # faulthandler lists the innermost first; a dump lists the outermost first
+    main_frames = next((t["frames"] for t in threads if t["main"]), [])
+    try:
+        mtime = path.stat().st_mtime
+    except OSError:
+        mtime = 0.0
+    data = {
+        "rank": rank,
+        "world_size": world,
+        "pid": pid,
+        "host": str(header.get("host") or ""),
+        "reason": "fatal",
+        "time": mtime,
+        "exception": {
+            "type": signame,
+            "message": f"Fatal Python error: {what} (the process was ended by the signal)",
+            "frames": main_frames,
+        },
+        "threads": threads,
+        "fr_error": "the process ended by a fatal signal: no Flight Recorder buffer could be dumped",
+    }
+    try:
+        return msgspec.convert(data, FlightDump)
+    except msgspec.ValidationError as exc:
+        raise ValueError(f"not a fatal-signal record ({exc})") from None
 
 
 def _why(exc: BaseException) -> str:

@@ -3,6 +3,10 @@
 STUCK_RANK/STUCK_STEP: that rank is stuck in its data function (``read_shard``) at that step, forever.
 DESYNC_STEP: at that step rank 0 all-reduces a 1-element metric while rank 1 broadcasts a 4-element tensor.
 SLOW_STEP/SLOW_S: every rank sleeps that long at that step (a compile-like first step), then goes on.
+SIZE_STEP: at that step rank 0 all-reduces a 4-element metric and the others a 16-element one (``sync_metric``):
+gloo aborts rank 0 (SIGABRT) when the larger message arrives.
+EARLY_RANK/EARLY_STEP: at that step that rank returns from ``main`` (its process ends normally, without destroying
+the process group) while the others wait for it in a barrier (``wait_for_peers``).
 STEPS: steps in all; SLEEP_MS: per step.
 """
 
@@ -20,6 +24,9 @@ STUCK_STEP = int(os.environ.get("STUCK_STEP", "6"))
 DESYNC_STEP = int(os.environ.get("DESYNC_STEP", "-1"))
 SLOW_STEP = int(os.environ.get("SLOW_STEP", "-1"))
 SLOW_S = float(os.environ.get("SLOW_S", "0"))
+SIZE_STEP = int(os.environ.get("SIZE_STEP", "-1"))
+EARLY_RANK = int(os.environ.get("EARLY_RANK", "-1"))
+EARLY_STEP = int(os.environ.get("EARLY_STEP", "-1"))
 SLEEP_MS = float(os.environ.get("SLEEP_MS", "0"))
 step = 0
 
@@ -31,6 +38,14 @@ def read_shard(rank, step):
     return torch.randn(16, 32)
 
 
+def sync_metric(rank):
+    dist.all_reduce(torch.ones(4 if rank == 0 else 16))
+
+
+def wait_for_peers():
+    dist.barrier()
+
+
 def main():
     global step
     dist.init_process_group("gloo")
@@ -39,7 +54,13 @@ def main():
     model = DDP(nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4)))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     for step in range(STEPS):
+        if step == EARLY_STEP:
+            if rank == EARLY_RANK:
+                return  # out of data: this rank leaves the job
+            wait_for_peers()
         x = read_shard(rank, step)
+        if step == SIZE_STEP:
+            sync_metric(rank)
         if step == SLOW_STEP:
             time.sleep(SLOW_S)
         if step == DESYNC_STEP:

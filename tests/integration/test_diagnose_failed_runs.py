@@ -157,6 +157,10 @@ def test_a_hang_before_the_window_is_diagnosed_without_a_trace(tmp_path):
     )  # fmt: skip
     assert traced.returncode != 0
     assert not list(out.glob("*.pt.trace.json*"))  # no trace at all
+    # the terminal tells one story: the note of a run without a window says how each rank ended as the verdict does
+    note = next(line for line in traced.stderr.splitlines() if "before the profiled window" in line)
+    assert "rank 1 hung after 3 steps, rank 0 interrupted after 3 steps (a consequence of rank 1)" in note, note
+    assert "rank 1 interrupted" not in traced.stderr, traced.stderr
     report, result = _diagnose(out)
     assert "no trace files" not in result.stderr
     first = report["findings"][0]
