@@ -138,7 +138,10 @@ def _main(argv: Sequence[str] | None) -> int:
     except SystemExit as exc:  # argparse: --help (0) or a usage error (2)
         return int(exc.code or 0)
     try:
-        return int(args.func(args))
+        from ddpdoctor.cli.cluster_opts import cluster_from_args
+
+        with cluster_from_args(args):
+            return int(args.func(args))
     except DDPDoctorError as exc:
         print(f"ddpdoctor: error: {exc}", file=sys.stderr)
         return exc.exit_code

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
+from ddpdoctor.cli.cluster_opts import add_cluster_options
 from ddpdoctor.cli.diagnose_cmd import add_rule_options, add_rule_selection, rule_options
 from ddpdoctor.errors import DDPDoctorError
 from ddpdoctor.pipeline import resolve_rules
@@ -55,6 +56,7 @@ def register(subparsers: Any, name: str, help_text: str) -> None:
     p.add_argument("--output", "-o", metavar="FILE", help="write the report to FILE instead of stdout")
     add_rule_selection(p)
     add_rule_options(p)
+    add_cluster_options(p)
     p.set_defaults(func=run)
 
 

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ddpdoctor.cli.cluster_opts import add_cluster_options
 from ddpdoctor.diagnosis.findings import SEVERITIES
 from ddpdoctor.errors import DDPDoctorError, UsageError
 from ddpdoctor.pipeline import RuleOptions, analyze_run, resolve_rules, without_gc
@@ -93,6 +94,7 @@ def register(subparsers: Any, name: str, help_text: str) -> None:
     add_rule_selection(p)
     p.add_argument("--steps", metavar="N..M", help="analyse only profiled steps N to M (M optional)")
     add_rule_options(p)
+    add_cluster_options(p)
     p.set_defaults(func=run)
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ddpdoctor.cli.argtypes import count
+from ddpdoctor.cli.cluster_opts import add_cluster_options
 from ddpdoctor.cli.diagnose_cmd import add_rule_options, add_rule_selection, parse_steps, rule_options
 from ddpdoctor.errors import UsageError
 
@@ -34,6 +35,7 @@ def register(subparsers: Any, name: str, help_text: str) -> None:
     p.add_argument("--force", action="store_true", help="replace FILE if it exists")
     add_rule_selection(p)
     add_rule_options(p)
+    add_cluster_options(p)
     p.set_defaults(func=run)
 
 

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ddpdoctor.cli.cluster_opts import add_cluster_options
 from ddpdoctor.cli.compare_cmd import emit
 from ddpdoctor.cli.diagnose_cmd import add_rule_options, add_rule_selection, rule_options
 from ddpdoctor.errors import DDPDoctorError
@@ -56,6 +57,7 @@ def register(subparsers: Any, name: str, help_text: str) -> None:
         p.add_argument("--output", "-o", metavar="FILE", help="write the baseline to FILE (default: stdout)")
         add_rule_selection(p)
         add_rule_options(p)
+        add_cluster_options(p)
         p.set_defaults(func=run_baseline)
         return
 
@@ -114,6 +116,7 @@ def register(subparsers: Any, name: str, help_text: str) -> None:
     )
     add_rule_selection(p)
     add_rule_options(p, config=False)
+    add_cluster_options(p)
     p.set_defaults(func=run_gate)
 
 

@@ -23,6 +23,7 @@ from ddpdoctor.load.schema import valid_rank, valid_world_size
 from ddpdoctor.rundir import is_run_dir
 
 if TYPE_CHECKING:
+    from ddpdoctor.load.cluster import DaskCluster
     from ddpdoctor.load.columns import FileColumns
 
 # The trace decoder, its tables and the checks across trace files are imported where traces are read: a run read
@@ -39,6 +40,7 @@ def load(
     use_summaries: bool = False,
     summarize: bool = False,
     steps: tuple[int, int | None] | None = None,
+    cluster: DaskCluster | None = None,
 ) -> Run:
     """Load every rank's traces under ``path``.
 
@@ -52,6 +54,9 @@ def load(
     memory stays bounded by the largest rank instead of growing with the run. A rank that must be put together
     from several workers' files, or whose rank is only known once every file is read and whose capture file
     then differs, keeps its tables (or the run is read again without summarising).
+    ``cluster``: a started ``load.cluster.DaskCluster`` (default: the one ``cluster.using`` set, if any): each
+    rank is decoded (and summarised) by a task on its workers, which read the files where they lie; the result is
+    the same as in-process.
     """
     root = Path(path)
     if not root.exists():
@@ -66,9 +71,13 @@ def load(
             return _make_run(root, summarized, "distributedInfo", capture, manifest, file_notes)
         file_notes += summary_notes
 
+    if cluster is None:
+        from ddpdoctor.load.cluster import current
+
+        cluster = current()
     groups = group_by_worker(trace_files(root))
     plan = _Summarize(capture, steps, frozenset(capture)) if summarize else None
-    results = _decode_groups(groups, workers, progress, plan)
+    results = _decode_groups(groups, workers, progress, plan, cluster)
     skipped = [s for _, _, errs in results for s in errs]
     trace_skipped = len(skipped)
     loaded = [(key, rt) for key, traces, _ in results for rt in traces]
@@ -86,7 +95,7 @@ def load(
         if plan is not None:
             _settle_ranks(ranks, plan)
     except _NeedTables:  # rare: spans of one rank in several workers' files, or a rank told by file order
-        return load(root, workers=workers, progress=progress)
+        return load(root, workers=workers, progress=progress, cluster=cluster)
     if run_dir:
         file_notes += _without_capture(root, ranks, capture, file_notes)
     return _make_run(root, ranks, source, capture, manifest, skipped + file_notes)
@@ -246,9 +255,35 @@ def json_bytes(path: Path) -> int:
 
 
 def _decode_groups(
-    groups: dict[str, list[Path]], workers: int | None, progress: Progress | None, plan: _Summarize | None = None
+    groups: dict[str, list[Path]],
+    workers: int | None,
+    progress: Progress | None,
+    plan: _Summarize | None = None,
+    cluster: DaskCluster | None = None,
 ) -> list[tuple[str, list[RankTrace], list[str]]]:
     total = len(groups)
+    if cluster is not None:
+        from ddpdoctor.load.cluster import absolute
+
+        def failed(key: str, exc: BaseException) -> tuple[str, list[RankTrace], list[str]]:
+            files = ", ".join(shown(Path(p).name) for p in groups[key][:3])
+            why = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+            return key, [], [f"{files}: its task failed on {cluster.label} ({why}); the other ranks are analysed"]
+
+        tasks = [
+            (key, (key, absolute(paths), plan.for_files(paths) if plan else None)) for key, paths in groups.items()
+        ]
+        results = cluster.run_each(_decode_group, tasks, failed, progress)
+        # the paths as this process was given them (relative ones stay relative): the same run as in-process
+        given = {str(a): str(p) for paths in groups.values() for a, p in zip(absolute(paths), paths, strict=True)}
+        for _, traces, errors in results:
+            for rt in traces:
+                rt.files = [given.get(str(f), f) for f in rt.files]
+            for i, text in enumerate(errors):
+                for a, p in given.items():
+                    text = text.replace(a, p)
+                errors[i] = text
+        return results
     if workers is None and total > 1:
         size = sum(json_bytes(p) for paths in groups.values() for p in paths)
         workers = None if size >= PARALLEL_MIN_BYTES else 1
