@@ -248,6 +248,10 @@ class DeviceMemory(msgspec.Struct, forbid_unknown_fields=False):
     capacity_bytes: Number | None = None
 
 
+# columns of a summary's tables that hold text: the collective's kind, where it was issued (metrics.comm.issuers)
+_TEXT_COLUMNS = frozenset(("kind", "issued_in"))
+
+
 class RankSummary(msgspec.Struct, forbid_unknown_fields=False):
     """``ranks/rank<R>.summary.json``: the metrics rank R computed from its own trace
     (``ddpdoctor.metrics.summary``). ``per_step``/``collectives`` are columns of equal length."""
@@ -264,9 +268,11 @@ class RankSummary(msgspec.Struct, forbid_unknown_fields=False):
     per_step: dict[str, list[Number | bool | str | None]] = {}
     collectives: dict[str, list[Number | bool | str | None]] = {}
     devices: list[DeviceMemory] = []
+    # communication not hidden by computation in the analysed steps: intervals (µs), what exposed transfer needs
+    exposed_comm: dict[str, list[Number]] = {}
 
     def __post_init__(self) -> None:
-        for table in ("per_step", "collectives"):
+        for table in ("per_step", "collectives", "exposed_comm"):
             lengths = {len(column) for column in getattr(self, table).values()}
             if len(lengths) > 1:
                 raise ValueError(f"the {table} columns have different lengths")
@@ -280,7 +286,7 @@ class RankSummary(msgspec.Struct, forbid_unknown_fields=False):
         if not _plain_tables(self.per_step, self.collectives):
             for table in ("per_step", "collectives"):
                 for key, values in getattr(self, table).items():
-                    if not all(_plain_value(v, text=key == "kind") for v in values):
+                    if not all(_plain_value(v, text=key in _TEXT_COLUMNS) for v in values):
                         raise ValueError(f"{table}.{key} holds a value that is not a finite number")
 
 
@@ -299,9 +305,10 @@ class RankSummaryWire(RankSummary):
     metrics: dict[str, _WireNumber | bool | str | None] = {}  # type: ignore[assignment]
     per_step: dict[str, list[_WireNumber | bool | str | None]] = {}  # type: ignore[assignment]
     collectives: dict[str, list[_WireNumber | bool | str | None]] = {}  # type: ignore[assignment]
+    exposed_comm: dict[str, list[_WireNumber]] = {}  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
-        for table in (self.per_step, self.collectives):
+        for table in (self.per_step, self.collectives, self.exposed_comm):
             if len({len(column) for column in table.values()}) > 1:
                 raise ValueError("columns of different lengths")
         if self.per_step and "step_ms" not in self.per_step:
@@ -312,7 +319,7 @@ class RankSummaryWire(RankSummary):
             raise ValueError("text in a numeric metric")
         for table in (self.per_step, self.collectives):
             for key, column in table.items():
-                if key != "kind" and str in set(map(type, column)):
+                if key not in _TEXT_COLUMNS and str in set(map(type, column)):
                     raise ValueError("text in a numeric column")
 
 
@@ -347,10 +354,10 @@ def _plain_metrics(metrics: dict[str, Any]) -> bool:
 
 
 def _plain_tables(*tables: dict[str, list[Any]]) -> bool:
-    """The quick test of a summary's columns (text only in ``kind``), all columns at once."""
-    numbers = [v for t in tables for k, col in t.items() if k != "kind" for v in (col,)]
+    """The quick test of a summary's columns (text only in ``_TEXT_COLUMNS``), all columns at once."""
+    numbers = [v for t in tables for k, col in t.items() if k not in _TEXT_COLUMNS for v in (col,)]
     return _all_plain(list(itertools.chain.from_iterable(numbers)), text=False) and all(
-        _all_plain(t["kind"], text=True) for t in tables if "kind" in t
+        _all_plain(t[k], text=True) for t in tables for k in _TEXT_COLUMNS if k in t
     )
 
 

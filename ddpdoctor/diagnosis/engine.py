@@ -99,7 +99,9 @@ def _not_applicable(rule: Rule, run: Mapping[str, Any]) -> str | None:
         return f"applies to {', '.join(rule.backends)} runs; this run uses {backend}"
     parallelism = run.get("parallelism") or {"single": "single", "dp": "dp"}.get(str(mode))
     if isinstance(parallelism, str) and parallelism:
-        parts = parallelism.split("+")
+        # "zero1" (optimizer state sharded on top of DDP's gradient all-reduce) qualifies the job: the rules of
+        # the rest still fit it
+        parts = [p for p in parallelism.split("+") if p != "zero1"] or parallelism.split("+")
         if not all(p in rule.parallelism for p in parts):
             words = " + ".join(_PARALLELISM_WORDS.get(p, p) for p in parts)
             evidence = run.get("parallelism_evidence")

@@ -13,7 +13,13 @@ import numpy as np
 from ddpdoctor.load.model import Run
 from ddpdoctor.metrics import catalog
 from ddpdoctor.metrics.capture import ddp_timers
-from ddpdoctor.metrics.cross_rank import all_collectives, cross_rank, transfer_bandwidth
+from ddpdoctor.metrics.cross_rank import (
+    all_collectives,
+    cross_rank,
+    transfer_bandwidth,
+    transfer_metrics,
+    transfer_times,
+)
 from ddpdoctor.metrics.evidence import run_evidence
 from ddpdoctor.metrics.health import health_metrics
 from ddpdoctor.metrics.result import RANK_METRICS, LazyTable, RunMetrics
@@ -43,13 +49,15 @@ def analyze(run: Run, steps: tuple[int, int | None] | None = None, verdict: Any 
             summaries.append(summarize_rank(rt, run.capture.get(rt.rank), steps))
     colls = all_collectives(summaries)
     waits, straggler = cross_rank(summaries, colls)
+    transfer_us = transfer_times(summaries, colls)
+    transfer = transfer_metrics(summaries, colls, transfer_us)
     hosts = Counter(c.get("hostname") for c in run.capture.values() if c.get("hostname"))
     setup_ranks, setup_run = setup_metrics(run.capture)  # the set-up checklist: from the capture, not traces
     ranks = []
     for s in summaries:
         m = {"rank": s["rank"], **dict(zip(RANK_METRICS, map(s["metrics"].get, RANK_METRICS), strict=True))}
         m.update(waits.get(s["rank"], {}))
-        m["exposed_transfer_ms"] = _exposed_transfer(m.get("exposed_comm_ms"), m.get("collective_wait_ms"))
+        m.update(transfer.get(s["rank"]) or dict.fromkeys(catalog.group("transfer")))
         host = (run.capture.get(s["rank"]) or {}).get("hostname")
         m["local_world_size"] = hosts.get(host) if host else None
         m.update(setup_ranks.get(s["rank"]) or dict.fromkeys(SETUP_RANK_METRICS))
@@ -71,11 +79,17 @@ def analyze(run: Run, steps: tuple[int, int | None] | None = None, verdict: Any 
     run_metrics.update(health)
     if health_doc is not None:
         run_metrics["health"] = health_doc
+    if any("exposed_comm" not in s for s in summaries) and any(r.get("comm_ms") for r in ranks):
+        run_metrics["not_measured"] = {
+            **run_metrics.get("not_measured", {}),
+            "exposed_transfer_ms": "the ranks' summary files predate the exposed-transfer measurement"
+            " (`diagnose --steps 0..` reads the traces)",
+        }
     return RunMetrics(
         run=run_metrics,
         ranks=ranks,
         per_step=per_step,
-        collectives=transfer_bandwidth(summaries, colls),
+        collectives=transfer_bandwidth(summaries, colls, transfer_us),
         devices=devices,
     )
 
@@ -115,14 +129,6 @@ def _per_step_frame(summaries: list[dict[str, Any]]) -> Table:
             hidden = 1.0 - exposed / np.where(comm > 0, comm, np.nan)
         per_step["overlap_ratio"] = np.clip(hidden, 0.0, 1.0)
     return per_step
-
-
-def _exposed_transfer(exposed_ms: float | None, wait_ms: float | None) -> float | None:
-    """Exposed communication that is really moving data: exposed time less the time spent waiting for a late
-    peer (that part is the straggler's cost, not a lack of overlap)."""
-    if exposed_ms is None:
-        return None
-    return max(0.0, exposed_ms - (wait_ms or 0.0))
 
 
 def _run_level(

@@ -51,7 +51,13 @@ KINDS = (
     "send",
     "recv",
 )
-COLLECTIVE_COLUMNS = ["kind", "start_us", "end_us", "dur_us", "bytes", "group_size", "source"]
+COLLECTIVE_COLUMNS = ["kind", "start_us", "end_us", "dur_us", "bytes", "group_size", "source", "issued_us"]
+# Where the training thread issued a collective (``issuers``): DDP's buffer broadcast runs inside
+# ``DistributedDataParallel.forward``; an optimizer's own collectives (ZeroRedundancyOptimizer's parameter
+# broadcasts after its local step) inside torch's ``Optimizer.step#<Class>.step`` range.
+_DDP_FORWARD = re.compile(r"^DistributedDataParallel\.forward$")
+_OPTIMIZER_STEP = re.compile(r"^Optimizer\.step#")
+ISSUED_IN = ("ddp_forward", "optimizer", "other")
 
 # Bytes per element of every dtype string torch writes into a trace, keyed in the form ``dtype_bytes`` looks up
 # (lower case, no ``c10::``/``at::``/``torch.`` prefix, single spaces): c10::toString names (``Float``, ``Byte``:
@@ -214,6 +220,20 @@ def busy_sets(rt: RankTrace) -> tuple[iv.Intervals, iv.Intervals, bool]:
     return iv.union(ts[comm], te[comm]), iv.union(ts[comp], te[comp]), False
 
 
+def exposed_set(rt: RankTrace) -> iv.Intervals:
+    """Communication not overlapped by computation, as the breakdown's ``exposed_comm_ms`` counts it: on the device,
+    comm kernels less every other device work; on the CPU, the gloo ranges less the compute ops of ``busy_sets``."""
+    from ddpdoctor.load.categories import DEVICE_WORK_CATS
+
+    comm, compute, on_device = busy_sets(rt)
+    k = rt.tables.kernels
+    work = k[k["cat"].isin(DEVICE_WORK_CATS)] if len(k) else k
+    if on_device and len(work):
+        dev = work[~names_matching(work, COMM_KERNEL)]
+        return iv.subtract(comm, iv.union(dev["ts_us"], dev["end_us"]))
+    return iv.subtract(comm, compute)
+
+
 def collectives(rt: RankTrace, calls: Table | None = None) -> Table:
     """One row per collective call: ``kind, start_us, end_us, dur_us, bytes, group_size, source``.
 
@@ -235,6 +255,7 @@ def collectives(rt: RankTrace, calls: Table | None = None) -> Table:
                 "bytes": timed["bytes"],
                 "group_size": timed["group_size"],
                 "source": timed["name"].values(),
+                "issued_us": timed["ts_us"],  # gloo's thread starts the work as soon as it is queued
             }
         )
     rows = rows[_notna(rows["kind"])]
@@ -421,5 +442,79 @@ def _kernel_collectives(rt: RankTrace, kernels: Table, calls: Table) -> Table:
             "bytes": nbytes,
             "group_size": group,
             "source": source,
+            "issued_us": np.asarray(launched, dtype=np.float64),
         }
     )
+
+
+def issuers(rt: RankTrace, colls: Table) -> np.ndarray:
+    """For each row of ``collectives(rt)``, where the job issued it: "ddp_forward" (inside
+    ``DistributedDataParallel.forward``: DDP's buffer broadcast), "optimizer" (inside an ``Optimizer.step#...``
+    range: ZeRO's parameter sync), "other"; None for every row where the trace cannot tell (no issuing
+    ``c10d::*``/``nccl:*``/``gloo:*`` op on a training thread, or no range of DDP or an optimizer at all).
+
+    A collective is issued by the latest issuing op of its kind at or before its issue time (the kernel's launch,
+    or the start of gloo's work, which runs on gloo's own threads after the training thread queued it): several
+    queued at once (ZeRO's asynchronous broadcasts) may be matched one off, but to an op in the same range."""
+    out = np.full(len(colls), None, dtype=object)
+    if len(colls) == 0 or rt.tables is None:
+        return out
+    ops = rt.tables.ops
+    if len(ops) == 0:
+        return out
+    ddp_fwd = ops[names_matching(ops, _DDP_FORWARD)]
+    opt_step = ops[names_matching(ops, _OPTIMIZER_STEP)]
+    if len(ddp_fwd) == 0 and len(opt_step) == 0:
+        return out
+    comm_ops = rt.tables.comm_ops
+    if len(comm_ops) == 0:
+        return out
+    names = comm_ops["name"]
+    issued = comm_ops[names.startswith("c10d::")]
+    if len(issued) == 0:  # no dispatcher ops: the calls themselves, where they run on a training thread
+        issued = comm_ops[names.matches(_COMM_CALL)]
+        gloo_threads = distinct(ops["tid"][names_matching(ops, _CPU_COMM_RANGE)])
+        issued = issued[~np.isin(issued["tid"], gloo_threads)]
+    if len(issued) == 0:
+        return out
+    kinds = kinds_of(issued["name"])
+    in_fwd = _enclosing(ddp_fwd, issued) >= 0 if len(ddp_fwd) else np.zeros(len(issued), dtype=bool)
+    in_opt = _enclosing_any(opt_step, issued) if len(opt_step) else np.zeros(len(issued), dtype=bool)
+    where = np.where(in_fwd, "ddp_forward", np.where(in_opt, "optimizer", "other")).astype(object)
+    ts = issued["ts_us"].astype(np.float64)
+    at = colls["issued_us"].astype(np.float64)
+    row_kinds = np.asarray(colls["kind"], dtype=object)
+    for kind in {k for k in row_kinds.tolist() if k is not None}:
+        mine = np.flatnonzero(kinds == kind)
+        rows = np.flatnonzero(row_kinds == kind)
+        if len(mine) == 0:
+            out[rows] = "other" if len(ddp_fwd) else None  # issued by nothing the trace shows (a thread of its own)
+            continue
+        mine = mine[np.argsort(ts[mine], kind="stable")]
+        j = np.searchsorted(ts[mine], at[rows] + 1.0, side="right") - 1  # 1 µs: the trace's resolution
+        ok = j >= 0
+        out[rows[ok]] = where[mine[j[ok]]]
+        out[rows[~ok]] = "other"
+    if len(ddp_fwd) == 0:  # no DDP forward range: a buffer broadcast cannot be told from any other
+        out[out != "optimizer"] = None
+    return out
+
+
+def _enclosing_any(ranges: Table, calls: Table) -> np.ndarray:
+    """For each call, whether any row of ``ranges`` on its thread encloses it (ranges that nest: an optimizer's
+    step inside another's)."""
+    out = np.zeros(len(calls), dtype=bool)
+    if len(ranges) == 0 or len(calls) == 0:
+        return out
+    c_tid, c_ts, c_end = calls["tid"], calls["ts_us"], calls["end_us"]
+    for tid in distinct(ranges["tid"]):
+        rows = ranges[ranges["tid"] == tid]
+        sel = np.flatnonzero(c_tid == tid)
+        if len(sel) == 0:
+            continue
+        merged = iv.union(rows["ts_us"], rows["end_us"])
+        i = iv.locate(merged[0], merged[1], c_ts[sel].astype(np.float64))
+        ok = i >= 0
+        ok[ok] = merged[1][i[ok]] >= c_end[sel][ok]
+        out[sel] = ok
+    return out

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from ddpdoctor.metrics import catalog
 from ddpdoctor.metrics.group_sums import (
     Segments,
     n_distinct,
@@ -338,22 +339,145 @@ def _analysed_steps(summaries: list[dict[str, Any]]) -> set[int]:
     return steps
 
 
-def transfer_bandwidth(summaries: list[dict[str, Any]], colls: Table | None = None) -> Table:
-    """Per rank and kind: ``count, bytes, ms, algbw_gbps, busbw_gbps`` over the analysed steps (ms = own
-    time). ``colls``: ``all_collectives(summaries)`` when the caller has it."""
+def transfer_times(summaries: list[dict[str, Any]], colls: Table) -> np.ndarray:
+    """Per row of ``colls`` (``all_collectives``): the collective's transfer time (µs), the same on every rank --
+    from the moment its last peer arrived to its end. The last to arrive waits for no one, so that is the
+    shortest duration over the ranks that ran it (clock offsets between hosts do not enter). NaN where not every
+    peer of the collective is in the data (its group size, else the world size, exceeds the ranks matched), or it
+    is matched on no other rank; its own duration in a one-process group (nothing to wait for)."""
+    t = np.full(len(colls), np.nan)
+    if len(colls) == 0:
+        return t
+    world_of = {s["rank"]: int(s.get("world_size") or 1) for s in summaries}
+    ranks = colls["rank"]
+    known = np.array(sorted(world_of), dtype=np.int64)
+    worlds = np.array([world_of[r] for r in known.tolist()], dtype=np.float64)
+    at = np.minimum(np.searchsorted(known, ranks), max(len(known) - 1, 0))
+    world = np.where(known[at] == ranks, worlds[at], 1.0) if len(known) else np.ones(len(colls))
+    group = colls["group_size"]
+    size = np.where(group > 0, group, world)
+    dur = colls["dur_us"]
+    alone = size <= 1
+    t[alone] = dur[alone]
+    ok = _keyed(colls) & (colls["step"] >= 0) & ~alone
+    if not ok.any():
+        return t
+    rows = np.flatnonzero(ok)
+    sub = colls[ok]
+    gid, n = _key_ids(sub)
+    seen = group_nunique(sub["rank"], gid, n)
+    need = np.zeros(n)
+    np.maximum.at(need, gid, size[rows])
+    full = seen[gid] >= np.maximum(need[gid], 2)
+    shortest = group_min(sub["dur_us"], gid, n)[gid]
+    t[rows[full]] = shortest[full]
+    return t
+
+
+def transfer_metrics(
+    summaries: list[dict[str, Any]], colls: Table, transfer_us: np.ndarray | None = None
+) -> dict[int, dict[str, float | None]]:
+    """Per rank over its analysed steps: ``exposed_transfer_ms`` (per step: the time some collective of the rank
+    is transferring -- after its last peer arrived -- while no computation runs: the transfer intervals, unioned,
+    intersected with the summary's ``exposed_comm`` intervals; waiting hidden under computation was never exposed,
+    waiting that is exposed is not transfer), ``algbw_gbps``/``busbw_gbps`` (bytes of the sized collectives over
+    the union of their transfer intervals: concurrent collectives, gloo's two threads, counted once).
+
+    Collectives matched on no other rank count their whole duration as transfer in the exposed time (no wait is
+    known) and are left out of the bandwidth. None where the rank's collectives have no transfer time (peers
+    absent from the data) or the summary has no ``exposed_comm``."""
+    from ddpdoctor.metrics.comm import bus_factor
+    from ddpdoctor.metrics import intervals as iv
+
+    out: dict[int, dict[str, float | None]] = {}
+    windows = _Windows(summaries)
+    ranks_all = [s["rank"] for s in summaries]
+    n = len(summaries)
+    t = transfer_times(summaries, colls) if transfer_us is None else transfer_us
+    pos_of = {r: i for i, r in enumerate(ranks_all)}
+    if len(colls):
+        analysed = _in_analysed_steps(colls, summaries, windows)
+        rid = np.array([pos_of.get(r, -1) for r in colls["rank"].tolist()], dtype=np.int64)
+        analysed &= rid >= 0
+    else:
+        analysed = np.zeros(0, dtype=bool)
+        rid = np.zeros(0, dtype=np.int64)
+    c = colls[analysed] if len(colls) else colls
+    rid, tt = rid[analysed], t[analysed]
+    matched = ~np.isnan(tt)
+    rows_n = np.bincount(rid, minlength=n)
+    matched_n = np.bincount(rid[matched], minlength=n)
+    end = c["end_us"].astype(np.float64) if len(c) else np.zeros(0)
+    dur = c["dur_us"].astype(np.float64) if len(c) else np.zeros(0)
+    own_t = np.where(matched, tt, dur)
+    transfer = iv.union_by(end - own_t, end, rid)
+    e_start, e_end, e_grp = [], [], []
+    has_exposed = np.zeros(n, dtype=bool)
+    for i, s in enumerate(summaries):
+        e = s.get("exposed_comm")
+        if isinstance(e, dict) and isinstance(e.get("start_us"), list) and isinstance(e.get("end_us"), list):
+            has_exposed[i] = True
+            e_start.extend(e["start_us"])
+            e_end.extend(e["end_us"])
+            e_grp.extend([i] * len(e["start_us"]))
+    exposed = iv.union_by(np.asarray(e_start, dtype=np.float64), np.asarray(e_end, dtype=np.float64), np.asarray(e_grp, dtype=np.int64))
+    exposed_us = iv.total_by(exposed, n)
+    hidden_not = iv.total_by(iv.intersect_by(transfer, exposed), n)
+    nbytes = c["bytes"].astype(np.float64) if len(c) else np.zeros(0)
+    sized = matched & ~np.isnan(nbytes) & (nbytes > 0) & (tt > 0)
+    moving = iv.union_by((end - tt)[sized], end[sized], rid[sized])
+    seconds = iv.total_by(moving, n) / 1e6
+    bytes_sum = np.bincount(rid[sized], weights=nbytes[sized], minlength=n)
+    factors = np.ones(len(c))
+    if sized.any():
+        world = np.array([int(s.get("world_size") or 1) for s in summaries], dtype=np.int64)
+        group = c["group_size"]
+        size = np.where(group > 0, group, world[rid]).astype(np.int64)
+        kinds = np.asarray(c["kind"].values() if hasattr(c["kind"], "values") else c["kind"], dtype=object)
+        for kind, g in {(str(k), int(x)) for k, x in zip(kinds[sized].tolist(), size[sized].tolist(), strict=True)}:
+            factors[(kinds == kind) & (size == g)] = bus_factor(kind, g)
+    bus_sum = np.bincount(rid[sized], weights=(nbytes * factors)[sized], minlength=n)
+    counts = windows.counts
+    for i, r in enumerate(ranks_all):
+        steps = int(counts[i])
+        if steps == 0:
+            continue
+        values: dict[str, float | None] = dict.fromkeys(catalog.group("transfer"))
+        if has_exposed[i]:
+            if rows_n[i] == 0:  # no collective in the analysed steps: whatever is exposed, nobody was waited for
+                values["exposed_transfer_ms"] = float(exposed_us[i]) / steps / 1e3
+            elif matched_n[i] > 0:
+                values["exposed_transfer_ms"] = float(hidden_not[i]) / steps / 1e3
+        if seconds[i] > 0:
+            values["algbw_gbps"] = float(bytes_sum[i] / seconds[i] / 1e9)
+            values["busbw_gbps"] = float(bus_sum[i] / seconds[i] / 1e9)
+        out[r] = values
+    return out
+
+
+def transfer_bandwidth(
+    summaries: list[dict[str, Any]], colls: Table | None = None, transfer_us: np.ndarray | None = None
+) -> Table:
+    """Per rank and kind over the analysed steps: ``count``, ``bytes``, ``ms`` (the rank's wall time in that kind,
+    concurrent collectives counted once: waiting included), ``algbw_gbps``/``busbw_gbps`` (bytes over the union
+    of the transfer intervals, ``transfer_times``: None where no collective of the kind has one).
+    ``colls``: ``all_collectives(summaries)`` when the caller has it."""
+    from ddpdoctor.metrics import intervals as iv
     from ddpdoctor.metrics.comm import bus_factor
 
     out_columns = ["rank", "kind", "count", "bytes", "ms", "algbw_gbps", "busbw_gbps"]
     colls = all_collectives(summaries) if colls is None else colls
     if len(colls) == 0:
         return Table.from_records([], out_columns)
+    t_all = transfer_times(summaries, colls) if transfer_us is None else transfer_us
     order = {s["rank"]: i for i, s in enumerate(summaries)}
-    keep = _in_analysed_steps(colls, summaries)
-    c = colls[keep & (colls["kind"].codes >= 0)]
+    keep = _in_analysed_steps(colls, summaries) & (colls["kind"].codes >= 0)
+    c = colls[keep]
+    t = t_all[keep]
     if len(c) == 0:
         return Table.from_records([], out_columns)
     nbytes = c["bytes"]
-    sized = ~np.isnan(nbytes) & (nbytes > 0)
+    sized = ~np.isnan(nbytes) & (nbytes > 0) & ~np.isnan(t) & (t > 0)
     rank_order = np.array([order[r] for r in c["rank"].tolist()], dtype=np.int64)
     gid, n = group_ids(rank_order, c["rank"], c["kind"])
     # one row per group, in group order (sorted by the rank's position, rank, kind)
@@ -362,9 +486,9 @@ def transfer_bandwidth(summaries: list[dict[str, Any]], colls: Table | None = No
     count = np.bincount(gid, minlength=n)
     bytes_sum = pairwise_group_sum(np.where(np.isnan(nbytes), 0.0, nbytes), gid, n)
     bytes_seen = np.bincount(gid, weights=(~np.isnan(nbytes)).astype(np.float64), minlength=n)
-    dur = pandas_group_sum(c["dur_us"], gid, n)
+    own = iv.total_by(iv.union_by(c["start_us"], c["end_us"], gid), n)
+    moving = iv.total_by(iv.union_by((c["end_us"] - t)[sized], c["end_us"][sized], gid[sized]), n)
     sized_bytes = pandas_group_sum(np.where(sized, nbytes, 0.0), gid, n)
-    sized_dur = pandas_group_sum(np.where(sized, c["dur_us"], 0.0), gid, n)
     sized_group = np.where(sized, c["group_size"], np.nan)
     group_max = np.full(n, -np.inf)
     ok = ~np.isnan(sized_group)
@@ -377,7 +501,7 @@ def transfer_bandwidth(summaries: list[dict[str, Any]], colls: Table | None = No
         i = int(first[g])
         r = int(c["rank"][i])
         kind = kinds.at(i)
-        seconds = sized_dur[g] / 1e6
+        seconds = moving[g] / 1e6
         sg = group_max[g]
         size = int(sg) if sg == sg and sg > 0 else world[r]
         algbw = float(sized_bytes[g] / seconds / 1e9) if seconds > 0 else None
@@ -387,7 +511,7 @@ def transfer_bandwidth(summaries: list[dict[str, Any]], colls: Table | None = No
                 "kind": kind,
                 "count": int(count[g]),
                 "bytes": float(bytes_sum[g]) if bytes_seen[g] >= 1 else None,
-                "ms": float(dur[g] / 1e3),
+                "ms": float(own[g] / 1e3),
                 "algbw_gbps": algbw,
                 "busbw_gbps": algbw * bus_factor(str(kind), size) if algbw is not None else None,
             }

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ddpdoctor.metrics.group_sums import running_max
+
 Intervals = tuple[np.ndarray, np.ndarray]
 EMPTY: Intervals = (np.zeros(0), np.zeros(0))
 
@@ -106,3 +108,50 @@ def locate(iv_starts: np.ndarray, iv_ends: np.ndarray, t: np.ndarray) -> np.ndar
     i = np.searchsorted(iv_starts, t, side="right") - 1
     ok = (i >= 0) & (t <= iv_ends[np.maximum(i, 0)])
     return np.where(ok, i, -1)
+
+
+# ---- many interval sets at once: each interval has a group (a rank, a (rank, kind) pair), numbered 0..n-1 --------
+GroupedIntervals = tuple[np.ndarray, np.ndarray, np.ndarray]  # starts, ends, group: sorted by (group, start)
+
+
+def union_by(starts: np.ndarray, ends: np.ndarray, group: np.ndarray) -> GroupedIntervals:
+    """The union of each group's intervals (concurrent ones counted once), as disjoint intervals sorted by
+    (group, start); empty intervals dropped."""
+    starts = np.asarray(starts, dtype=np.float64)
+    ends = np.asarray(ends, dtype=np.float64)
+    group = np.asarray(group, dtype=np.int64)
+    keep = ends > starts
+    s, e, g = starts[keep], ends[keep], group[keep]
+    if len(s) == 0:
+        return np.zeros(0), np.zeros(0), np.zeros(0, dtype=np.int64)
+    order = np.lexsort((s, g))
+    s, e, g = s[order], e[order], g[order]
+    seg_new = np.r_[True, g[1:] != g[:-1]]
+    seg = np.cumsum(seg_new) - 1
+    reach = running_max(e, seg)  # the running maximum of the ends within each group, exactly
+    new = seg_new.copy()
+    new[1:] |= s[1:] > reach[:-1]
+    first = np.flatnonzero(new)
+    last = np.append(first[1:] - 1, len(s) - 1)
+    return s[first], reach[last], g[first]
+
+
+def intersect_by(a: GroupedIntervals, b: GroupedIntervals) -> GroupedIntervals:
+    """a ∩ b within each group, for two outputs of ``union_by``."""
+    if len(a[0]) == 0 or len(b[0]) == 0:
+        return np.zeros(0), np.zeros(0), np.zeros(0, dtype=np.int64)
+    pts = np.concatenate([a[0], a[1], b[0], b[1]])
+    grp = np.concatenate([a[2], a[2], b[2], b[2]])
+    w = np.concatenate([np.ones(len(a[0])), -np.ones(len(a[1])), np.full(len(b[0]), 2.0), np.full(len(b[1]), -2.0)])
+    order = np.lexsort((pts, grp))
+    pts, grp, w = pts[order], grp[order], w[order]
+    level = np.cumsum(w)  # each group's weights sum to 0: the level is 0 between groups
+    last_at_t = np.append((pts[1:] != pts[:-1]) | (grp[1:] != grp[:-1]), True)
+    pts, grp, level = pts[last_at_t], grp[last_at_t], level[last_at_t]
+    inside = (level[:-1] == 3) & (grp[:-1] == grp[1:])
+    return pts[:-1][inside], pts[1:][inside], grp[:-1][inside]
+
+
+def total_by(ivs: GroupedIntervals, n: int) -> np.ndarray:
+    """Total length (µs) of each group's disjoint intervals, groups 0..n-1."""
+    return np.bincount(ivs[2], weights=ivs[1] - ivs[0], minlength=n)[:n] if n else np.zeros(0)

@@ -15,6 +15,9 @@ the host phase they were issued in, and whether DDP's or FSDP's own ranges are i
   all-reduces in forward). Collectives are placed where the training thread issues them (``c10d::*`` ops), not
   where gloo's threads run them.
 - ``pipeline``: point-to-point send/recv between stages.
+- ``zero1``: optimizer-state sharding (``ZeroRedundancyOptimizer``): parameter broadcasts or all-gathers issued
+  inside the optimizer's step (``Optimizer.step#...``), after the local update, on top of DDP's gradient
+  all-reduce (``ddp+zero1``). A qualifier: the DDP rules still fit such a job.
 
 Several signatures make a mix (``"tp+ddp"``). ``"none"``: several ranks and no collective in the analysed steps;
 ``"single"``: one process; ``"unknown"``: collectives that fit no signature (the rules that need to know say so).
@@ -29,7 +32,7 @@ import numpy as np
 
 from ddpdoctor.load.model import RankTrace
 from ddpdoctor.metrics import catalog
-from ddpdoctor.metrics.comm import _enclosing, _notna, kinds_of
+from ddpdoctor.metrics.comm import _OPTIMIZER_STEP, _enclosing, _enclosing_any, _notna, kinds_of
 from ddpdoctor.metrics.phases import host_phases, names_matching, phase_at
 from ddpdoctor.table import Table
 
@@ -92,6 +95,13 @@ def parallelism_evidence(rt: RankTrace, steps: Table, calls: Table, timed: int =
     out["allgather_per_step"] = float((kinds == "all_gather").sum()) / n_steps
     out["reduce_scatter_per_step"] = float((kinds == "reduce_scatter").sum()) / n_steps
     out["p2p_per_step"] = float(np.isin(kinds.astype(str), ["send", "recv", "send_recv"]).sum()) / n_steps
+    opt_ranges = ops[names_matching(ops, _OPTIMIZER_STEP)] if ops is not None and len(ops) else ops
+    sync = np.isin(kinds.astype(str), ["broadcast", "all_gather"])
+    out["optimizer_collectives_per_step"] = (
+        float((_enclosing_any(opt_ranges, c[sync]) if sync.any() else np.zeros(0, dtype=bool)).sum()) / n_steps
+        if opt_ranges is not None and len(opt_ranges)
+        else 0.0
+    )
     return out
 
 
@@ -153,6 +163,12 @@ def detect_parallelism(ranks: list[dict[str, Any]], mode: str | None, world_size
         parts.append("ddp")
         why.append(
             f"{most('backward_allreduce_per_step'):.0f} gradient all-reduces per step, issued during backward only"
+        )
+    if most("optimizer_collectives_per_step") >= 1:
+        parts.append("zero1")
+        why.append(
+            f"{most('optimizer_collectives_per_step'):.0f} parameter broadcasts/all-gathers per step issued inside the"
+            " optimizer's step (optimizer state sharded: ZeroRedundancyOptimizer)"
         )
     if not parts:
         return "unknown", "collectives that fit no known signature"

@@ -10,7 +10,8 @@ Layout (``schema_version`` 1)::
      "metrics":     {per-rank metric name: value or None},
      "per_step":    {column: [...]}   # step, span, start_us, end_us, analyzed, step_ms, breakdown columns,
      ...
-     "collectives": {column: [...]}   # step, kind, index, start_us, end_us, dur_us, bytes, group_size
+     "collectives": {column: [...]}   # step, kind, index, start_us, end_us, dur_us, bytes, group_size, issued_in
+     "exposed_comm": {"start_us": [...], "end_us": [...]}  # communication not hidden by computation, analysed steps
      "devices":     [{"device", "peak_allocated_bytes", "peak_reserved_bytes", "capacity_bytes"}]}
 """
 
@@ -26,7 +27,8 @@ from ddpdoctor.load.model import RankTrace
 from ddpdoctor.metrics import catalog
 from ddpdoctor.metrics.breakdown import BREAKDOWN, per_step
 from ddpdoctor.metrics.capture import ddp_metrics, thread_metrics
-from ddpdoctor.metrics.comm import bus_factor, collective_calls, collectives
+from ddpdoctor.metrics import intervals as iv
+from ddpdoctor.metrics.comm import collective_calls, collectives, exposed_set, issuers
 from ddpdoctor.metrics.dp import dp_per_step, dp_rank_metrics
 from ddpdoctor.metrics.memory import device_rows, memory_metrics, own_device
 from ddpdoctor.metrics.parallelism import parallelism_evidence
@@ -63,13 +65,19 @@ def summarize_rank(
     analysed = steps[steps["analyzed"]]
     world = (rt.distributed_info or {}).get("world_size") or (capture or {}).get("world_size") or 1
     calls = collective_calls(rt)
-    colls = _assign_steps(collectives(rt, calls), steps)
+    timed = collectives(rt, calls)
+    timed["issued_in"] = issuers(rt, timed)
+    colls = _assign_steps(timed, steps)
     metrics: dict[str, Any] = {"rank": rt.rank}
     metrics.update(_step_metrics(analysed))
     comm_total = float(np.sum(analysed["comm_ms"]))
     metrics["overlap_ratio"] = float(np.sum(analysed["overlapped_comm_ms"])) / comm_total if comm_total > 0 else None
     in_analysed = np.isin(colls["step"], analysed["step"])
-    metrics.update(_bandwidth(colls[in_analysed], world))
+    # bandwidth needs the time from the last peer's arrival (cross_rank.py); the rank's own durations include waiting
+    metrics["algbw_gbps"] = None
+    metrics["busbw_gbps"] = None
+    metrics["buffer_broadcast_ms"] = _buffer_broadcast_ms(colls[in_analysed], analysed)
+    exposed = _exposed_in(exposed_set(rt), analysed)
     metrics["collective_wait_ms"] = None  # cross-rank: filled in by analyze()
     metrics["late_arrival_ms"] = None
     metrics.update(dp_rank_metrics(ops, analysed["start_us"], analysed["end_us"]))
@@ -77,8 +85,8 @@ def summarize_rank(
     hosts = _inner_join(
         windows.select(["step", "span", "host_start_us", "host_end_us"]), steps.select(["step", "span", "analyzed"])
     )
-    timed = int(in_analysed.sum())
-    metrics.update(parallelism_evidence(rt, hosts, calls, timed))
+    n_timed = int(in_analysed.sum())
+    metrics.update(parallelism_evidence(rt, hosts, calls, n_timed))
     # The GPU the DDP model lives on: a rank that never calls set_device still has current device cuda:0.
     own = compute_device(capture) or own_device(rt, capture)
     devices = device_rows(rt, capture)
@@ -98,6 +106,7 @@ def summarize_rank(
             "metrics": metrics,
             "per_step": steps.to_lists(),
             "collectives": colls.to_lists(),
+            "exposed_comm": {"start_us": exposed[0].tolist(), "end_us": exposed[1].tolist()},
             "devices": devices,
         }
     )
@@ -179,21 +188,28 @@ def _assign_steps(colls: Table, steps: Table) -> Table:
     colls = colls.assign(step=step)
     ids, _ = group_ids(step, Codes.from_values(colls["kind"]))
     colls["index"] = cumcount(ids)
-    return colls.select(["step", "kind", "index", "start_us", "end_us", "dur_us", "bytes", "group_size"])
+    return colls.select(["step", "kind", "index", "start_us", "end_us", "dur_us", "bytes", "group_size", "issued_in"])
 
 
-def _bandwidth(colls: Table, world: int) -> dict[str, float | None]:
-    """algbw/busbw (GB/s, 1e9 bytes) over the collectives of known size, timed by their own duration."""
-    nbytes = colls["bytes"].astype(np.float64)
-    sized = colls[~np.isnan(nbytes) & (nbytes > 0) & (colls["dur_us"] > 0)]
-    if len(sized) == 0:
-        return {"algbw_gbps": None, "busbw_gbps": None}
-    seconds = np.sum(sized["dur_us"]) / 1e6
-    group = sized["group_size"]
-    n = np.where(group > 0, group, world)
-    factors = np.array([bus_factor(k, int(g)) for k, g in zip(sized["kind"], n, strict=False)])
-    nbytes = sized["bytes"].astype(np.float64)
-    return {
-        "algbw_gbps": float(np.sum(nbytes) / seconds / 1e9),
-        "busbw_gbps": float(np.sum(nbytes * factors) / seconds / 1e9),
-    }
+def _buffer_broadcast_ms(colls: Table, analysed: Table) -> float | None:
+    """Wall time per analysed step of the broadcasts DDP issued in its forward (its buffer broadcast), concurrent
+    ones counted once; None where a broadcast's issuer is unknown (``comm.issuers``)."""
+    if len(analysed) == 0:
+        return None
+    bc = colls[np.asarray(colls["kind"], dtype=object) == "broadcast"]
+    if len(bc) == 0:
+        return 0.0
+    where = np.asarray(bc["issued_in"], dtype=object)
+    if any(w is None for w in where.tolist()):
+        return None
+    mine = bc[where == "ddp_forward"]
+    union = iv.union(mine["start_us"], mine["end_us"])
+    covered = iv.coverage(union, analysed["start_us"], analysed["end_us"])
+    return float(np.sum(covered)) / len(analysed) / 1e3
+
+
+def _exposed_in(exposed: iv.Intervals, analysed: Table) -> iv.Intervals:
+    """The exposed communication inside the analysed steps' windows."""
+    if len(analysed) == 0:
+        return iv.EMPTY
+    return iv.intersect(exposed, iv.union(analysed["start_us"], analysed["end_us"]))
