@@ -10,7 +10,8 @@ Measures: floor (a cold diagnose vs a cold process that only decodes the traces)
 Analysis 0.5.0, in benchmarks/.venv-hta), memory (peak RSS vs the largest rank trace), large (>= 300 MB traces
 made here), capture (trace overhead vs bare and vs a hand-written profiler), scale (up to 16,384 ranks from
 summary files), gate-memory (peak RSS of baseline and gate of a 10,000-rank run vs diagnose of it), flight (the
-step-time cost of the Flight Recorder and phase tracking every traced rank has, vs the same loop without); gate-noise
+step-time cost of the Flight Recorder and phase tracking every traced rank has, vs the same loop without), dask
+(diagnose of 64 synthetic 50 MB ranks on a local Dask cluster of 2 workers vs in one process); gate-noise
 (the gate's false alarms on reruns of one job under load; only with --only, it takes minutes). Real GPU traces
 come from ../shared/traces (or $DDPDOCTOR_TRACES); measures that need them are skipped without them. Generated
 traces and runs are cached in benchmarks/.cache/. A MISS does not change the exit code (1 only when a benchmark
@@ -28,6 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import bench_dask  # noqa: E402
 import bench_flight  # noqa: E402
 import bench_floor  # noqa: E402
 import bench_gate_memory  # noqa: E402
@@ -50,6 +52,7 @@ BENCHMARKS = {
         bench_scale,
         bench_gate_memory,
         bench_flight,
+        bench_dask,
         bench_gate_noise,
     )
 }
