@@ -6,7 +6,10 @@ aligned on matched collectives, not raw timestamps: a collective ends at about t
 so a rank's clock offset is the median of (its end − the reference rank's end). Then, per collective:
 transfer = the shortest duration over the ranks; wait = own duration − transfer; lateness = own aligned
 start − earliest aligned start. Per step: ``collective_wait_ms`` = wall time (union) spent waiting,
-``late_arrival_ms`` = mean lateness over the step's collectives. ``straggler_late_share`` = the fraction of
+``late_arrival_ms`` = mean lateness over the step's collectives. From each collective's transfer time (the same on
+every rank: ``transfer_times``) ``transfer_metrics`` gives ``exposed_transfer_ms`` (transfer intervals, unioned, not
+hidden by computation: waiting hidden under compute was never exposed) and the bandwidth (bytes over the union of the
+transfer intervals: collectives running at once on gloo's two threads or NCCL's streams are counted once). ``straggler_late_share`` = the fraction of
 matched collectives in which the straggler arrived last (about 1/world_size when only noise makes ranks late).
 
 Everything runs on numpy columns over all ranks at once (``ddpdoctor.table``): a per-rank Python or pandas step
