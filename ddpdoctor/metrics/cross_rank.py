@@ -9,8 +9,9 @@ start − earliest aligned start. Per step: ``collective_wait_ms`` = wall time (
 ``late_arrival_ms`` = mean lateness over the step's collectives. From each collective's transfer time (the same on
 every rank: ``transfer_times``) ``transfer_metrics`` gives ``exposed_transfer_ms`` (transfer intervals, unioned, not
 hidden by computation: waiting hidden under compute was never exposed) and the bandwidth (bytes over the union of the
-transfer intervals: collectives running at once on gloo's two threads or NCCL's streams are counted once). ``straggler_late_share`` = the fraction of
-matched collectives in which the straggler arrived last (about 1/world_size when only noise makes ranks late).
+transfer intervals: collectives running at once on gloo's two threads or NCCL's streams are counted once).
+``straggler_late_share`` = the fraction of matched collectives in which the straggler arrived last (about
+1/world_size when only noise makes ranks late).
 
 Everything runs on numpy columns over all ranks at once (``ddpdoctor.table``): a per-rank Python or pandas step
 costs milliseconds, minutes at 16,384 ranks. Sums over a rank's rows are numpy's own (``np.sum`` row by row of
@@ -389,8 +390,8 @@ def transfer_metrics(
     Collectives matched on no other rank count their whole duration as transfer in the exposed time (no wait is
     known) and are left out of the bandwidth. None where the rank's collectives have no transfer time (peers
     absent from the data) or the summary has no ``exposed_comm``."""
-    from ddpdoctor.metrics.comm import bus_factor
     from ddpdoctor.metrics import intervals as iv
+    from ddpdoctor.metrics.comm import bus_factor
 
     out: dict[int, dict[str, float | None]] = {}
     windows = _Windows(summaries)
@@ -423,7 +424,9 @@ def transfer_metrics(
             e_start.extend(e["start_us"])
             e_end.extend(e["end_us"])
             e_grp.extend([i] * len(e["start_us"]))
-    exposed = iv.union_by(np.asarray(e_start, dtype=np.float64), np.asarray(e_end, dtype=np.float64), np.asarray(e_grp, dtype=np.int64))
+    exposed = iv.union_by(
+        np.asarray(e_start, dtype=np.float64), np.asarray(e_end, dtype=np.float64), np.asarray(e_grp, dtype=np.int64)
+    )
     exposed_us = iv.total_by(exposed, n)
     hidden_not = iv.total_by(iv.intersect_by(transfer, exposed), n)
     nbytes = c["bytes"].astype(np.float64) if len(c) else np.zeros(0)

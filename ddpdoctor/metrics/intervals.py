@@ -49,9 +49,7 @@ def _sweep(a: Intervals, b: Intervals, want: int) -> Intervals:
     pts = np.concatenate([a[0], a[1], b[0], b[1]])
     if len(pts) == 0:
         return EMPTY
-    w = np.concatenate(
-        [np.ones(len(a[0])), -np.ones(len(a[1])), np.full(len(b[0]), 2.0), np.full(len(b[1]), -2.0)]
-    )
+    w = np.concatenate([np.ones(len(a[0])), -np.ones(len(a[1])), np.full(len(b[0]), 2.0), np.full(len(b[1]), -2.0)])
     order = np.argsort(pts, kind="stable")
     pts, w = pts[order], w[order]
     # several boundaries at one instant: only the level after the last of them counts

@@ -25,9 +25,9 @@ import numpy as np
 from ddpdoctor._version import __version__
 from ddpdoctor.load.model import RankTrace
 from ddpdoctor.metrics import catalog
+from ddpdoctor.metrics import intervals as iv
 from ddpdoctor.metrics.breakdown import BREAKDOWN, per_step
 from ddpdoctor.metrics.capture import ddp_metrics, thread_metrics
-from ddpdoctor.metrics import intervals as iv
 from ddpdoctor.metrics.comm import collective_calls, collectives, exposed_set, issuers
 from ddpdoctor.metrics.dp import dp_per_step, dp_rank_metrics
 from ddpdoctor.metrics.memory import device_rows, memory_metrics, own_device

@@ -77,7 +77,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         script = write_script(base / f"{name}_train.py", jobs[name])
         out = base / name
         window = ["--wait", "2", "--warmup", "1", "--active", "4"]
-        done = run_cli("trace", "-q", "--out", str(out), *window, "--standalone", "--nproc-per-node", "2", str(script), timeout=200)
+        done = run_cli(
+            "trace", "-q", "--out", str(out), *window, "--standalone", "--nproc-per-node", "2", str(script), timeout=200
+        )
         assert done.returncode == 0, done.stderr[-3000:]
         return out
 
@@ -105,7 +107,7 @@ def test_zero_steps_end_at_the_outer_optimizer_step(runs: dict[str, Path]) -> No
         assert len(steps) == 4 and len(outer) == 4
         issued = [e for e in events if e["name"] == "c10d::broadcast_"]
 
-        def step_of(t: float) -> str | None:
+        def step_of(t: float, steps: list[dict] = steps) -> str | None:
             return next((s["name"] for s in steps if s["ts"] <= t < s["ts"] + s["dur"]), None)
 
         for o in outer:  # ZeRO's parameter broadcasts (one per parameter) lie in the step that ran its step

@@ -38,7 +38,11 @@ def _trace(rank: int, issuer: str | None) -> dict:
             events.append(_x("gloo:broadcast", "user_annotation", t0 + ts, 200.0, tid=tid, **sized))
         events.append(_x("c10d::allreduce_", "cpu_op", t0 + 600.0, 5.0, **sized))
         events.append(_x("gloo:all_reduce", "user_annotation", t0 + 600.0, 100.0, tid=201, **sized))
-    return {"schemaVersion": 1, "distributedInfo": {"backend": "gloo", "rank": rank, "world_size": 2}, "traceEvents": events}
+    return {
+        "schemaVersion": 1,
+        "distributedInfo": {"backend": "gloo", "rank": rank, "world_size": 2},
+        "traceEvents": events,
+    }
 
 
 def _metrics(tmp_path: Path, issuer: str | None):  # noqa: ANN202

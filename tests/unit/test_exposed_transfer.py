@@ -58,7 +58,16 @@ def _trace(rank: int, backend: str, compute_until: float, steps: int = 3) -> dic
         if backend == "gloo":
             events.append(_x("aten::mm", "cpu_op", t0, compute_end))
             for key, tid in (("A", GLOO_A), ("B", GLOO_B)):
-                events.append(_x("gloo:all_reduce", "user_annotation", t0 + arrive[key], ends[key] - arrive[key], tid=tid, **sized))
+                events.append(
+                    _x(
+                        "gloo:all_reduce",
+                        "user_annotation",
+                        t0 + arrive[key],
+                        ends[key] - arrive[key],
+                        tid=tid,
+                        **sized,
+                    )
+                )
         else:
             c = next(corr)
             events.append(_x("cudaLaunchKernel", "cuda_runtime", t0, 2.0, correlation=c))
