@@ -191,6 +191,7 @@ class SetupRecord(msgspec.Struct, forbid_unknown_fields=False):
     ddp_models: list[DDPModel] = []
     ddp_sync_rounds_per_step: dict[IntText, Count] = {}  # histograms {count: number of steps}
     ddp_forwards_per_step: dict[IntText, Count] = {}
+    join_contexts: Count | None = None  # `with Join(...)` / `with model.join()` entered
 
 
 class ThreadsRecord(msgspec.Struct, forbid_unknown_fields=False):

@@ -241,7 +241,8 @@ def build(
         # "ddpdoctor --max-steps N" when ddpdoctor ended the job there (every rank at the same step)
         "stopped_by": stopped[0] if stopped else None,
         "knobs": knobs,  # trace --set: knob -> {"value", "applied", "reason"} (rank 0's, or the first rank's)
-        "mode": mode,
+        # ranks the script started itself (mp.spawn, Lightning, Fabric) make no one-process job of a "direct" launch
+        "mode": "spawn" if mode == "single" and world_size > 1 else mode,
         "launch": launch or mode,
         "world_size": world_size,
         "nnodes": len(nodes) or len({d.get("node_rank") for d in ranks.values()}) or 1,

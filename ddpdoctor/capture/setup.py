@@ -35,6 +35,7 @@ class SetupObserver:
         self._patches: list[tuple[Any, str, Any]] = []
         self._iters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._content: dict[int, str | None] = {}  # id(loader) -> content digest, computed once per loader
+        self.join_contexts = 0  # `with Join([...])` / `with model.join()` entered (uneven inputs shadowed)
 
     # ---- patching --------------------------------------------------------------------------------------------
     def _patch(self, owner: Any, name: str, wrapper: Any) -> None:
@@ -93,6 +94,13 @@ class SetupObserver:
 
             return invisible(forward)
 
+        def wrap_join_enter(original: Any) -> Any:
+            def __enter__(join: Any) -> Any:
+                obs.join_contexts += 1
+                return original(join)
+
+            return invisible(__enter__)
+
         def wrap_set_device(original: Any) -> Any:
             def set_device(device: Any) -> None:
                 obs.set_device_calls.append(str(device))
@@ -105,6 +113,12 @@ class SetupObserver:
         self._patch(_BaseDataLoaderIter, "__next__", wrap_next)
         self._patch(DistributedSampler, "set_epoch", wrap_set_epoch)
         self._patch(DDP, "forward", wrap_forward)
+        try:  # DDP.join() returns a Join too
+            from torch.distributed.algorithms.join import Join
+        except ImportError:  # pragma: no cover - a torch without it
+            Join = None
+        if Join is not None and "__enter__" in Join.__dict__:
+            self._patch(Join, "__enter__", wrap_join_enter)
         ddp_capture.add_listener(self._saw_ddp)  # DDP's constructor is wrapped once, in capture/ddp.py
         self._patch(torch.cuda, "set_device", wrap_set_device)
         accelerator = getattr(torch, "accelerator", None)  # torch >= 2.6: the device-generic spelling
@@ -120,9 +134,8 @@ class SetupObserver:
 
     # ---- observations ----------------------------------------------------------------------------------------
     def _new_epoch(self, it: Any, loader: Any) -> None:
-        from torch.utils.data import DistributedSampler, IterableDataset, Subset
+        from torch.utils.data import IterableDataset, Subset
 
-        sampler = getattr(loader, "sampler", None)
         dataset = loader.dataset
         iterable = isinstance(dataset, IterableDataset)
         try:
@@ -146,12 +159,7 @@ class SetupObserver:
             "dataset_len": dataset_len,
             "root_dataset_len": root_len,
             "iterable": iterable,
-            "sampler": type(sampler).__name__ if sampler is not None and not iterable else None,
-            "distributed_sampler": isinstance(sampler, DistributedSampler),
-            "shuffle": getattr(sampler, "shuffle", None),
-            "sampler_epoch": getattr(sampler, "epoch", None),
-            "sampler_num_replicas": getattr(sampler, "num_replicas", None),
-            "batch_size": loader.batch_size,
+            **_sampling(loader, iterable),
             "batches_per_epoch": batches,
             "num_workers": loader.num_workers,
             "pin_memory": loader.pin_memory,
@@ -237,7 +245,63 @@ class SetupObserver:
             # histograms {count: number of optimizer steps}: a long run stays small
             "ddp_sync_rounds_per_step": _histogram(self.sync_rounds),
             "ddp_forwards_per_step": _histogram(self.forwards),
+            "join_contexts": self.join_contexts,
         }
+
+
+def _sampler_chain(loader: Any) -> list[Any]:
+    """The loader's batch sampler and the samplers inside it, outermost first: ``BatchSampler(sampler)``,
+    accelerate's ``BatchSamplerShard(BatchSampler(...))`` and other wrappers that keep theirs in ``batch_sampler``
+    or ``sampler``. With a batch_sampler of the user's, ``loader.sampler`` is only a placeholder."""
+    chain: list[Any] = []
+    node = getattr(loader, "batch_sampler", None) or getattr(loader, "sampler", None)
+    while node is not None and len(chain) < 8 and all(node is not seen for seen in chain):
+        chain.append(node)
+        node = getattr(node, "batch_sampler", None) or getattr(node, "sampler", None)
+    return chain
+
+
+def _sampling(loader: Any, iterable: bool) -> dict[str, Any]:
+    """How the loader samples: the sampler that chooses the indices (inside any batch sampler), whether it shards
+    by rank (a ``DistributedSampler`` anywhere in the chain, or accelerate's ``BatchSamplerShard`` over several
+    processes, as the HF Trainer builds), whether it shuffles, and the batch size (the loader's, else its batch
+    sampler's)."""
+    from torch.utils.data import BatchSampler, DistributedSampler, RandomSampler, SequentialSampler
+
+    chain = [] if iterable else _sampler_chain(loader)
+    samplers = [n for n in chain if not isinstance(n, BatchSampler) and not hasattr(n, "batch_sampler")]
+    leaf = samplers[-1] if samplers else (chain[-1] if chain else None)
+    distributed = next((n for n in chain if isinstance(n, DistributedSampler)), None)
+    shard = next(
+        (n for n in chain if type(n).__name__ == "BatchSamplerShard" and _int_attr(n, "num_processes", 1) > 1), None
+    )
+    if distributed is not None:
+        shuffle = getattr(distributed, "shuffle", None)
+    elif isinstance(leaf, RandomSampler):
+        shuffle = True
+    elif isinstance(leaf, SequentialSampler):
+        shuffle = False
+    else:
+        shuffle = getattr(leaf, "shuffle", None)
+    batch_size = loader.batch_size
+    if batch_size is None:
+        batch_size = next((b for n in chain if isinstance(b := getattr(n, "batch_size", None), int)), None)
+    replicas = getattr(distributed, "num_replicas", None) if distributed is not None else None
+    if replicas is None and shard is not None:
+        replicas = _int_attr(shard, "num_processes", None)
+    return {
+        "sampler": type(leaf).__name__ if leaf is not None else None,
+        "distributed_sampler": distributed is not None or shard is not None,
+        "shuffle": shuffle if isinstance(shuffle, bool) else None,
+        "sampler_epoch": _int_attr(distributed if distributed is not None else leaf, "epoch", None),
+        "sampler_num_replicas": replicas,
+        "batch_size": batch_size,
+    }
+
+
+def _int_attr(obj: Any, name: str, default: Any) -> Any:
+    value = getattr(obj, name, default)
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
 
 
 def _histogram(values: list[int]) -> dict[str, int]:

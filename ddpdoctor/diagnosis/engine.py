@@ -17,6 +17,7 @@ from ddpdoctor.diagnosis.findings import Diagnosis, Finding, NotEvaluated, forma
 from ddpdoctor.diagnosis.rules import Rule
 from ddpdoctor.metrics import catalog
 from ddpdoctor.metrics.derived import derived_rank_metrics
+from ddpdoctor.metrics.setup import NO_STEP_REASON
 from ddpdoctor.values import clean_value
 
 ALL_RANK, RUN = catalog.RULE_RANK, catalog.RULE_RUN
@@ -94,7 +95,9 @@ _PARALLELISM_WORDS = {
 def _not_applicable(rule: Rule, run: Mapping[str, Any]) -> str | None:
     mode, backend = run.get("mode"), run.get("backend")
     if rule.applies_to != "any" and mode is not None and mode != rule.applies_to:
-        return f"applies to {_MODE_WORDS[rule.applies_to]} runs; this run is {mode}"
+        kind = run.get("parallelism")  # an FSDP or pipeline job's mode is ddp: say what it is
+        words = " + ".join(_PARALLELISM_WORDS.get(p, p) for p in kind.split("+")) if kind and kind != mode else mode
+        return f"applies to {_MODE_WORDS[rule.applies_to]} runs; this run is {words}"
     if rule.backends and backend is not None and backend not in rule.backends:
         return f"applies to {', '.join(rule.backends)} runs; this run uses {backend}"
     parallelism = run.get("parallelism") or {"single": "single", "dp": "dp"}.get(str(mode))
@@ -170,9 +173,11 @@ def _fire(
         label = "worst:" if gain is not None else "figures for"
         specials["worst"] = f" ({label} rank {shown.rank['rank']})"  # type: ignore[index]
     message = rule.message.render(shown, specials)
+    recommendation = rule.recommendation
     for clause in rule.clauses:
         if eval_expr(clause.when, shown):
             message += " " + clause.message.render(shown, specials)
+            recommendation = clause.recommendation or recommendation  # advice that fits what the clause found
     steps = run.get("steps_analyzed")
     timed = any(m.endswith("_ms") or m.startswith("step_ms") for m in rule.when.metrics)
     if timed and isinstance(steps, int) and 0 < steps < MIN_STEPS and "Weak evidence" not in message:
@@ -191,7 +196,7 @@ def _fire(
         severity=rule.severity,
         ranks=tuple(sorted(ranks)),
         message=message,
-        recommendation=rule.recommendation.render(shown, specials),
+        recommendation=recommendation.render(shown, specials),
         evidence=_evidence(rule, base, firing),
         estimated_gain_ms=gain,
     )
@@ -240,6 +245,10 @@ def _threshold_edges(rule: Rule, values: Values) -> list[str]:
     return edges_of(tree)
 
 
+def _timed(rule: Rule) -> bool:
+    return any(m.endswith("_ms") or m.startswith("step_ms") for m in rule.when.metrics)
+
+
 def evaluate(rules: Iterable[Rule], metrics: Any) -> Diagnosis:
     """Run every rule over ``metrics``; findings come back sorted most costly first."""
     run, rows = _rows(metrics)
@@ -251,6 +260,8 @@ def evaluate(rules: Iterable[Rule], metrics: Any) -> Diagnosis:
         reason = _not_applicable(rule, run)
         if reason is None and not rows:
             reason = "the run has no ranks with metrics"
+        if reason is None and run.get("steps_detected") is False and _timed(rule):
+            reason = NO_STEP_REASON  # its "per step" times would be of the whole recording
         if reason is not None:
             not_evaluated.append(NotEvaluated(rule.name, reason))
             continue

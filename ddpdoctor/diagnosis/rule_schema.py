@@ -29,6 +29,7 @@ class DocsFile(msgspec.Struct, forbid_unknown_fields=True):
 class ClauseFile(msgspec.Struct, forbid_unknown_fields=True):
     when: str
     message: str
+    recommendation: str | None = None  # replaces the rule's recommendation when `when` holds (the last such)
 
 
 class PrescriptionFile(msgspec.Struct, forbid_unknown_fields=True):

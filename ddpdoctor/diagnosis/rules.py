@@ -24,6 +24,7 @@ Keys (required unless marked optional)::
     [[clauses]]                       # optional: sentences appended to the message when their `when` holds
     when = "..."
     message = "..."
+    recommendation = "..."            # optional: replaces the rule's recommendation when `when` holds
     [params]                          # thresholds; overridable in [tool.ddpdoctor.rules.<name>]
     min_overlap = 0.5
     [docs]                            # what a user reads in `ddpdoctor explain NAME` (ruff's rule docs)
@@ -92,6 +93,7 @@ class RuleDocs:
 class Clause:
     when: Expr
     message: Template
+    recommendation: Template | None = None  # replaces the rule's recommendation when `when` holds
 
 
 @dataclass(frozen=True)
@@ -133,6 +135,8 @@ class Rule:
         names |= self.message.metrics | self.recommendation.metrics
         for clause in self.clauses:
             names |= clause.message.metrics
+            if clause.recommendation is not None:
+                names |= clause.recommendation.metrics
         return frozenset(names)
 
     def with_params(self, overrides: Mapping[str, Any], source: str) -> Rule:
@@ -243,7 +247,11 @@ def _build(data: Mapping[str, Any], filename: str, where: str) -> Rule:
     if raw.ranks_where is not None and s != "run":
         raise _Bad('ranks_where is only for scope = "run" (a per-rank rule names the ranks where `when` holds)')
     clauses = [
-        Clause(expr(f"clauses #{i + 1} when", c.when), template("clauses message", c.message))
+        Clause(
+            expr(f"clauses #{i + 1} when", c.when),
+            template("clauses message", c.message),
+            None if c.recommendation is None else template("clauses recommendation", c.recommendation),
+        )
         for i, c in enumerate(raw.clauses)
     ]
     when = expr("when", raw.when)

@@ -73,6 +73,9 @@ def analyze(run: Run, steps: tuple[int, int | None] | None = None, verdict: Any 
     run_metrics.update(straggler)
     run_metrics.update(run_evidence(run_metrics, ranks, devices, summaries, undecidable))
     why_setup = setup_run.pop("not_measured", {})
+    setup_notes = setup_run.pop("notes", [])
+    if setup_notes:  # (the pipeline adds the loader's notes only where analyze gave none)
+        run_metrics["notes"] = [*run.notes, *setup_notes]
     run_metrics.update(setup_run)
     run_metrics["not_measured"] = {**run_metrics.get("not_measured", {}), **why_setup}
     health, health_doc = health_metrics(run.manifest or {}, run.capture, verdict)

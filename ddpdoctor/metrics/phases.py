@@ -3,12 +3,17 @@
 - dataloader: ``enumerate(DataLoader)#...__next__`` / ``enumerate(DataPipe)#...`` ranges
               (torch-tb-profiler's rule)
 - optimizer:  ``Optimizer.step#...`` and ``Optimizer.zero_grad#...`` ranges
-- backward:   per step, from the first to the last autograd op (``autograd::engine::evaluate_function: ...``,
+- micro-batches: a step holds one micro-batch per top-level ``DistributedDataParallel.forward`` /
+              ``DataParallel.forward`` (gradient accumulation: several per optimizer step; a manual update loop
+              without steps: every forward of the recording), from that forward's start to the next one's (or the
+              step's end)
+- backward:   per micro-batch, from the first to the last autograd op (``autograd::engine::evaluate_function: ...``,
               ``*Backward``, ``AccumulateGrad``, on any thread) or DDP reducer op
-              (``torch.distributed.ddp.reducer::...``)
-- forward:    per step, from the start of ``DistributedDataParallel.forward``/``DataParallel.forward`` (else
-              the end of the batch fetch, else the step start) to the start of backward: input copies, forward
-              pass and loss
+              (``torch.distributed.ddp.reducer::...``) that starts after its forward returned; in a step without
+              forward ranges, from the step's first to its last such op
+- forward:    per micro-batch, from the start of its forward to the start of its backward (or the forward's end):
+              input copies, forward pass and loss; in a step without forward ranges, from the end of the batch
+              fetch (else the step start) to the start of backward
 The sets are made exclusive in the order dataloader > optimizer > backward > forward.
 """
 
@@ -64,13 +69,19 @@ def host_phases(ops: Table, steps: Table) -> dict[str, iv.Intervals]:
     optimizer = iv.union(*_ranges(ops, _OPTIMIZER))
     lo = steps["host_start_us"]
     hi = steps["host_end_us"]
-    b_start, b_end = _per_step_extent(_ranges(ops, _BACKWARD), lo, hi)
-    f_start, f_end = _per_step_extent(_ranges(ops, _FORWARD), lo, hi)
+    bwd_ops = _ranges(ops, _BACKWARD)
+    micro, rest = _micro_batches(_ranges(ops, _FORWARD), bwd_ops, lo, hi)
+    # steps without forward ranges: one forward, from the batch fetch (else the step start) to backward
+    b_start, b_end = _per_step_extent(rest, lo, hi)
+    plain = micro["steps_without"]
     dl_end = _last_end_before(dataloader, lo, np.where(np.isnan(b_start), hi, b_start))
-    fwd_lo = np.where(~np.isnan(f_start), f_start, np.where(~np.isnan(dl_end), dl_end, lo))
-    fwd_hi = np.where(~np.isnan(b_start), b_start, np.where(~np.isnan(f_end), f_end, fwd_lo))
-    backward = iv.union(b_start[~np.isnan(b_start)], b_end[~np.isnan(b_start)])
-    forward = iv.union(fwd_lo, fwd_hi)
+    fwd_lo = np.where(~np.isnan(dl_end), dl_end, lo)[plain]
+    fwd_hi = np.where(~np.isnan(b_start), b_start, np.where(~np.isnan(dl_end), dl_end, lo))[plain]
+    has_b = ~np.isnan(b_start)
+    backward = iv.union(
+        np.concatenate([micro["b_start"], b_start[has_b]]), np.concatenate([micro["b_end"], b_end[has_b]])
+    )
+    forward = iv.union(np.concatenate([micro["f_start"], fwd_lo]), np.concatenate([micro["f_end"], fwd_hi]))
     taken = dataloader
     optimizer = iv.subtract(optimizer, taken)
     taken = iv.union_all(taken, optimizer)
@@ -78,6 +89,57 @@ def host_phases(ops: Table, steps: Table) -> dict[str, iv.Intervals]:
     taken = iv.union_all(taken, backward)
     forward = iv.subtract(forward, taken)
     return {"dataloader": dataloader, "forward": forward, "backward": backward, "optimizer": optimizer}
+
+
+def _micro_batches(
+    forwards: iv.Intervals, backward_ops: iv.Intervals, lo: np.ndarray, hi: np.ndarray
+) -> tuple[dict[str, np.ndarray], iv.Intervals]:
+    """The micro-batches of the steps [lo, hi): one per top-level forward range starting in a step (a forward
+    inside another forward is part of it). Returns, per micro-batch, ``f_start``/``f_end`` (forward: its start to
+    the first backward op after it returned, or its end) and ``b_start``/``b_end`` (its backward ops' extent; only
+    micro-batches with backward ops), ``steps_without`` (a mask of the steps with no forward range), and the
+    backward ops that belong to no micro-batch (those of steps without forward ranges, or before a step's first
+    forward)."""
+    fs, fe = forwards
+    order = np.argsort(fs, kind="stable")
+    fs, fe = fs[order], fe[order]
+    if len(fs):
+        before = np.concatenate([[-np.inf], np.maximum.accumulate(fe)[:-1]])
+        top = fs >= before  # not inside an earlier forward
+        fs, fe = fs[top], fe[top]
+    i = np.searchsorted(lo, fs, side="right") - 1 if len(lo) else np.zeros(len(fs), dtype=np.int64)
+    ok = (i >= 0) & (fs < hi[np.maximum(i, 0)]) if len(lo) else np.zeros(len(fs), dtype=bool)
+    fs, fe, i = fs[ok], fe[ok], i[ok]
+    steps_without = np.ones(len(lo), dtype=bool)
+    steps_without[i] = False
+    # a micro-batch runs to the next one of its step, else to the step's end
+    seg_end = hi[i].copy() if len(i) else np.zeros(0)
+    same = i[1:] == i[:-1]
+    seg_end[:-1][same] = fs[1:][same]
+    fe = np.minimum(fe, seg_end)
+    bs, be = backward_ops
+    b_order = np.argsort(bs, kind="stable")
+    bs, be = bs[b_order], be[b_order]
+    k = np.searchsorted(fs, bs, side="right") - 1
+    mine = (k >= 0) & (bs < seg_end[np.maximum(k, 0)]) & (bs >= fe[np.maximum(k, 0)]) if len(fs) else k >= 0
+    n = len(fs)
+    first = group_min(bs[mine], k[mine], n) if n else np.zeros(0)
+    last = np.minimum(group_max(be[mine], k[mine], n), seg_end) if n else np.zeros(0)
+    has = ~np.isnan(first)
+    f_end = np.where(has, first, fe)
+    # backward ops inside a micro-batch's forward (DDP's bucket rebuild, say) are neither its backward nor left over
+    inside = (k >= 0) & (bs < fe[np.maximum(k, 0)]) if len(fs) else np.zeros(len(bs), dtype=bool)
+    rest = ~mine & ~inside
+    return (
+        {
+            "f_start": fs,
+            "f_end": f_end,
+            "b_start": first[has],
+            "b_end": last[has],
+            "steps_without": steps_without,
+        },
+        (bs[rest], be[rest]),
+    )
 
 
 def _per_step_extent(rows: iv.Intervals, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

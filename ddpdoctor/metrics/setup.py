@@ -38,10 +38,77 @@ def setup_metrics(
         metrics["gpu_shared_ranks"] = shared.get(rank)
     epochs = {int(rank): _training_epochs(_setup(c)) for rank, c in captures.items()}
     factor, why = _duplication(epochs, per_rank)
-    run: dict[str, Any] = {"data_duplication_factor": factor}
-    if why:
-        run["not_measured"] = {"data_duplication_factor": why}
+    detected = steps_detected(captures)
+    run: dict[str, Any] = {
+        "data_duplication_factor": factor,
+        "steps_detected": detected,
+        "uneven_idle_summary": _idle_summary(per_rank),
+    }
+    not_measured: dict[str, str] = {"data_duplication_factor": why} if why else {}
+    if detected is False:
+        run["notes"] = [NO_STEP_NOTE]
+    for name, reason in _why_unmeasured(captures, per_rank, detected).items():
+        not_measured.setdefault(name, reason)
+    if not_measured:
+        run["not_measured"] = not_measured
     return per_rank, run
+
+
+def _idle_summary(per_rank: Mapping[int, Mapping[str, Any]]) -> str | None:
+    """With uneven batches per epoch: which ranks run out first and the share of each epoch they wait (shadowing
+    the others' collectives under Join), e.g. "rank 0, for about 11% of each epoch (1 of 9 steps)"."""
+    batches = {r: b for r, m in per_rank.items() if isinstance(b := m.get("batches_per_epoch"), int) and b > 0}
+    if len(batches) < 2 or max(batches.values()) == min(batches.values()):
+        return None
+    most, least = max(batches.values()), min(batches.values())
+    idle = sorted(r for r, b in batches.items() if b == least)
+    who = f"rank {idle[0]}" if len(idle) == 1 else "ranks " + ", ".join(map(str, idle))
+    return f"{who}, for about {100 * (most - least) / most:.0f}% of each epoch ({most - least} of {most} steps)"
+
+
+# A run where no rank saw a training step: the profiler recorded the start of the run as one window.
+NO_STEP_NOTE = (
+    "no training step was detected (no torch.optim optimizer stepped and ddpdoctor.step() was never called): the "
+    "trace is the start of the run recorded as one window, not chosen steps, so the 'per step' times are that "
+    "whole window's and no timing rule is evaluated; call ddpdoctor.step() once at the end of every training "
+    "step (import ddpdoctor; it does nothing outside `ddpdoctor trace`) and trace again"
+)
+NO_STEP_REASON = (
+    "no training step was detected, so its per-step times are of one recorded window (start-up included), not of "
+    "steps; call ddpdoctor.step() at the end of every training step and trace again"
+)
+
+
+def steps_detected(captures: Mapping[int, Mapping[str, Any]]) -> bool | None:
+    """Whether any rank saw a training step (an optimizer step or ``ddpdoctor.step()``); None when no capture
+    says (a plain torch.profiler trace)."""
+    seen = [
+        (_int(steps.get("count")) or 0) > 0 or steps.get("source") not in (None, "none")
+        for c in captures.values()
+        if isinstance(c, Mapping) and isinstance(steps := c.get("steps"), Mapping)
+    ]
+    return any(seen) if seen else None
+
+
+def _why_unmeasured(
+    captures: Mapping[int, Mapping[str, Any]], per_rank: Mapping[int, Mapping[str, Any]], detected: bool | None
+) -> dict[str, str]:
+    """The true reason for set-up metrics that are None although their source was observed (the catalog's
+    generic reason would be false): a DDP model without optimizer steps, a loader without a batch size."""
+    out: dict[str, str] = {}
+    has_ddp = any(_setup(c).get("ddp_models") for c in captures.values() if isinstance(c, Mapping))
+    if has_ddp and detected is False:
+        out["ddp_sync_rounds_per_step"] = out["ddp_forwards_per_step"] = (
+            "the job uses DDP, but no training step was detected, so DDP's all-reduce rounds per step cannot be "
+            "counted; call ddpdoctor.step() at the end of every training step and trace again"
+        )
+    loaders = [_training_epochs(_setup(c)) for c in captures.values() if isinstance(c, Mapping)]
+    if any(loaders) and all(m.get("batch_size") is None for m in per_rank.values()):
+        out["batch_size"] = (
+            "the training DataLoader was observed, but its batch size is unknown (a batch_sampler without a "
+            "batch_size attribute)"
+        )
+    return out
 
 
 def rank_setup_metrics(capture: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -50,6 +117,8 @@ def rank_setup_metrics(capture: Mapping[str, Any] | None) -> dict[str, Any]:
     setup = _setup(capture)
     out: dict[str, Any] = dict.fromkeys(SETUP_RANK_METRICS)
     out.update(_loader_metrics(setup))
+    if "join_contexts" in setup:
+        out["join_used"] = bool(_int(setup.get("join_contexts")))
     models = [m for m in setup.get("ddp_models") or [] if isinstance(m, dict)]
     if models:
         out["ddp_sync_rounds_per_step"] = _histogram_median(setup.get("ddp_sync_rounds_per_step"))
@@ -131,6 +200,7 @@ def _loader_metrics(setup: Mapping[str, Any]) -> dict[str, Any]:
         "set_epoch_calls": len(calls) if isinstance(calls, list) else None,
         "batches_per_epoch": batches,
         "batch_size": batch_size,
+        "dataloader_workers": _int(first.get("num_workers")),
         "epoch_dataset_share": samples / root_len if samples and root_len else None,
     }
 

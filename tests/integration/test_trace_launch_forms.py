@@ -144,7 +144,7 @@ def test_mp_spawn_two_ranks_diagnosed_as_under_torchrun(tmp_path):
     assert (spawn_findings, spawn_not_evaluated) == _diagnosis(torchrun)
     if (os.cpu_count() or 1) < 4:  # 2 ranks x 2 threads on fewer than 4 CPUs: found under both launchers
         assert "cpu-thread-oversubscription" in spawn_findings
-    assert manifest["mode"] == "single"  # ddpdoctor ran one process itself; its children were the ranks
+    assert manifest["mode"] == "spawn"  # ddpdoctor ran one process itself; its children were the 2 ranks
 
 
 def test_mp_spawn_rank_failure_is_recorded(tmp_path):
