@@ -145,7 +145,7 @@ def _analyze(
     # The files the loader skipped and its notes on the rest go into every report (run.skipped, run.notes).
     metrics.run.setdefault("skipped", list(run.skipped))
     metrics.run.setdefault("notes", list(run.notes))
-    metrics.run["notes"] += dump_notes + ([cut_note] if cut_note else [])
+    metrics.run["notes"] += dump_notes + ([cut_note] if cut_note else []) + _groups_notes(run.manifest or {})
     if path.is_dir() and rundir.trials_dir(path).is_dir():  # the trials `ddpdoctor try` ran, shown in every report
         from ddpdoctor.trial.history import read_trials
 
@@ -154,6 +154,14 @@ def _analyze(
             metrics.run["trials"] = trials
         metrics.run["skipped"] += trial_notes
     return Analysis(path, metrics, evaluate(resolved, metrics), dict(run.capture), dict(run.manifest or {}))
+
+
+def _groups_notes(manifest: dict[str, Any]) -> list[str]:
+    """The manifest's note on a job with more than one process group (which one this run directory's top level
+    holds, where the others' files are kept apart: ``capture/groups.py``), for every report."""
+    if len(manifest.get("groups") or []) < 2:
+        return []
+    return [str(n) for n in manifest.get("notes") or [] if str(n).startswith("the job created")]
 
 
 def _verdict(
@@ -253,7 +261,7 @@ def _health_only(
         **health,
         "not_measured": why,
         "skipped": list(notes),
-        "notes": [reason, *dump_notes],
+        "notes": [reason, *dump_notes, *_groups_notes(manifest)],
     }
     if doc is not None:
         run["health"] = doc

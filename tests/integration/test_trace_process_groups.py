@@ -162,6 +162,8 @@ def test_train_then_eval_keeps_both_groups_and_diagnoses_the_training(tmp_path):
     doc = _diagnosed(out)
     assert doc["run"]["mode"] == "ddp" and doc["run"]["world_size"] == 2
     assert doc["run"]["parallelism"] != "unknown" and doc["run"]["steps_analyzed"] == 3
+    # the report says which group it is of and where the other one is kept
+    assert any("2 process groups" in n and "groups/group1/" in n for n in doc["run"]["notes"]), doc["run"]["notes"]
     # The evaluation's folder reads as a run directory of its own.
     assert _diagnosed(out / "groups" / "group1")["run"]["world_size"] == 2
 
