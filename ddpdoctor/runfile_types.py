@@ -101,6 +101,47 @@ class GilRecord(msgspec.Struct, forbid_unknown_fields=False):
     per_step: GilSeries | None = None
 
 
+class HostLoadWindow(msgspec.Struct, forbid_unknown_fields=False):
+    """``hostload.windows[]``: the host's load over one profiled window (``ddpdoctor.capture.hostload``): seconds
+    of CPU time, wall time and run-queue wait; counts of switches, threads, CPUs and runnable tasks."""
+
+    first_step: Step = 0
+    last_step: Step = 0
+    complete: bool = True
+    wall_s: Annotated[float, msgspec.Meta(ge=0, le=1e9)] = 0.0
+    cpu_s: Annotated[float, msgspec.Meta(ge=0, le=1e12)] | None = None
+    voluntary_switches: Count | None = None
+    involuntary_switches: Count | None = None
+    threads: Count | None = None
+    run_s: Annotated[float, msgspec.Meta(ge=0, le=1e12)] | None = None
+    run_delay_s: Annotated[float, msgspec.Meta(ge=0, le=1e12)] | None = None
+    timeslices: Count | None = None
+    main_run_s: Annotated[float, msgspec.Meta(ge=0, le=1e12)] | None = None
+    main_run_delay_s: Annotated[float, msgspec.Meta(ge=0, le=1e12)] | None = None
+    affinity_cpus: Count | None = None
+    host_cpus: Count | None = None
+    host_total_s: Annotated[float, msgspec.Meta(ge=0, le=1e12)] | None = None
+    host_busy_s: Annotated[float, msgspec.Meta(ge=0, le=1e12)] | None = None
+    host_steal_s: Annotated[float, msgspec.Meta(ge=0, le=1e12)] | None = None
+    host_iowait_s: Annotated[float, msgspec.Meta(ge=0, le=1e12)] | None = None
+    runnable_mean: Annotated[float, msgspec.Meta(ge=0, le=1e9)] | None = None
+    runnable_max: Count | None = None
+    load1: Annotated[float, msgspec.Meta(ge=0, le=1e9)] | None = None
+
+    def __post_init__(self) -> None:
+        if self.last_step < self.first_step:
+            raise ValueError(f"hostload window ends (step {self.last_step}) before it starts ({self.first_step})")
+
+
+class HostLoadRecord(msgspec.Struct, forbid_unknown_fields=False):
+    """``hostload``: the host's load over the profiled windows, as the rank saw it (``reason``: why it was not
+    recorded, e.g. not Linux)."""
+
+    source: str | None = None
+    reason: str | None = None
+    windows: list[HostLoadWindow] = []
+
+
 class ScheduleRecord(msgspec.Struct, forbid_unknown_fields=False):
     """``schedule``: the profiler's schedule (steps)."""
 
@@ -204,8 +245,9 @@ class ThreadsRecord(msgspec.Struct, forbid_unknown_fields=False):
 
 class RankCapture(msgspec.Struct, forbid_unknown_fields=False):
     """``ranks/rank<R>.json``: what the capture recorded in rank R (layout in the module docstring), typed down
-    to the nested values the metrics, compare and the gate read. The ``DROPPABLE`` records (GIL probe, profiler
-    schedule) are optional to every reader: one that does not fit is left out alone (``rundir``), not the file."""
+    to the nested values the metrics, compare and the gate read. The ``DROPPABLE`` records (GIL probe, host
+    load, profiler schedule) are optional to every reader: one that does not fit is left out alone (``rundir``),
+    not the file."""
 
     rank: Rank
     schema_version: int = SCHEMA_VERSION
@@ -224,6 +266,7 @@ class RankCapture(msgspec.Struct, forbid_unknown_fields=False):
     steps: StepRecord | None = None
     memory: MemoryRecord | None = None
     gil: GilRecord | None = None
+    hostload: HostLoadRecord | None = None
     schedule: ScheduleRecord | None = None
     ddp: list[DDPModule] = []
     dp: list[DPModule] = []
@@ -239,7 +282,11 @@ class RankCapture(msgspec.Struct, forbid_unknown_fields=False):
 
 # Records of a rank capture that a reader may leave out alone when they do not fit (every reader treats them as
 # optional, and the README promises that their wrongly typed values are ignored): key -> type.
-DROPPABLE: dict[str, Any] = {"gil": GilRecord | None, "schedule": ScheduleRecord | None}
+DROPPABLE: dict[str, Any] = {
+    "gil": GilRecord | None,
+    "schedule": ScheduleRecord | None,
+    "hostload": HostLoadRecord | None,
+}
 
 
 class DeviceMemory(msgspec.Struct, forbid_unknown_fields=False):

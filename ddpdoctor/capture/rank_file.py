@@ -129,6 +129,7 @@ def record(session: Session) -> dict[str, Any]:
         "profile_all_threads": session.all_threads(),
         "memory": session.memory.to_json(),
         "gil": session.gil.to_json(),
+        "hostload": session.hostload.to_json(),
         "ddp": ddp_capture.describe(),
         "dp": session.dp.describe() if session.dp is not None else [],
         "dp_steps": session.dp_steps,

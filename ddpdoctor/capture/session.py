@@ -31,6 +31,7 @@ from ddpdoctor.capture import knobs as knobs_capture
 from ddpdoctor.capture.compress import GZ, Compressor
 from ddpdoctor.capture.config import CaptureConfig
 from ddpdoctor.capture.gil import GilProbe
+from ddpdoctor.capture.hostload import HostLoad, recording_next
 from ddpdoctor.capture.max_steps import StopTraining, stopped_by
 from ddpdoctor.capture.memory import DeviceMemory
 from ddpdoctor.capture.phase import PhaseTracker
@@ -69,6 +70,7 @@ class Session:
         self.capture_errors: list[str] = []
         self.memory = DeviceMemory(all_devices=config.all_devices)
         self.gil = GilProbe(enabled=config.gil)
+        self.hostload = HostLoad()  # the host's load over the recorded steps (capture/hostload.py)
         self.setup = SetupObserver()
         self.status = "running"
         self.exit_code: int | None = None
@@ -325,6 +327,7 @@ class Session:
                 stats = self.dp.take_step_stats()
                 if stats.get("replicas"):
                     self.dp_steps.append({"step": iteration, **stats})
+            self.hostload.step(self.clock.iteration, recording_next(self._prof))  # before the export, not after
             self._prof.step()
             if self._window_open():
                 self.gil.start()
@@ -469,6 +472,7 @@ class Session:
         self.flight.stop()
         if self.clock.startup is StartupTrace.RECORDING:
             self.clock.end_startup("end of run")
+        self.hostload.stop(self.clock.iteration - 1)  # a window still open: up to the last step completed
         try:
             self._remove_hooks()
             if self._prof is not None:

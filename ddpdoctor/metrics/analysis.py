@@ -22,6 +22,7 @@ from ddpdoctor.metrics.cross_rank import (
 )
 from ddpdoctor.metrics.evidence import run_evidence
 from ddpdoctor.metrics.health import health_metrics
+from ddpdoctor.metrics.hostload import hostload_metrics
 from ddpdoctor.metrics.result import RANK_METRICS, LazyTable, RunMetrics
 from ddpdoctor.metrics.setup import SETUP_RANK_METRICS, setup_metrics
 from ddpdoctor.table import Table, column
@@ -77,7 +78,9 @@ def analyze(run: Run, steps: tuple[int, int | None] | None = None, verdict: Any 
     if setup_notes:  # (the pipeline adds the loader's notes only where analyze gave none)
         run_metrics["notes"] = [*run.notes, *setup_notes]
     run_metrics.update(setup_run)
-    run_metrics["not_measured"] = {**run_metrics.get("not_measured", {}), **why_setup}
+    host_run, why_host = hostload_metrics(run.capture, ranks)  # after the waits: it weighs them (hostload.py)
+    run_metrics.update(host_run)
+    run_metrics["not_measured"] = {**run_metrics.get("not_measured", {}), **why_setup, **why_host}
     health, health_doc = health_metrics(run.manifest or {}, run.capture, verdict)
     run_metrics.update(health)
     if health_doc is not None:

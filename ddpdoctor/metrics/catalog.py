@@ -35,7 +35,8 @@ Kind = Literal["number", "flag", "text"]
 #   run         - the run as a whole (``ddpdoctor.metrics.analyze``)
 #   health      - how the job ended: the manifest, the rank files and the ranks' dumps (``ddpdoctor.metrics.health``)
 #   snapshot    - computed by ``compare`` from a run's devices table (not in ``RunMetrics``; rules cannot use it)
-Source = Literal["summary", "cross_rank", "setup", "collectives", "ddp_log", "run", "health", "snapshot"]
+#   hostload    - the host's load the ranks recorded in the profiled window (``ddpdoctor.metrics.hostload``)
+Source = Literal["summary", "cross_rank", "setup", "collectives", "ddp_log", "run", "health", "snapshot", "hostload"]
 
 ONE_RANK = "only one rank's trace was loaded; cross-rank metrics need two or more"
 
@@ -56,7 +57,7 @@ class Metric:
         return "flag" if self.unit == "flag" else "text" if self.unit == "text" else "number"
 
 
-_SOURCES = ("summary", "cross_rank", "setup", "collectives", "ddp_log", "run", "health", "snapshot")
+_SOURCES = ("summary", "cross_rank", "setup", "collectives", "ddp_log", "run", "health", "snapshot", "hostload")
 
 
 def _load() -> tuple[dict[str, str], dict[str, Metric], dict[str, Metric], dict[str, tuple[str, str]]]:

@@ -107,7 +107,8 @@ def build(result: Diagnosis) -> dict[str, Any]:
             "backend": jsonable(run.get("backend")),
             "steps_analyzed": jsonable(run.get("steps_analyzed")),
             "skipped": _lines(run.get("skipped")),
-            "notes": _lines(run.get("notes")),
+            # the host's load in every format (metrics/hostload.py): said whether the host was busy or not
+            "notes": _lines(run.get("notes")) + _lines([run.get("host_load_summary")]),
             **({"trials": jsonable(run["trials"])} if run.get("trials") else {}),
             **({"health": jsonable(run["health"])} if isinstance(run.get("health"), dict) else {}),
         },

@@ -1,0 +1,220 @@
+"""The host's load during the profiled steps, from what each rank recorded (``ranks/rank<R>.json``, key
+``"hostload"``, written by ``ddpdoctor/capture/hostload.py``): whether a rank waited for a CPU, and whether that,
+not more work of its own, is why the others waited for it at the collectives.
+
+A rank on a busy host is late at the collectives as a rank with more work is; the kernel's scheduler tells them
+apart. The training loop's thread (the one that steps) is the rank's critical path: its time *waiting on a run
+queue* (runnable, no CPU to run on) is time the host took from the rank; its time *on a CPU* is its work. Per rank
+and profiled step: ``cpu_wait_ms`` (waiting) and ``loop_cpu_ms`` (working). A rank that arrived last at the
+collectives (``wait_caused_ms``: the others' wait for it per step) is **starved** (``cpu_starved``) when
+
+- it waited for a CPU at least ``STARVED_SHARE`` of that lateness more than the other ranks did (the median of
+  theirs), and
+- its extra work, at the share of the CPU it got, accounts for less than ``STARVED_SHARE`` of it (a rank with
+  more work on a busy host also waits more: it is slow by its own work, the host only magnifies it).
+
+A rank that sleeps or computes more each step stays a straggler on a loaded host: its extra time is not run-queue
+wait. The ``--steps`` range of ``diagnose`` does not narrow these: they cover the profiled windows.
+
+Pure functions of the capture dicts; no trace needed. Runs without the record (foreign traces, not Linux, runs
+traced by an older ddpdoctor) get None and the reason in ``not_measured``.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping
+from typing import Any
+
+from ddpdoctor.metrics import catalog
+
+HOSTLOAD_RANK_METRICS = catalog.names("rank", "hostload")
+HOSTLOAD_RUN_METRICS = catalog.names("run", "hostload")
+
+# A rank's lateness is the host's when its extra run-queue wait is at least this share of it (and its extra work
+# is less than that share).
+STARVED_SHARE = 0.5
+# The host was contended when a rank's training loop waited for a CPU this share of the window or more, or the
+# hypervisor took this share of the host's CPU time (steal).
+CONTENDED_WAIT_SHARE = 0.1
+CONTENDED_STEAL_SHARE = 0.05
+
+NOT_RECORDED = "the host's load was not recorded (only `ddpdoctor trace` runs on Linux record it)"
+
+
+def _windows(capture: Mapping[str, Any] | None) -> tuple[list[dict[str, Any]], str | None]:
+    """The rank's complete windows (all of them when none is complete), or [] and why."""
+    record = (capture or {}).get("hostload")
+    if not isinstance(record, dict):
+        return [], NOT_RECORDED if capture else "no rank file (a foreign trace): the host's load was not recorded"
+    windows = [w for w in record.get("windows") or [] if isinstance(w, dict) and (w.get("wall_s") or 0) > 0]
+    if not windows:
+        return [], record.get("reason") or "the host's load was recorded in no profiled window"
+    complete = [w for w in windows if w.get("complete", True)]
+    return complete or windows, None
+
+
+def _sum(windows: list[dict[str, Any]], key: str) -> float | None:
+    values = [w.get(key) for w in windows]
+    if any(v is None for v in values):
+        return None
+    return float(sum(values))
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def rank_hostload(capture: Mapping[str, Any] | None) -> tuple[dict[str, Any], str | None]:
+    """One rank's own host-load metrics (those that need the other ranks are None here) and, when there are
+    none, why. Units: ms per profiled step, ratios 0-1, cores (CPU seconds per second)."""
+    out: dict[str, Any] = dict.fromkeys(HOSTLOAD_RANK_METRICS)
+    windows, why = _windows(capture)
+    if not windows:
+        return out, why
+    steps = sum(int(w.get("last_step", 0)) - int(w.get("first_step", 0)) + 1 for w in windows)
+    wall = _sum(windows, "wall_s") or 0.0
+    run, delay = _sum(windows, "main_run_s"), _sum(windows, "main_run_delay_s")
+    if run is None or delay is None:
+        why = "the training loop's scheduler statistics were not recorded (/proc/<pid>/task/<tid>/schedstat)"
+    else:
+        out["cpu_wait_ms"] = 1e3 * delay / steps
+        out["loop_cpu_ms"] = 1e3 * run / steps
+        out["cpu_wait_share"] = min(1.0, delay / wall)
+        out["cpu_got_ratio"] = run / (run + delay) if run + delay > 0 else None
+    out["cpu_used_cores"] = _ratio(_sum(windows, "cpu_s"), wall)
+    switches = _sum(windows, "involuntary_switches")
+    out["involuntary_switches_per_step"] = switches / steps if switches is not None else None
+    total = _sum(windows, "host_total_s")
+    out["host_cpu_busy_ratio"] = _ratio(_sum(windows, "host_busy_s"), total)
+    out["host_steal_ratio"] = _ratio(_sum(windows, "host_steal_s"), total)
+    cpus = windows[-1].get("host_cpus")
+    runnable = _sum([{"r": (w.get("runnable_mean") or 0) * w["wall_s"]} for w in windows], "r")
+    if cpus and all(w.get("runnable_mean") is not None for w in windows):
+        out["host_runnable_per_cpu"] = runnable / wall / cpus
+    return out, why
+
+
+def hostload_metrics(
+    captures: Mapping[int, Mapping[str, Any]], ranks: list[dict[str, Any]]
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """Fill every rank's host-load metrics in ``ranks`` (rows of ``RunMetrics.ranks``, with ``wait_caused_ms``
+    from the cross-rank matching) and return the run-level ones and the reasons for what is missing."""
+    why: dict[int, str] = {}
+    own: dict[int, dict[str, Any]] = {}
+    for row in ranks:
+        rank = int(row["rank"])
+        capture = captures.get(rank)
+        metrics, reason = rank_hostload(capture)
+        own[rank] = metrics
+        if reason:
+            why[rank] = reason
+        host = (capture or {}).get("hostname")
+        metrics["_host"] = host
+        metrics["_busy_cores"] = _busy_cores(capture)
+    # other processes' CPU on each rank's host: the host's busy cores less this job's ranks on it
+    job_cores: dict[Any, float] = {}
+    for m in own.values():
+        if m["_host"] is not None and m["cpu_used_cores"] is not None:
+            job_cores[m["_host"]] = job_cores.get(m["_host"], 0.0) + m["cpu_used_cores"]
+    for m in own.values():
+        busy = m.pop("_busy_cores")
+        host = m.pop("_host")
+        if busy is not None and host in job_cores:
+            m["other_cpu_cores"] = max(0.0, busy - job_cores[host])
+    waits = {r: m["cpu_wait_ms"] for r, m in own.items() if m["cpu_wait_ms"] is not None}
+    for row in ranks:
+        rank = int(row["rank"])
+        m = own[rank]
+        others = [w for r, w in waits.items() if r != rank]
+        if m["cpu_wait_ms"] is not None and others:
+            typical = statistics.median(others)
+            m["cpu_wait_excess_ms"] = m["cpu_wait_ms"] - typical
+            work = [own[r]["loop_cpu_ms"] for r in waits if r != rank]
+            m["cpu_starved"] = starved(
+                lateness_ms=row.get("wait_caused_ms"),
+                wait_excess_ms=m["cpu_wait_excess_ms"],
+                work_excess_ms=m["loop_cpu_ms"] - statistics.median(work),
+                got_ratio=m["cpu_got_ratio"],
+            )
+        row.update(m)
+    run = _run_level(ranks)
+    reasons = _reasons(why, ranks, run)
+    return run, reasons
+
+
+def starved(
+    *, lateness_ms: float | None, wait_excess_ms: float, work_excess_ms: float, got_ratio: float | None
+) -> bool | None:
+    """Whether a rank's lateness (``lateness_ms``: the others' wait for it per step) is the host's: it waited
+    for a CPU at least ``STARVED_SHARE`` of it more than the others, and its extra work at the share of the CPU
+    it got (``got_ratio``) is less than ``STARVED_SHARE`` of it. None when its lateness is unknown; False when it
+    was not late."""
+    if lateness_ms is None:
+        return None
+    if lateness_ms <= 0:
+        return False
+    work_cost = max(0.0, work_excess_ms) / max(got_ratio or 1.0, 0.05)
+    return wait_excess_ms >= STARVED_SHARE * lateness_ms and work_cost < STARVED_SHARE * lateness_ms
+
+
+def _busy_cores(capture: Mapping[str, Any] | None) -> float | None:
+    windows, _ = _windows(capture)
+    busy, total = _sum(windows, "host_busy_s"), _sum(windows, "host_total_s")
+    wall = _sum(windows, "wall_s")
+    cpus = windows[-1].get("host_cpus") if windows else None
+    if busy is None or not total or not wall or not cpus:
+        return None
+    return cpus * busy / total  # the share of the host's CPU time that was busy, in CPUs
+
+
+def _run_level(ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = dict.fromkeys(HOSTLOAD_RUN_METRICS)
+    measured = [r for r in ranks if r.get("cpu_wait_share") is not None]
+    if not measured:
+        return out
+    worst = max(measured, key=lambda r: r["cpu_wait_share"])
+    steal = max((r["host_steal_ratio"] for r in measured if r.get("host_steal_ratio") is not None), default=None)
+    contended = worst["cpu_wait_share"] >= CONTENDED_WAIT_SHARE or (steal or 0.0) >= CONTENDED_STEAL_SHARE
+    out["host_contended"] = contended
+    out["host_load_summary"] = summary_line(measured, worst, steal, contended)
+    return out
+
+
+def summary_line(
+    measured: list[dict[str, Any]], worst: dict[str, Any], steal: float | None, contended: bool
+) -> str:
+    """The report's line on the host's load (``host_load_summary``)."""
+    rank = worst["rank"]
+    waited = (
+        f"rank {rank}'s training loop waited {100 * worst['cpu_wait_share']:.0f}% of the profiled window for a CPU "
+        f"(run-queue delay {worst['cpu_wait_ms']:.1f} ms per step"
+        + (f", {100 * worst['cpu_got_ratio']:.0f}% of the CPU time it wanted" if worst.get("cpu_got_ratio") else "")
+        + ")"
+    )
+    facts = []
+    runnable = [r["host_runnable_per_cpu"] for r in measured if r.get("host_runnable_per_cpu") is not None]
+    if runnable:
+        facts.append(f"{max(runnable):.1f} runnable tasks per CPU")
+    others = [r for r in measured if r.get("other_cpu_cores") is not None]
+    if others:
+        busiest = max(others, key=lambda r: r["other_cpu_cores"])
+        facts.append(f"other processes used {busiest['other_cpu_cores']:.1f} CPUs")
+    if steal:
+        facts.append(f"the hypervisor took {100 * steal:.0f}% of the CPU time (steal)")
+    tail = f" ({'; '.join(facts)})" if facts else ""
+    if contended:
+        return f"The host was busy: {waited}{tail}; timing verdicts weigh it"
+    return f"No CPU contention for this job: {waited}{tail}"
+
+
+def _reasons(why: dict[int, str], ranks: list[dict[str, Any]], run: dict[str, Any]) -> dict[str, str]:
+    """``not_measured`` reasons of the host-load metrics no rank has."""
+    if not why:
+        return {}
+    reason = next(iter(why.values()))
+    if len(set(why.values())) > 1 or len(why) < len(ranks):
+        reason = "; ".join(f"rank {r}: {w}" for r, w in sorted(why.items()))
+    out = {n: reason for n in HOSTLOAD_RANK_METRICS if all(r.get(n) is None for r in ranks)}
+    out.update({n: reason for n in HOSTLOAD_RUN_METRICS if run.get(n) is None})
+    return out

@@ -1,0 +1,186 @@
+"""Issue 25 item 4: the host's load as the capture records it (/proc parsing on recorded text, a live window in
+this process) and the metrics that tell a rank starved of CPU from a rank with more work."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from ddpdoctor.capture import hostload as capture
+from ddpdoctor.metrics import hostload
+
+# Recorded on a 2-CPU virtual machine (Linux 6.18) during the tests, with other jobs running (the intr line cut).
+PROC_STAT = """\
+cpu  1185087 193067 204255 1228879 2345 0 1305 4305 0 0
+cpu0 537025 85753 96788 686075 753 0 314 2151 0 0
+cpu1 648061 107313 107467 542803 1591 0 991 2153 0 0
+intr 11365778 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 1 1 15 0 0 0 0 2828 2229 0 242 1 582692
+ctxt 20912507
+btime 1796158570
+processes 195101
+procs_running 15
+procs_blocked 0
+softirq 5397133 0 806831 3 1370785 582677 0 3 659090 137290 1840454
+"""
+# Linux 2.6.24 wrote 8 fields on the cpu line (no guest, guest_nice)
+OLD_PROC_STAT = "cpu  100 0 50 800 10 0 0 40\ncpu0 100 0 50 800 10 0 0 40\nprocs_running 1\n"
+LOADAVG = "6.17 2.28 1.70 15/176 383\n"
+SCHEDSTAT = "251386 0 1\n"
+
+
+def test_proc_stat_is_parsed_as_the_kernel_writes_it() -> None:
+    stat = capture.parse_proc_stat(PROC_STAT)
+    assert stat is not None
+    assert (stat["user"], stat["idle"], stat["steal"], stat["cpus"]) == (1185087, 1228879, 4305, 2)
+    assert (stat["procs_running"], stat["procs_blocked"]) == (15, 0)
+    assert capture.busy_ticks(stat) == 1185087 + 193067 + 204255 + 0 + 1305 + 4305
+    assert capture.total_ticks(stat) == capture.busy_ticks(stat) + 1228879 + 2345
+    old = capture.parse_proc_stat(OLD_PROC_STAT)
+    assert old is not None and old["guest"] == 0 and old["steal"] == 40 and old["cpus"] == 1
+
+
+@pytest.mark.parametrize("text", ["", "intr 1 2 3\n", "cpu  a b c\n"])
+def test_proc_stat_without_a_cpu_line_is_not_guessed(text: str) -> None:
+    assert capture.parse_proc_stat(text) is None
+
+
+def test_loadavg_and_schedstat() -> None:
+    assert capture.parse_loadavg(LOADAVG) == (6.17, 15, 176)
+    assert capture.parse_loadavg("6.17 2.28\n") is None
+    assert capture.parse_schedstat(SCHEDSTAT) == (251386, 0, 1)
+    assert capture.parse_schedstat("12 -3 1") is None
+    assert capture.parse_schedstat("") is None
+
+
+@pytest.mark.skipif(not capture.os.path.exists("/proc/self/task"), reason="Linux /proc only")
+def test_a_window_records_the_training_loops_cpu_and_the_host() -> None:
+    probe = capture.HostLoad()
+    probe.step(1, True)  # iteration 1 begins, recorded
+    end = time.perf_counter() + 0.05
+    while time.perf_counter() < end:  # work
+        pass
+    probe.step(2, True)
+    time.sleep(0.05)  # not runnable: neither work nor waiting for a CPU
+    probe.step(3, False)  # iteration 3 is not recorded: the window was steps 1-2
+    (window,) = probe.windows
+    assert (window["first_step"], window["last_step"], window["complete"]) == (1, 2, True)
+    assert window["wall_s"] >= 0.1
+    assert window["main_run_s"] + window["main_run_delay_s"] >= 0.03  # it wanted the CPU for its 50 ms of work
+    assert window["main_run_s"] + window["main_run_delay_s"] <= window["wall_s"]  # but not while it slept
+    assert window["host_cpus"] >= 1 and window["host_total_s"] > 0 and window["runnable_max"] >= 1
+    assert probe.to_json()["reason"] is None
+
+
+def test_an_unfinished_window_is_kept_and_marked() -> None:
+    probe = capture.HostLoad()
+    probe.step(5, True)
+    probe.stop(6)
+    assert probe.windows[0]["last_step"] == 6 and probe.windows[0]["complete"] is False
+    probe.stop(7)  # nothing open: nothing more
+    assert len(probe.windows) == 1
+
+
+def test_a_thread_started_in_the_window_counts_from_zero() -> None:
+    probe = capture.HostLoad()
+    probe.step(1, True)
+    done = threading.Event()
+
+    def spin() -> None:
+        end = time.perf_counter() + 0.05
+        while time.perf_counter() < end:
+            pass
+        done.set()
+        time.sleep(0.2)  # alive at the window's end
+
+    t = threading.Thread(target=spin)
+    t.start()
+    done.wait(5)
+    probe.step(2, False)
+    t.join()
+    window = probe.windows[0]
+    wanted = window["run_s"] + window["run_delay_s"] - window["main_run_s"] - window["main_run_delay_s"]
+    assert wanted >= 0.03  # the new thread was runnable for its 50 ms (on a CPU or waiting for one)
+
+
+# ---- metrics -------------------------------------------------------------------------------------------------
+def _window(main_run_s: float, main_run_delay_s: float, *, wall_s: float = 1.0, steps: int = 10, **kw):
+    return {
+        "first_step": 3,
+        "last_step": 2 + steps,
+        "complete": True,
+        "wall_s": wall_s,
+        "cpu_s": main_run_s * 1.2,
+        "involuntary_switches": 40,
+        "main_run_s": main_run_s,
+        "main_run_delay_s": main_run_delay_s,
+        "host_cpus": 2,
+        "host_total_s": 2.0,
+        "host_busy_s": kw.get("busy", 1.9),
+        "host_steal_s": kw.get("steal", 0.0),
+        "runnable_mean": kw.get("runnable", 6.0),
+        "runnable_max": 9,
+    }
+
+
+def _captures(*windows, host="node-a"):
+    return {r: {"hostname": host, "hostload": {"source": "procfs", "reason": None, "windows": [w]}} for r, w in enumerate(windows)}
+
+
+def _rows(*waits_caused):
+    return [{"rank": r, "wait_caused_ms": w} for r, w in enumerate(waits_caused)]
+
+
+def test_a_rank_that_waited_for_a_cpu_is_starved_not_slow() -> None:
+    # rank 0 did the same work (130 ms of CPU in 10 steps) but waited 380 ms for a CPU; rank 1 waited 80 ms:
+    # the others waited 30 ms per step for rank 0
+    rows = _rows(30.0, 0.0)
+    run, why = hostload.hostload_metrics(_captures(_window(0.13, 0.38), _window(0.13, 0.08)), rows)
+    assert rows[0]["cpu_starved"] is True and rows[1]["cpu_starved"] is False
+    assert rows[0]["cpu_wait_ms"] == pytest.approx(38.0) and rows[0]["cpu_wait_excess_ms"] == pytest.approx(30.0)
+    assert rows[0]["cpu_got_ratio"] == pytest.approx(0.13 / 0.51)
+    assert run["host_contended"] is True and not why
+    assert "rank 0's training loop waited 38% of the profiled window for a CPU" in run["host_load_summary"]
+    # the host's 1.9 busy CPUs less the job's 2 x 0.156: other processes used about 1.6
+    assert rows[0]["other_cpu_cores"] == pytest.approx(1.9 - 2 * 0.156, abs=0.01)
+
+
+def test_a_rank_with_more_work_on_a_busy_host_stays_slow() -> None:
+    # rank 0 computes twice as much (260 vs 130 ms of CPU) and, on the busy host, waits more for it too
+    rows = _rows(40.0, 0.0)
+    hostload.hostload_metrics(_captures(_window(0.26, 0.26), _window(0.13, 0.13)), rows)
+    assert rows[0]["cpu_starved"] is False
+
+
+def test_a_rank_that_sleeps_on_a_busy_host_stays_slow() -> None:
+    # both ranks wait alike for a CPU; rank 0 sleeps 60 ms a step, the others wait 60 ms for it
+    rows = _rows(60.0, 0.0)
+    hostload.hostload_metrics(_captures(_window(0.13, 0.30), _window(0.13, 0.28)), rows)
+    assert rows[0]["cpu_starved"] is False
+
+
+def test_a_quiet_host_is_said_to_be_quiet() -> None:
+    rows = _rows(0.5, 0.2)
+    run, _ = hostload.hostload_metrics(
+        _captures(_window(0.13, 0.004, busy=0.3, runnable=1.2), _window(0.13, 0.003, busy=0.3, runnable=1.2)), rows
+    )
+    assert run["host_contended"] is False
+    assert run["host_load_summary"].startswith("No CPU contention for this job: rank 0's training loop waited 0%")
+
+
+def test_steal_alone_makes_a_contended_host() -> None:
+    rows = _rows(0.0, 0.0)
+    run, _ = hostload.hostload_metrics(_captures(_window(0.1, 0.001, steal=0.2), _window(0.1, 0.001, steal=0.2)), rows)
+    assert run["host_contended"] is True and "steal" in run["host_load_summary"]
+
+
+def test_without_the_record_nothing_is_guessed_and_the_reason_is_given() -> None:
+    rows = _rows(30.0, 0.0)
+    run, why = hostload.hostload_metrics({}, rows)  # a foreign trace: no rank files
+    assert run["host_contended"] is None and rows[0]["cpu_starved"] is None
+    assert "foreign trace" in why["host_contended"] and "cpu_starved" in why
+    not_linux = {r: {"hostload": {"source": "procfs", "reason": capture.NOT_LINUX, "windows": []}} for r in (0, 1)}
+    rows = _rows(30.0, 0.0)
+    run, why = hostload.hostload_metrics(not_linux, rows)
+    assert run["host_contended"] is None and why["cpu_wait_ms"] == capture.NOT_LINUX
