@@ -168,6 +168,18 @@ KNOBS: tuple[Knob, ...] = (
         _choice("fp16", "bf16"),
     ),
     Knob(
+        "embedding.sparse",
+        "sparse=True on every nn.Embedding / nn.EmbeddingBag of the model handed to DDP: their gradients hold only "
+        "the rows a batch used, and DDP all-reduces those instead of the whole table",
+        "no with an optimizer that takes sparse gradients (SGD without weight decay, SparseAdam, Adagrad); one that "
+        "does not (Adam, AdamW, weight decay) fails the job's step",
+        _NO_DDP + ", or its model has no nn.Embedding / nn.EmbeddingBag",
+        "true",
+        "nn.Embedding(num_embeddings, dim, sparse={value})  # and an optimizer that takes sparse gradients",
+        "ddp",
+        _choice("true"),
+    ),
+    Knob(
         "loader.num_workers",
         "num_workers= of every DataLoader the script builds: worker processes that load batches",
         "no (random augmentations draw from the workers' seeds instead)",

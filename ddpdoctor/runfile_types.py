@@ -159,6 +159,9 @@ class DDPModule(msgspec.Struct, forbid_unknown_fields=False):
     logging_data: dict[str, Scalar] | None = None
     device_ids: list[str | Int64] | None = None
     error: str | None = None
+    # the gradients it reduces: total_bytes, count, and the largest one's name, bytes, module_type, sparse
+    # (ddpdoctor.capture.ddp.gradient_sizes)
+    gradients: dict[str, Scalar] | None = None
 
 
 class DPModule(msgspec.Struct, forbid_unknown_fields=False):

@@ -39,6 +39,10 @@ def install() -> None:
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         _original_init(self, *args, **kwargs)
         _instances.add(self)
+        try:
+            _gradients[id(self)] = gradient_sizes(self)
+        except Exception:  # a module whose parameters cannot be listed: no giant-gradient check, the run goes on
+            pass
         for listener in list(_listeners):
             listener(self)
         try:
@@ -107,6 +111,38 @@ def uninstall() -> None:
 
 
 _snapshots: dict[int, dict[str, Any]] = {}
+_gradients: dict[int, dict[str, Any]] = {}  # id(DDP module) -> gradient_sizes() at construction
+
+
+def gradient_sizes(ddp: Any) -> dict[str, Any]:
+    """The gradients DDP reduces (parameters that require grad, minus those it was told to ignore): their total
+    bytes, and the largest one's name, bytes, the type of the module that holds it and, for an embedding, whether it
+    already has sparse gradients. One pass over the parameters when DDP is built."""
+    ignored = set(getattr(ddp, "parameters_to_ignore", None) or ())
+    owners: dict[int, Any] = {}
+    for module in ddp.module.modules():
+        for param in module.parameters(recurse=False):
+            owners.setdefault(id(param), module)
+    total = 0
+    count = 0
+    largest: tuple[int, str, Any] | None = None
+    for name, param in ddp.module.named_parameters():
+        if not param.requires_grad or name in ignored:
+            continue
+        size = param.numel() * param.element_size()
+        total += size
+        count += 1
+        if largest is None or size > largest[0]:
+            largest = (size, name, param)
+    out: dict[str, Any] = {"total_bytes": total, "count": count}
+    if largest is not None:
+        size, name, param = largest
+        owner = owners.get(id(param))
+        out.update(name=name, bytes=size, module_type=type(owner).__name__ if owner is not None else None)
+        sparse = getattr(owner, "sparse", None)
+        if isinstance(sparse, bool):  # nn.Embedding / nn.EmbeddingBag
+            out["sparse"] = sparse
+    return out
 
 
 def snapshot() -> None:
@@ -135,5 +171,7 @@ def _describe_live() -> list[tuple[int, dict[str, Any]]]:
             entry["device_ids"] = [str(d) for d in (module.device_ids or [])]
         except Exception:
             entry["device_ids"] = None
+        if id(module) in _gradients:
+            entry["gradients"] = _gradients[id(module)]
         out.append((id(module), entry))
     return out

@@ -117,6 +117,8 @@ class Applier:
                 continue
             bound.arguments[key] = value
             self.applied[f"ddp.{_KNOB_OF.get(key, key)}"] += 1
+        if self.values.get("embedding.sparse") and "module" in bound.arguments:
+            self._sparse_embeddings(bound.arguments["module"])
         if self.values.get("batchnorm.sync") and "module" in bound.arguments:
             import torch.nn as nn
 
@@ -132,6 +134,17 @@ class Applier:
             else:
                 self.reasons["batchnorm.sync"] = "the model handed to DDP has no BatchNorm layer to convert"
         return bound.args[1:], bound.kwargs
+
+    def _sparse_embeddings(self, module: Any) -> None:
+        """``embedding.sparse``: sparse gradients for the embeddings of the model DDP is about to wrap."""
+        import torch.nn as nn
+
+        tables = [m for m in module.modules() if isinstance(m, (nn.Embedding, nn.EmbeddingBag))]
+        for table_module in tables:
+            table_module.sparse = True
+        self.applied["embedding.sparse"] += len(tables)
+        if not tables:
+            self.reasons["embedding.sparse"] = "the model handed to DDP has no nn.Embedding or nn.EmbeddingBag"
 
     def _wrap_loader_init(self, original: Any) -> Any:
         signature = _signature(original)

@@ -60,7 +60,32 @@ def ddp_metrics(capture: dict[str, Any] | None) -> dict[str, Any]:
     overlap, comm = data.get("avg_backward_compute_comm_overlap_time"), data.get("avg_backward_comm_time")
     if isinstance(overlap, (int, float)) and isinstance(comm, (int, float)) and comm > 0:
         out["ddp_reported_overlap_ratio"] = min(max(overlap / comm, 0.0), 1.0)
+    out.update(_largest_gradient(capture, buckets, cap))
     return out
+
+
+def _largest_gradient(capture: dict[str, Any] | None, buckets: list[int], cap: Any) -> dict[str, Any]:
+    """The largest gradient of the first DDP module (``ddp[].gradients``, capture/ddp.py): its bytes, share of all
+    gradient bytes, name, module type, sparse flag (embeddings), and whether it is a bucket of its own: larger than
+    bucket_cap_mb (DDP never splits a parameter), or a bucket of exactly its size in DDP's layout."""
+    modules = (capture or {}).get("ddp") or []
+    grads = next((m.get("gradients") for m in modules if isinstance(m, dict) and m.get("logging_data")), None)
+    if not isinstance(grads, dict):
+        return {}
+    size, total = grads.get("bytes"), grads.get("total_bytes")
+    if not (isinstance(size, int) and isinstance(total, int) and total > 0 and size > 0):
+        return {}
+    own = (isinstance(cap, (int, float)) and cap > 0 and size >= cap) or size in buckets
+    name, module = grads.get("name"), grads.get("module_type")
+    sparse = grads.get("sparse")
+    return {
+        "ddp_largest_grad_bytes": size,
+        "ddp_largest_grad_share": size / total,
+        "ddp_largest_grad_name": name if isinstance(name, str) and name else None,
+        "ddp_largest_grad_module": module if isinstance(module, str) and module else None,
+        "ddp_largest_grad_sparse": sparse if isinstance(sparse, bool) else None,
+        "ddp_largest_grad_own_bucket": own,
+    }
 
 
 _NS_PER_MS = 1e6
