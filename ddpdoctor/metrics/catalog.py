@@ -178,7 +178,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     ),
     "bandwidth": ("algbw_gbps", "busbw_gbps"),
     # from each collective's transfer time, the same on every rank (cross_rank.transfer_metrics)
-    "transfer": ("exposed_transfer_ms", "algbw_gbps", "busbw_gbps"),
+    "transfer": ("exposed_transfer_ms", "optimizer_exposed_transfer_ms", "algbw_gbps", "busbw_gbps"),
     # the report's per-rank columns besides the step time and the breakdown
     "report_rank": ("comm_ms", "exposed_comm_ms", "overlap_ratio", "dataloader_ms", "gil_contention"),
     # TensorBoard scalar groups

@@ -41,7 +41,7 @@ from ddpdoctor.table import Codes, Table, column, group_ids, group_median, group
 KEY = ["step", "kind", "index"]
 
 
-COLUMNS = ["step", "kind", "index", "start_us", "end_us", "dur_us", "bytes", "group_size"]
+COLUMNS = ["step", "kind", "index", "start_us", "end_us", "dur_us", "bytes", "group_size", "issued_in"]
 _NUMERIC = ("start_us", "end_us", "dur_us", "bytes", "group_size")
 
 
@@ -249,6 +249,7 @@ def all_collectives(summaries: list[dict[str, Any]]) -> Table:
         "step": column(columns["step"]),
         "kind": _codes(columns["kind"]),
         "index": column(columns["index"]),
+        "issued_in": _codes(columns["issued_in"]),  # metrics.comm.issuers (-1: unknown, or an older summary)
     }
     for col in _NUMERIC:
         out[col] = _numeric(columns[col])
@@ -429,6 +430,10 @@ def transfer_metrics(
     )
     exposed_us = iv.total_by(exposed, n)
     hidden_not = iv.total_by(iv.intersect_by(transfer, exposed), n)
+    # the part of it issued inside an optimizer's step (ZeroRedundancyOptimizer's parameter sync after its update)
+    in_opt = (c["issued_in"].values() == "optimizer") if len(c) else np.zeros(0, dtype=bool)
+    opt_transfer = iv.union_by((end - own_t)[in_opt], end[in_opt], rid[in_opt])
+    opt_exposed = iv.total_by(iv.intersect_by(opt_transfer, exposed), n)
     nbytes = c["bytes"].astype(np.float64) if len(c) else np.zeros(0)
     sized = matched & ~np.isnan(nbytes) & (nbytes > 0) & (tt > 0)
     moving = iv.union_by((end - tt)[sized], end[sized], rid[sized])
@@ -454,6 +459,7 @@ def transfer_metrics(
                 values["exposed_transfer_ms"] = float(exposed_us[i]) / steps / 1e3
             elif matched_n[i] > 0:
                 values["exposed_transfer_ms"] = float(hidden_not[i]) / steps / 1e3
+                values["optimizer_exposed_transfer_ms"] = float(opt_exposed[i]) / steps / 1e3
         if seconds[i] > 0:
             values["algbw_gbps"] = float(bytes_sum[i] / seconds[i] / 1e9)
             values["busbw_gbps"] = float(bus_sum[i] / seconds[i] / 1e9)

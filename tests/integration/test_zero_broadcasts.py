@@ -127,6 +127,14 @@ def test_zero_broadcasts_are_not_buffers_and_the_job_is_ddp_zero1(runs: dict[str
     assert "broadcast-buffers-cost" not in findings and "broadcast-buffers-cost" in passed
     # the DDP rules still apply to a ZeRO-1 job: its gradients are DDP's all-reduce
     assert "find-unused-parameters-cost" in passed
+    # ZeRO's exposed parameter sync is told apart from DDP's gradient all-reduce: no bucket setting hides it
+    for r in metrics.ranks:
+        assert 0 < r["optimizer_exposed_transfer_ms"] <= r["exposed_transfer_ms"] <= r["exposed_comm_ms"] + 1e-9, r
+    if "poor-comm-compute-overlap" in findings:
+        finding = findings["poor-comm-compute-overlap"]
+        gradient = [r["exposed_transfer_ms"] - r["optimizer_exposed_transfer_ms"] for r in metrics.ranks]
+        assert finding.estimated_gain_ms == pytest.approx(sum(gradient) / len(gradient), rel=1e-6)
+        assert "ZeroRedundancyOptimizer's parameter broadcasts" in finding.message
 
 
 @pytest.mark.timeout(300)
@@ -135,4 +143,5 @@ def test_batchnorm_buffer_broadcasts_still_fire(runs: dict[str, Path]) -> None:
     assert metrics.run["parallelism"] == "ddp"
     assert all(r["buffer_broadcast_ms"] > 0.5 for r in metrics.ranks), [r["buffer_broadcast_ms"] for r in metrics.ranks]
     assert "broadcast-buffers-cost" in findings
+    assert all(r["optimizer_exposed_transfer_ms"] == 0.0 for r in metrics.ranks)
     assert "DDP's buffer broadcasts take" in findings["broadcast-buffers-cost"].message
