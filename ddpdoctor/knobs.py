@@ -78,7 +78,8 @@ def _choice(*choices: str) -> Callable[[str], str]:
 @dataclass(frozen=True)
 class Knob:
     """``target``: what must exist in the job for the knob to apply ("ddp": a DistributedDataParallel is built;
-    "loader": a DataLoader is built; "batchnorm": a DDP model with BatchNorm layers; "process": always)."""
+    "loader": a DataLoader is built; "fsdp": fully_shard is called (FSDP2); "batchnorm": a DDP model with BatchNorm
+    layers; "process": always)."""
 
     name: str
     changes: str  # what it changes in the user's program
@@ -104,6 +105,7 @@ def _py(value: Any) -> str:
 
 _NO_DDP = "the job builds no DistributedDataParallel"
 _NO_LOADER = "the job builds no torch.utils.data.DataLoader"
+_NO_FSDP = "the job calls no torch.distributed.fsdp.fully_shard (FSDP2)"
 
 KNOBS: tuple[Knob, ...] = (
     Knob(
@@ -264,6 +266,28 @@ KNOBS: tuple[Knob, ...] = (
         "model = nn.SyncBatchNorm.convert_sync_batchnorm(model)  # before DDP(model)",
         "batchnorm",
         _choice("true"),
+    ),
+    Knob(
+        "fsdp.reshard_after_forward",
+        "reshard_after_forward= of every fully_shard(...) call (FSDP2): whether a unit's parameters are freed after "
+        "its forward and all-gathered again in backward",
+        "no",
+        _NO_FSDP,
+        "true | false",
+        "fully_shard(module, ..., reshard_after_forward={value})",
+        "fsdp",
+        _bool,
+    ),
+    Knob(
+        "fsdp.param_dtype",
+        "param_dtype= of the MixedPrecisionPolicy of every fully_shard(...) call (FSDP2): the dtype parameters are "
+        "all-gathered and computed in (the policy's other settings kept)",
+        "yes: forward and backward compute in that dtype",
+        _NO_FSDP,
+        "bfloat16 | float16 | float32",
+        "fully_shard(module, ..., mp_policy=MixedPrecisionPolicy(param_dtype=torch.{value}))",
+        "fsdp",
+        _choice("bfloat16", "float16", "float32"),
     ),
 )
 BY_NAME: dict[str, Knob] = {k.name: k for k in KNOBS}

@@ -319,11 +319,12 @@ class RankSummary(msgspec.Struct, forbid_unknown_fields=False):
     per_step: dict[str, list[Number | bool | str | None]] = {}
     collectives: dict[str, list[Number | bool | str | None]] = {}
     devices: list[DeviceMemory] = []
+    fsdp_units: dict[str, list[Number | str | None]] = {}  # FSDP2 units (ddpdoctor.metrics.fsdp.UNIT_COLUMNS)
     # communication not hidden by computation in the analysed steps: intervals (µs), what exposed transfer needs
     exposed_comm: dict[str, list[Number]] = {}
 
     def __post_init__(self) -> None:
-        for table in ("per_step", "collectives", "exposed_comm"):
+        for table in ("per_step", "collectives", "fsdp_units", "exposed_comm"):
             lengths = {len(column) for column in getattr(self, table).values()}
             if len(lengths) > 1:
                 raise ValueError(f"the {table} columns have different lengths")
@@ -356,10 +357,11 @@ class RankSummaryWire(RankSummary):
     metrics: dict[str, _WireNumber | bool | str | None] = {}  # type: ignore[assignment]
     per_step: dict[str, list[_WireNumber | bool | str | None]] = {}  # type: ignore[assignment]
     collectives: dict[str, list[_WireNumber | bool | str | None]] = {}  # type: ignore[assignment]
+    fsdp_units: dict[str, list[_WireNumber | str | None]] = {}  # type: ignore[assignment]
     exposed_comm: dict[str, list[_WireNumber]] = {}  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
-        for table in (self.per_step, self.collectives, self.exposed_comm):
+        for table in (self.per_step, self.collectives, self.fsdp_units, self.exposed_comm):
             if len({len(column) for column in table.values()}) > 1:
                 raise ValueError("columns of different lengths")
         if self.per_step and "step_ms" not in self.per_step:

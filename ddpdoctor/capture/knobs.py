@@ -5,6 +5,7 @@
   hook registered right after it is built. Installed after ``capture/ddp.py``'s own constructor wrapper, so this
   wrapper is the outer one and DDP's logging data shows the settings that were in force.
 - ``loader.*``: the keyword arguments of every ``DataLoader(...)``.
+- ``fsdp.*``: the keyword arguments of every ``fully_shard(...)`` call (FSDP2), wherever the script imports it from.
 - ``torch.intra_op_threads``: ``torch.set_num_threads`` before the script runs; the script's own calls are ignored.
 - ``env.*``: set by ``ddpdoctor trace`` for the whole job; here only checked.
 
@@ -47,6 +48,8 @@ class Applier:
             from torch.utils.data import DataLoader
 
             self._patch(DataLoader, "__init__", self._wrap_loader_init)
+        if "fsdp" in targets:
+            self._patch_fully_shard()
         if "torch.intra_op_threads" in self.values:
             torch.set_num_threads(int(self.values["torch.intra_op_threads"]))
             self.applied["torch.intra_op_threads"] = 1
@@ -166,6 +169,66 @@ class Applier:
 
         __init__.__wrapped__ = original  # type: ignore[attr-defined]
         return invisible(__init__)
+
+    def _patch_fully_shard(self) -> None:
+        """Wrap ``fully_shard`` wherever a script can import it from (the same function under several names)."""
+        import importlib
+
+        try:
+            import torch.distributed.fsdp as fsdp
+        except ImportError:
+            self._fsdp_not_applied("this torch has no FSDP2")
+            return
+        original = getattr(fsdp, "fully_shard", None)
+        if original is None:
+            self._fsdp_not_applied("this torch has no fully_shard")
+            return
+        wrapper = self._wrap_fully_shard(original)
+        for name in (
+            "torch.distributed.fsdp",
+            "torch.distributed.fsdp._fully_shard",
+            "torch.distributed.fsdp._fully_shard._fully_shard",
+            "torch.distributed._composable.fsdp",
+            "torch.distributed._composable.fsdp.fully_shard",
+        ):
+            try:
+                module = importlib.import_module(name)
+            except ImportError:
+                continue
+            if getattr(module, "fully_shard", None) is original:
+                self._patches.append((module, "fully_shard", original))
+                module.fully_shard = wrapper
+
+    def _fsdp_not_applied(self, why: str) -> None:
+        self.reasons.update(dict.fromkeys([n for n in self.values if n.startswith("fsdp.")], why))
+
+    def _wrap_fully_shard(self, original: Any) -> Any:
+        import functools
+
+        signature = _signature(original)
+        applier = self
+
+        @functools.wraps(original)  # keeps fully_shard.state and the other attributes contract() gives it
+        def fully_shard(*args: Any, **kwargs: Any) -> Any:
+            if signature is not None:
+                bound = signature.bind(*args, **kwargs)
+                if "fsdp.reshard_after_forward" in applier.values and "reshard_after_forward" in signature.parameters:
+                    bound.arguments["reshard_after_forward"] = applier.values["fsdp.reshard_after_forward"]
+                    applier.applied["fsdp.reshard_after_forward"] += 1
+                if "fsdp.param_dtype" in applier.values and "mp_policy" in signature.parameters:
+                    import dataclasses
+
+                    import torch
+                    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+                    policy = bound.arguments.get("mp_policy") or MixedPrecisionPolicy()
+                    dtype = getattr(torch, applier.values["fsdp.param_dtype"])
+                    bound.arguments["mp_policy"] = dataclasses.replace(policy, param_dtype=dtype)
+                    applier.applied["fsdp.param_dtype"] += 1
+                args, kwargs = bound.args, bound.kwargs
+            return original(*args, **kwargs)
+
+        return invisible(fully_shard)
 
     def _wrap_set_num_threads(self, original: Any) -> Any:
         def set_num_threads(n: int) -> None:  # the knob holds the number of threads for the whole run

@@ -84,12 +84,16 @@ _PARALLELISM_WORDS = {
     "dp": "DataParallel (dp)",
     "ddp": "data parallel with gradient all-reduce (ddp)",
     "fsdp": "fully sharded data parallel (fsdp)",
+    "fsdp2": "fully sharded data parallel, FSDP2 fully_shard (fsdp2)",
     "tp": "tensor parallel (tp)",
     "pipeline": "pipeline parallel (pipeline)",
     "unknown": "of unknown parallelism",
     "none": "without any synchronisation between its ranks (none)",
     "single": "a single process (single)",
 }
+
+
+_FAMILY = {"fsdp2": "fsdp"}  # a rule that fits fsdp fits FSDP2 (fully_shard) jobs too
 
 
 def _not_applicable(rule: Rule, run: Mapping[str, Any]) -> str | None:
@@ -105,7 +109,7 @@ def _not_applicable(rule: Rule, run: Mapping[str, Any]) -> str | None:
         # "zero1" (optimizer state sharded on top of DDP's gradient all-reduce) qualifies the job: the rules of
         # the rest still fit it
         parts = [p for p in parallelism.split("+") if p != "zero1"] or parallelism.split("+")
-        if not all(p in rule.parallelism for p in parts):
+        if not all(p in rule.parallelism or _FAMILY.get(p) in rule.parallelism for p in parts):
             words = " + ".join(_PARALLELISM_WORDS.get(p, p) for p in parts)
             evidence = run.get("parallelism_evidence")
             fits = ", ".join(p for p in rule.parallelism if p not in ("unknown", "none"))

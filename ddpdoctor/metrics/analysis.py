@@ -21,6 +21,7 @@ from ddpdoctor.metrics.cross_rank import (
     transfer_times,
 )
 from ddpdoctor.metrics.evidence import run_evidence
+from ddpdoctor.metrics.fsdp import run_units
 from ddpdoctor.metrics.health import health_metrics
 from ddpdoctor.metrics.hostload import hostload_metrics
 from ddpdoctor.metrics.result import RANK_METRICS, LazyTable, RunMetrics
@@ -81,6 +82,9 @@ def analyze(run: Run, steps: tuple[int, int | None] | None = None, verdict: Any 
     host_run, why_host = hostload_metrics(run.capture, ranks)  # after the waits: it weighs them (hostload.py)
     run_metrics.update(host_run)
     run_metrics["not_measured"] = {**run_metrics.get("not_measured", {}), **why_setup, **why_host}
+    units = run_units(summaries)  # FSDP2: the per-unit table, shown by the reports (not a metric)
+    if units:
+        run_metrics["fsdp_units"] = units
     health, health_doc = health_metrics(run.manifest or {}, run.capture, verdict)
     run_metrics.update(health)
     if health_doc is not None:

@@ -177,6 +177,23 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "optimizer_collectives_per_step",
     ),
     "bandwidth": ("algbw_gbps", "busbw_gbps"),
+    # FSDP2 units (ddpdoctor.metrics.fsdp)
+    "fsdp": (
+        "fsdp_units",
+        "fsdp_allgather_ms",
+        "fsdp_allgather_exposed_ms",
+        "fsdp_backward_allgather_ms",
+        "fsdp_reduce_ms",
+        "fsdp_reduce_exposed_ms",
+        "fsdp_largest_unit",
+        "fsdp_largest_unit_share",
+        "fsdp_largest_unit_exposed_ms",
+        "fsdp_explicit_prefetch",
+        "fsdp_reduce_as_allreduce",
+        "fsdp_comm_on_device",
+        "fsdp_allgather_elem_bytes",
+        "fsdp_reduce_elem_bytes",
+    ),
     # from each collective's transfer time, the same on every rank (cross_rank.transfer_metrics)
     "transfer": ("exposed_transfer_ms", "optimizer_exposed_transfer_ms", "algbw_gbps", "busbw_gbps"),
     # the report's per-rank columns besides the step time and the breakdown

@@ -7,8 +7,9 @@ the host phase they were issued in, and whether DDP's or FSDP's own ranges are i
 - ``dp``: ``nn.DataParallel`` (one process, ``run.mode == "dp"``).
 - ``ddp``: DDP's ranges (``DistributedDataParallel.forward``, ``ddp.reducer::*``) or its configuration in the
   capture; or, without them, gradient all-reduces issued only during backward (data-parallel gradient sync).
+- ``fsdp2``: FSDP2's (``fully_shard``) per-unit ranges (``FSDP::all_gather (<fqn>)``...: ``metrics/fsdp.py``).
 - ``fsdp``: FSDP's ranges, or all_gather and reduce_scatter in every step (parameter shards gathered for compute,
-  gradient shards reduced: FSDP / ZeRO-3).
+  gradient shards reduced: FSDP / ZeRO-3). Rules that fit ``fsdp`` fit ``fsdp2`` too.
 - ``tp``: collectives issued inside tensor-parallel ranges (Megatron-LM's ``_ReduceFromModelParallelRegion``,
   ``ColumnParallelLinear``..., DTensor's ``Redistribute``), or all-reduces issued during the forward pass, several
   per step (tensor-parallel layers reduce their partial outputs in forward and backward; data parallelism never
@@ -137,7 +138,11 @@ def detect_parallelism(ranks: list[dict[str, Any]], mode: str | None, world_size
         return "none", f"{len(known)} rank(s) of {world_size} issue no collective in the analysed steps"
     parts: list[str] = []
     why: list[str] = []
-    if any(r.get("fsdp_ranges") for r in ranks):
+    fsdp2_units = most("fsdp_units")  # FSDP2's per-unit ranges (ddpdoctor.metrics.fsdp)
+    if fsdp2_units:
+        parts.append("fsdp2")
+        why.append(f"FSDP2 (fully_shard) ranges of {fsdp2_units:.0f} unit(s) in the trace")
+    elif any(r.get("fsdp_ranges") for r in ranks):
         parts.append("fsdp")
         why.append("FSDP ranges in the trace")
     elif most("allgather_per_step") >= 1 and most("reduce_scatter_per_step") >= 1:
@@ -159,7 +164,7 @@ def detect_parallelism(ranks: list[dict[str, Any]], mode: str | None, world_size
     if any(r.get("ddp_ranges") for r in ranks) or ddp_config:
         parts.append("ddp")
         why.append("DDP's configuration in the capture" if ddp_config else "DDP's ranges in the trace")
-    elif "fsdp" not in parts and "tp" not in parts and most("backward_allreduce_per_step") > 0:
+    elif not {"fsdp", "fsdp2", "tp"} & set(parts) and most("backward_allreduce_per_step") > 0:
         parts.append("ddp")
         why.append(
             f"{most('backward_allreduce_per_step'):.0f} gradient all-reduces per step, issued during backward only"

@@ -12,7 +12,8 @@ Layout (``schema_version`` 1)::
      ...
      "collectives": {column: [...]}   # step, kind, index, start_us, end_us, dur_us, bytes, group_size, issued_in
      "exposed_comm": {"start_us": [...], "end_us": [...]}  # communication not hidden by computation, analysed steps
-     "devices":     [{"device", "peak_allocated_bytes", "peak_reserved_bytes", "capacity_bytes"}]}
+     "devices":     [{"device", "peak_allocated_bytes", "peak_reserved_bytes", "capacity_bytes"}],
+     "fsdp_units":  {column: [...]}}  # FSDP2 units: unit, param_bytes, ..., reduce_exposed_ms (metrics/fsdp.py)
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from ddpdoctor.metrics.breakdown import BREAKDOWN, per_step
 from ddpdoctor.metrics.capture import ddp_metrics, thread_metrics
 from ddpdoctor.metrics.comm import collective_calls, collectives, exposed_set, issuers
 from ddpdoctor.metrics.dp import dp_per_step, dp_rank_metrics
+from ddpdoctor.metrics.fsdp import fsdp_rank
 from ddpdoctor.metrics.memory import device_rows, memory_metrics, own_device
 from ddpdoctor.metrics.parallelism import parallelism_evidence
 from ddpdoctor.metrics.setup import compute_device
@@ -93,6 +95,8 @@ def summarize_rank(
     metrics.update(memory_metrics(devices, own))
     metrics.update(ddp_metrics(capture))
     metrics.update(thread_metrics(capture, None))
+    fsdp, fsdp_units = fsdp_rank(rt, analysed)  # FSDP2's units: their all-gathers and reduces
+    metrics.update(fsdp)
     return jsonable(
         {
             "schema_version": SCHEMA_VERSION,
@@ -108,6 +112,7 @@ def summarize_rank(
             "collectives": colls.to_lists(),
             "exposed_comm": {"start_us": exposed[0].tolist(), "end_us": exposed[1].tolist()},
             "devices": devices,
+            "fsdp_units": fsdp_units,
         }
     )
 

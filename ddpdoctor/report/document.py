@@ -14,6 +14,9 @@ Shape (schema_version 1; keys are relied on by users, add but never rename)::
                         "mismatches": [{"pg", "seq_id", "kind", "by_rank": {"0": "all_reduce [1] Float"}}],
                         "ranks": [{"rank", "state", "status", "steps", "phase", "where", "collective", "error"}],
                         "evidence": [...], "notes": [...]}},   # only for a run that failed, hung or dumped
+             "fsdp_units": [{"unit", "ranks", "param_bytes", "param_share", "allgather_calls", "allgather_ms",
+                             "allgather_exposed_ms", "reduce_calls", "reduce_ms", "reduce_exposed_ms",
+                             "worst_rank"}],   # only for an FSDP2 run (report/fsdp_units.py)
      "ranks": [{"rank", "step_ms": {"median", "p90"}, "comm_ms", "exposed_comm_ms", "overlap_ratio",
                 "dataloader_ms", "gil_contention", "forward_ms", "backward_ms", "optimizer_ms", "other_ms",
                 "devices": [{"device", "peak_allocated_bytes", "peak_reserved_bytes", "capacity_bytes"}]}],
@@ -111,6 +114,7 @@ def build(result: Diagnosis) -> dict[str, Any]:
             "notes": _lines(run.get("notes")) + _lines([run.get("host_load_summary")]),
             **({"trials": jsonable(run["trials"])} if run.get("trials") else {}),
             **({"health": jsonable(run["health"])} if isinstance(run.get("health"), dict) else {}),
+            **({"fsdp_units": jsonable(run["fsdp_units"])} if run.get("fsdp_units") else {}),
         },
         "ranks": ranks,
         "findings": [jsonable(f.to_json()) for f in result.findings],

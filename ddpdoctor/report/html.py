@@ -10,7 +10,7 @@ from typing import Any, TextIO
 
 from ddpdoctor.diagnosis.findings import Diagnosis, format_ranks
 from ddpdoctor.metrics import catalog
-from ddpdoctor.report import fmt, svg
+from ddpdoctor.report import fmt, fsdp_units, svg
 from ddpdoctor.report.document import (
     RANK_TABLE_COLUMNS,
     build,
@@ -169,6 +169,7 @@ def _body(result: Diagnosis) -> list[str]:
             "the share of it hidden behind computation, GIL the share of time threads wait for the GIL.</p>"
         )
     out.append(_rank_table(doc))
+    out += fsdp_units.html_parts(doc)
     series = _overlap_series(result.metrics)
     out.append("<h2>Communication / computation overlap per step</h2>")
     out.append(svg.line_chart(series) if series else '<p class="note">No per-step communication measured.</p>')

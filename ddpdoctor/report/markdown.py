@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, TextIO
 
 from ddpdoctor.diagnosis.findings import Diagnosis, format_ranks
-from ddpdoctor.report import fmt
+from ddpdoctor.report import fmt, fsdp_units
 from ddpdoctor.report.document import (
     RANK_TABLE_COLUMNS,
     build,
@@ -73,6 +73,7 @@ def _lines(result: Diagnosis) -> list[str]:
     rows = rank_table_rows(doc)
     header = [long for long, _ in RANK_TABLE_COLUMNS]
     out += _table(header, rows, "r" * len(header)) + [""]
+    out += fsdp_units.markdown_lines(doc)
     devices = [(r["rank"], d) for r in doc["ranks"] for d in r["devices"]]
     if devices:
         out += ["## Memory per device (peak)", ""]

@@ -59,6 +59,8 @@ def test_sick_ddp_run_fires_the_expected_rules_on_the_expected_ranks():
     # the set-up checks need what `ddpdoctor trace` observes (DataLoaders, set_device): absent from this input
     rest = {n.name: n.reason for n in result.not_evaluated[1:]}
     assert rest.pop("dp-gathers-large-outputs") == "applies to DataParallel (dp) runs; this run is ddp"
+    for name in ("fsdp-one-large-unit", "fsdp-exposed-all-gather", "fsdp-exposed-reduce-scatter"):
+        assert rest.pop(name).startswith("applies to fsdp jobs; this run is data parallel"), name
     assert set(rest) == {
         "missing-distributed-sampler",
         "sampler-epoch-not-set",
