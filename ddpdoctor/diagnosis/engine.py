@@ -8,13 +8,25 @@ where they gave one). "Passed" means the rule's inputs were measured and its con
 
 from __future__ import annotations
 
+import ast
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from ddpdoctor.diagnosis.expr import Expr, ExprError, Values, compile_expr
+from ddpdoctor.diagnosis.expr import _OPERATORS, Expr, ExprError, Values, compile_expr
+from ddpdoctor.diagnosis.expr import _eval as _eval_node
 from ddpdoctor.diagnosis.expr import evaluate as eval_expr
-from ddpdoctor.diagnosis.findings import Diagnosis, Finding, NotEvaluated, format_ranks, sort_findings
+from ddpdoctor.diagnosis.findings import (
+    Diagnosis,
+    Finding,
+    NotEvaluated,
+    Override,
+    Passed,
+    format_ranks,
+    sort_findings,
+)
 from ddpdoctor.diagnosis.rules import Rule
+from ddpdoctor.diagnosis.template import format_value
 from ddpdoctor.metrics import catalog
 from ddpdoctor.metrics.derived import derived_rank_metrics
 from ddpdoctor.metrics.setup import NO_STEP_REASON
@@ -106,9 +118,7 @@ def _not_applicable(rule: Rule, run: Mapping[str, Any]) -> str | None:
         return f"applies to {', '.join(rule.backends)} runs; this run uses {backend}"
     parallelism = run.get("parallelism") or {"single": "single", "dp": "dp"}.get(str(mode))
     if isinstance(parallelism, str) and parallelism:
-        # "zero1" (optimizer state sharded on top of DDP's gradient all-reduce) qualifies the job: the rules of
-        # the rest still fit it
-        parts = [p for p in parallelism.split("+") if p != "zero1"] or parallelism.split("+")
+        parts = parallelism.split("+")
         if not all(p in rule.parallelism or _FAMILY.get(p) in rule.parallelism for p in parts):
             words = " + ".join(_PARALLELISM_WORDS.get(p, p) for p in parts)
             evidence = run.get("parallelism_evidence")
@@ -141,10 +151,15 @@ def _gain(expr: Expr | None, values: Values) -> float | None:
 
 
 def _fire(
-    rule: Rule, run: dict[str, Any], rows: list[dict[str, Any]], columns: dict[str, Any] | None = None
+    rule: Rule,
+    run: dict[str, Any],
+    rows: list[dict[str, Any]],
+    columns: dict[str, Any] | None = None,
+    outcomes_seen: dict[int, Any] | None = None,
 ) -> Finding | bool | None:
     """A Finding, False (evaluated, silent) or None (undecidable). ``columns``: the metric columns (and their
-    aggregates) over ``rows``, shared by the rules of one evaluation."""
+    aggregates) over ``rows``, shared by the rules of one evaluation; ``outcomes_seen``: filled with a per-rank
+    rule's verdict per rank."""
     columns = {} if columns is None else columns
     base = Values(run, rows, rule.params, columns=columns)
     if rule.scope == "run":
@@ -159,6 +174,8 @@ def _fire(
         gain, shown = _gain(rule.estimated_gain, base), base
     else:
         outcomes = {r["rank"]: eval_expr(rule.when, Values(run, rows, rule.params, r, columns)) for r in rows}
+        if outcomes_seen is not None:
+            outcomes_seen.update(outcomes)
         if all(v is None for v in outcomes.values()):
             return None
         firing = {r["rank"]: r for r in rows if outcomes[r["rank"]]}
@@ -194,6 +211,9 @@ def _fire(
         message += (
             " Close to its threshold, so a small change in the run can flip this verdict: " + "; ".join(edges) + "."
         )
+    overridden = _overrides(rule, rule.when.tree)
+    if overridden:
+        message += " " + _override_sentence(overridden)
     return Finding(
         id=rule.id,
         name=rule.name,
@@ -216,7 +236,6 @@ def _threshold_edges(rule: Rule, values: Values) -> list[str]:
     """The comparisons of ``rule.when`` against a ``params.NAME`` threshold whose measured side lies within
     ``EDGE_SHARE`` of it, as "TERM = v (threshold NAME = t)" -- only where the verdict hinges on them: in a
     condition ``a or b``, a true part that is not on an edge keeps the verdict whatever the others do."""
-    import ast
 
     def evaluate_node(node: ast.expr) -> Any:
         try:
@@ -259,7 +278,8 @@ def evaluate(rules: Iterable[Rule], metrics: Any) -> Diagnosis:
     columns: dict[str, Any] = {}
     findings: list[Finding] = []
     not_evaluated: list[NotEvaluated] = []
-    passed: list[str] = []
+    passed: list[Passed] = []
+    rules = tuple(rules)
     for rule in rules:
         reason = _not_applicable(rule, run)
         if reason is None and not rows:
@@ -273,15 +293,246 @@ def evaluate(rules: Iterable[Rule], metrics: Any) -> Diagnosis:
             # a rule whose inputs are absent is not evaluated, never "passed"
             not_evaluated.append(NotEvaluated(rule.name, _missing_reason(rule, run, rows, rule.requires)))
             continue
+        outcomes: dict[int, Any] = {}
         try:
-            result = _fire(rule, run, rows, columns)
+            result = _fire(rule, run, rows, columns, outcomes)
         except ExprError as exc:
             not_evaluated.append(NotEvaluated(rule.name, f"could not be evaluated: {exc}"))
             continue
         if result is None:
             not_evaluated.append(NotEvaluated(rule.name, _missing_reason(rule, run, rows)))
         elif result is False:
-            passed.append(rule.name)
+            passed.append(Passed(rule.name, _passed_reason(rule, run, rows, columns, outcomes or None)))
         else:
             findings.append(result)
-    return Diagnosis(metrics, sort_findings(findings), tuple(not_evaluated), tuple(passed))
+    return Diagnosis(
+        metrics,
+        sort_findings(findings),
+        tuple(not_evaluated),
+        tuple(p.name for p in passed),
+        tuple(passed),
+        tuple(o for rule in rules for o in _overrides(rule)),
+    )
+
+
+# ------------------------------------------------------------------------------------------ why a rule passed
+_NEGATED = {ast.Lt: ">=", ast.Gt: "<=", ast.LtE: ">", ast.GtE: "<", ast.Eq: "!=", ast.NotEq: "=="}
+_SYMBOL = {ast.Lt: "<", ast.Gt: ">", ast.LtE: "<=", ast.GtE: ">=", ast.Eq: "==", ast.NotEq: "!="}
+_MIRRORED = {ast.Lt: ast.Gt, ast.Gt: ast.Lt, ast.LtE: ast.GtE, ast.GtE: ast.LtE, ast.Eq: ast.Eq, ast.NotEq: ast.NotEq}
+# ranks whose values a per-rank rule's passed line lists one by one (beyond: their range), and ranks its own
+# passed sentences are said for
+_LISTED_RANKS = 8
+_SENTENCE_RANKS = 4
+
+
+def _node_value(node: ast.expr, values: Values) -> Any:
+    """The value of a sub-tree of a checked condition (None where it cannot be computed)."""
+    try:
+        return _eval_node(node, values)
+    except (ExprError, ArithmeticError, TypeError, ValueError):
+        return None
+
+
+@functools.lru_cache(maxsize=4096)
+def _reads_metrics(node: ast.expr) -> bool:
+    return any(isinstance(n, ast.Name) for n in ast.walk(node))
+
+
+@functools.lru_cache(maxsize=4096)
+def _unparse(node: ast.expr) -> str:
+    """A rule's sub-expression as its text (the same nodes come back for every rank of a per-rank rule)."""
+    return ast.unparse(node)
+
+
+# One part of a condition that made it false: (key, measured text, measured value, compare op or None, threshold
+# node or None, threshold value); formatted by ``_decider_text`` once per part (not per rank).
+_Decider = tuple[str, str, Any, "type | None", "ast.expr | None", Any]
+
+
+def _explain(node: ast.expr, values: Values) -> tuple[Any, list[_Decider]]:
+    """The truth of ``node`` (True, False or None, as the rule engine decides it) and, when it is false, the parts
+    that made it so: in ``a and b`` the false parts, in ``a or b`` every part; a comparison's sides are evaluated
+    once."""
+    if isinstance(node, ast.BoolOp):
+        unknown, false, out = False, False, []
+        for part in node.values:
+            truth, deciders = _explain(part, values)
+            if truth is None:
+                unknown = True
+            elif truth and isinstance(node.op, ast.Or):
+                return True, []  # `or`: one true part decides
+            elif not truth:
+                false = True
+                out += deciders
+        if isinstance(node.op, ast.And) and false:
+            return False, out
+        if isinstance(node.op, ast.And):
+            return (None if unknown else True), []
+        return (None, []) if unknown else (False, out)
+    if isinstance(node, ast.Compare) and len(node.ops) == 1 and type(node.ops[0]) in _NEGATED:
+        left, right, op = node.left, node.comparators[0], type(node.ops[0])
+        lv, rv = _node_value(left, values), _node_value(right, values)
+        truth = _OPERATORS[op](lv, rv) if lv is not None and rv is not None else None
+        if truth is not False:
+            return truth, []
+        if not _reads_metrics(left) and _reads_metrics(right):
+            left, right, op, lv, rv = right, left, _MIRRORED[op], rv, lv
+        return False, [(_unparse(node), _unparse(left), lv, op, right, rv)]
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        value = _node_value(node.operand, values)
+        if value is None:
+            return None, []
+        if not value:
+            return True, []
+        text = _unparse(node.operand)
+        return False, [(text, text, value, None, None, None)]
+    value = _node_value(node, values)
+    if value is None or value:
+        return (None if value is None else True), []
+    text = _unparse(node)
+    return False, [(text, text, value, None, None, None)]
+
+
+def _threshold_text(right: ast.expr | None, limit: Any) -> tuple[str, str | None]:
+    """How a comparison's threshold is shown ("0.5 (min_overlap)", "0", "cpu_count * ... = 2") and its param."""
+    if right is None:
+        return "", None
+    shown = format_value(limit)
+    if isinstance(right, ast.Attribute) and isinstance(right.value, ast.Name) and right.value.id == "params":
+        return f"{shown} ({right.attr})", right.attr
+    if isinstance(right, ast.Constant):
+        return shown, None
+    return f"{ast.unparse(right)} = {shown}", None
+
+
+def _relation(value: Any, limit: Any, op: Any) -> str:
+    """How a measured value stands to its limit ("<", "=", ">"), or the negated comparison where they are not
+    both numbers."""
+    numbers = [v for v in (value, limit) if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    if len(numbers) < 2 or op in (ast.Eq, ast.NotEq):
+        return _NEGATED[op]
+    return "<" if value < limit else ">" if value > limit else f", not {_SYMBOL[op]}"
+
+
+def _sep(relation: str) -> str:
+    return "" if relation.startswith(",") else " "
+
+
+def _shown(value: Any) -> str:
+    return format_value(value) if not isinstance(value, bool) else str(value).lower()
+
+
+def _passed_reason(
+    rule: Rule,
+    run: dict[str, Any],
+    rows: list[dict[str, Any]],
+    columns: dict[str, Any],
+    outcomes: Mapping[int, Any] | None = None,
+) -> str:
+    """Why ``rule`` did not fire, in the numbers it tested: its ``passed`` sentences where it has them, then each
+    comparison that was false with the measured value against its threshold (per rank for a per-rank rule), and
+    the thresholds a config file set among them. ``outcomes``: a per-rank rule's verdict per rank, as ``_fire``
+    found them."""
+    tree = rule.when.tree
+    params: set[str] = set()
+    texts: list[str] = []
+    undecided = ""
+    if rule.scope == "run":
+        shown = [Values(run, rows, rule.params, columns=columns)]
+        for _, measured, value, op, right, limit in _explain(tree, shown[0])[1]:
+            threshold, param = _threshold_text(right, limit)
+            relation = _relation(value, limit, op) if op is not None else ""
+            texts.append(f"{measured} = {_shown(value)}{_sep(relation)}{relation} {threshold}".rstrip())
+            texts[-1] += _close(value, rule, param)
+            params.update([param] if param else [])
+    else:
+        if outcomes is None:
+            outcomes = {r["rank"]: eval_expr(rule.when, Values(run, rows, rule.params, r, columns)) for r in rows}
+        by_rank = {r["rank"]: r for r in rows}
+        decided = [rank for rank, outcome in outcomes.items() if outcome is False]
+        shown = []
+        groups: dict[str, tuple[str, Any, ast.expr | None, Any, dict[int, Any]]] = {}
+        for rank in decided:
+            values = Values(run, rows, rule.params, by_rank[rank], columns)
+            if len(shown) < _SENTENCE_RANKS:
+                shown.append(values)
+            for key, measured, value, op, right, limit in _explain(tree, values)[1]:
+                groups.setdefault(key, (measured, op, right, limit, {}))[4][rank] = value
+        for measured, op, right, limit, per_rank in groups.values():
+            threshold, param = _threshold_text(right, limit)
+            numbers = [v for v in per_rank.values() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+            if op is None:
+                relation = ""
+            elif len(numbers) == len(per_rank) and numbers:
+                low, high = _relation(min(numbers), limit, op), _relation(max(numbers), limit, op)
+                relation = low if low == high else _NEGATED[op]
+            else:
+                relation = _NEGATED[op]
+            texts.append(
+                f"{measured} = {_rank_values(per_rank, decided)}{_sep(relation)}{relation} {threshold}".rstrip()
+            )
+            params.update([param] if param else [])
+        unknown = [rank for rank, outcome in outcomes.items() if outcome is None]
+        if unknown:
+            undecided = f"; undecided on {format_ranks(unknown)} (a value it needs was not measured)"
+    reason = "; ".join(texts) + undecided
+    if rule.passed:
+        specials = {"ranks": format_ranks(r["rank"] for r in rows), "worst": ""}
+        said = [
+            "; ".join(
+                s.message.render(v, specials) for s in rule.passed if s.when is None or eval_expr(s.when, v) is True
+            )
+            for v in shown
+        ]
+        lead = "; ".join(t for t in dict.fromkeys(said) if t)
+        lead += "; ..." if rule.scope == "rank" and len(decided) > _SENTENCE_RANKS else ""
+        reason = f"{lead}; {reason}" if lead and reason else lead or reason
+    overridden = [o for o in _overrides(rule) if o.param in params]
+    if overridden:
+        reason += "; " + _override_sentence(overridden, lead="").rstrip(".")
+    return reason
+
+
+def _close(value: Any, rule: Rule, param: str | None) -> str:
+    limit = rule.params.get(param) if param else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return ""
+    if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not limit:
+        return ""
+    return " (close to its threshold)" if abs(value - limit) <= EDGE_SHARE * abs(limit) else ""
+
+
+def _rank_values(values: Mapping[int, Any], decided: Sequence[int]) -> str:
+    """Per-rank values as a passed line shows them: one value (and the ranks, when not all of them), each rank's
+    value, or their range over many ranks."""
+    shown = {rank: _shown(v) for rank, v in values.items()}
+    where = "" if len(values) == len(decided) else f" on {format_ranks(values)}"
+    if len(set(shown.values())) == 1:
+        return next(iter(shown.values())) + where
+    if len(values) <= _LISTED_RANKS:
+        return ", ".join(f"r{rank}={text}" for rank, text in shown.items())
+    numbers = [v for v in values.values() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    if len(numbers) == len(values):
+        return f"{format_value(min(numbers))} to {format_value(max(numbers))}{where}"
+    return ", ".join(sorted(set(shown.values()))) + where
+
+
+def _overrides(rule: Rule, tree: ast.expr | None = None) -> list[Override]:
+    """The parameters of ``rule`` a config file set (those ``tree`` reads, when given)."""
+    used = None
+    if tree is not None:
+        used = {
+            n.attr
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "params"
+        }
+    return [
+        Override(rule.name, name, rule.params[name], rule.default_params.get(name), source)
+        for name, source in rule.params_source.items()
+        if source != "default" and (used is None or name in used) and name in rule.params
+    ]
+
+
+def _override_sentence(overrides: Sequence[Override], lead: str = "The ") -> str:
+    noun = "threshold" if len(overrides) == 1 else "thresholds"
+    return f"{lead}{noun} set by a config file: " + "; ".join(o.text() for o in overrides) + "."

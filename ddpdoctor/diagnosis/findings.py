@@ -54,17 +54,77 @@ class NotEvaluated:
 
 
 @dataclass(frozen=True)
+class Passed:
+    """A rule that was evaluated and did not fire, and why: the values it tested against its thresholds (or the
+    rule's own ``passed`` sentence), with any threshold a config file changed."""
+
+    name: str
+    reason: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"name": self.name, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class Override:
+    """A rule parameter a config file set: ``rule.param = value`` (its built-in default) from ``source``."""
+
+    rule: str
+    param: str
+    value: Any
+    default: Any
+    source: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "rule": self.rule,
+            "param": self.param,
+            "value": self.value,
+            "default": self.default,
+            "source": self.source,
+        }
+
+    def text(self) -> str:
+        """``rank-straggler.min_wait_ms = 100 (default 2) from pyproject.toml``."""
+        return f"{self.rule}.{self.param} = {_number(self.value)} (default {_number(self.default)}) from " + (
+            shown_source(self.source)
+        )
+
+
+def _number(value: Any) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def shown_source(source: str) -> str:
+    """A config file as a report names it: relative to the current directory when it lies below it."""
+    import os
+
+    try:
+        rel = os.path.relpath(source)
+    except ValueError:  # another drive (Windows)
+        return source
+    return source if rel.startswith("..") else rel
+
+
+@dataclass(frozen=True)
 class Diagnosis:
     """The result of ``ddpdoctor.diagnosis.evaluate``: what renderers take.
 
     ``metrics`` is the ``RunMetrics`` the rules ran on; ``findings`` are sorted most costly first;
-    ``passed`` names the rules that were evaluated and did not fire.
+    ``passed`` names the rules that were evaluated and did not fire, ``passed_reasons`` says why for each (same
+    order); ``overrides``: the parameters of the evaluated rules that a config file changed.
     """
 
     metrics: Any
     findings: tuple[Finding, ...]
     not_evaluated: tuple[NotEvaluated, ...]
     passed: tuple[str, ...] = ()
+    passed_reasons: tuple[Passed, ...] = ()
+    overrides: tuple[Override, ...] = ()
 
     def worst_severity(self) -> str | None:
         if not self.findings:

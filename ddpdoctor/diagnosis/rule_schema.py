@@ -32,6 +32,11 @@ class ClauseFile(msgspec.Struct, forbid_unknown_fields=True):
     recommendation: str | None = None  # replaces the rule's recommendation when `when` holds (the last such)
 
 
+class PassedFile(msgspec.Struct, forbid_unknown_fields=True):
+    message: str
+    when: str | None = None
+
+
 class PrescriptionFile(msgspec.Struct, forbid_unknown_fields=True):
     knob: str
     values: list[bool | int | float | str]
@@ -58,6 +63,7 @@ class RuleFile(msgspec.Struct, forbid_unknown_fields=True):
     parallelism: list[Literal[PARALLELISMS]] | None = None  # type: ignore[valid-type]
     requires: list[str] | None = None
     prescriptions: list[PrescriptionFile] = []
+    passed: str | list[PassedFile] | None = None
 
 
 _SECTION = {"$": "", "$.docs": "[docs]", "$.docs.options": "[docs.options]", "$.params": "[params]"}

@@ -17,6 +17,9 @@ Keys (required unless marked optional)::
     ranks_where = "rank == straggler_rank"   # optional (run scope): which ranks the finding names
     estimated_gain_ms = "mean(exposed_comm_ms)"  # optional: ms per step a fix could save
     message = "{mean(exposed_comm_ms):.1f} ms ... on {ranks}"   # template filled with the numbers
+    passed = "exposed {mean(exposed_comm_ms):.1f} ms ..."   # optional: what the report says when the rule did
+                                      # not fire (the values it tested against its thresholds are added to it);
+                                      # or [{when = "...", message = "..."}, ...]: the sentences whose `when` holds
     recommendation = "..."            # template too
     [[prescriptions]]                 # optional: knobs `ddpdoctor try --findings` tries (ddpdoctor.knobs)
     knob = "ddp.bucket_cap_mb"
@@ -97,6 +100,14 @@ class Clause:
 
 
 @dataclass(frozen=True)
+class PassedSentence:
+    """A sentence the report says of the rule when it passed: always (``when`` None) or when ``when`` holds."""
+
+    when: Expr | None
+    message: Template
+
+
+@dataclass(frozen=True)
 class Prescription:
     """A knob a rule prescribes (``ddpdoctor.knobs``) and the values ``ddpdoctor try --findings`` tries, as text."""
 
@@ -126,6 +137,8 @@ class Rule:
     parallelism: tuple[str, ...] = PARALLELISMS
     requires: tuple[str, ...] = ()
     prescriptions: tuple[Prescription, ...] = ()
+    passed: tuple[PassedSentence, ...] = ()
+    default_params: dict[str, float | int | bool] = field(default_factory=dict)  # the rule file's own [params]
 
     @property
     def metrics(self) -> frozenset[str]:
@@ -133,6 +146,8 @@ class Rule:
         exprs = [self.when, self.estimated_gain, self.ranks_where, *(c.when for c in self.clauses)]
         names = set().union(*(e.metrics for e in exprs if e is not None))
         names |= self.message.metrics | self.recommendation.metrics
+        for sentence in self.passed:
+            names |= sentence.message.metrics | (sentence.when.metrics if sentence.when is not None else frozenset())
         for clause in self.clauses:
             names |= clause.message.metrics
             if clause.recommendation is not None:
@@ -280,6 +295,20 @@ def _build(data: Mapping[str, Any], filename: str, where: str) -> Rule:
         parallelism=tuple(parallelism),
         requires=tuple(requires),
         prescriptions=tuple(_prescription(p) for p in raw.prescriptions),
+        passed=_passed(raw.passed, expr, template),
+        default_params=dict(params),
+    )
+
+
+def _passed(raw: str | list[Any] | None, expr: Any, template: Any) -> tuple[PassedSentence, ...]:
+    """The ``passed`` key: one sentence, or sentences each said when its ``when`` holds."""
+    if raw is None:
+        return ()
+    if isinstance(raw, str):
+        return (PassedSentence(None, template("passed", raw)),)
+    return tuple(
+        PassedSentence(None if p.when is None else expr(f"passed #{i + 1} when", p.when), template("passed", p.message))
+        for i, p in enumerate(raw)
     )
 
 

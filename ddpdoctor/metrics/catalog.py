@@ -197,7 +197,15 @@ GROUPS: dict[str, tuple[str, ...]] = {
     # from each collective's transfer time, the same on every rank (cross_rank.transfer_metrics)
     "transfer": ("exposed_transfer_ms", "optimizer_exposed_transfer_ms", "algbw_gbps", "busbw_gbps"),
     # the report's per-rank columns besides the step time and the breakdown
-    "report_rank": ("comm_ms", "exposed_comm_ms", "overlap_ratio", "dataloader_ms", "gil_contention"),
+    "report_rank": (
+        "comm_ms",
+        "exposed_comm_ms",
+        "collective_wait_ms",
+        "overlap_ratio",
+        "dataloader_ms",
+        "gil_contention",
+        "ddp_comm_hook",
+    ),
     # TensorBoard scalar groups
     "tb_comm": (
         "comm_ms",

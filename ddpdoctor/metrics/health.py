@@ -291,6 +291,7 @@ def _rank_entry(rank: int, rec: Mapping[str, Any], status: str | None, state: An
         "where": _where(state) or None,
         "collective": state.collective.describe() if getattr(state, "collective", None) is not None else None,
         "error": _short(_first_line(getattr(state, "exception", None) or rec.get("reason"))) or None,
+        "exit_code": rec.get("exit_code"),
     }
     if status == "consequence":
         entry["state"] = "consequence"

@@ -17,13 +17,20 @@ Shape (schema_version 1; keys are relied on by users, add but never rename)::
              "fsdp_units": [{"unit", "ranks", "param_bytes", "param_share", "allgather_calls", "allgather_ms",
                              "allgather_exposed_ms", "reduce_calls", "reduce_ms", "reduce_exposed_ms",
                              "worst_rank"}],   # only for an FSDP2 run (report/fsdp_units.py)
-     "ranks": [{"rank", "step_ms": {"median", "p90"}, "comm_ms", "exposed_comm_ms", "overlap_ratio",
+     "ranks": [{"rank", "step_ms": {"median", "p90"}, "comm_ms", "exposed_comm_ms", "collective_wait_ms",
+                "overlap_ratio", "ddp_comm_hook",
                 "dataloader_ms", "gil_contention", "forward_ms", "backward_ms", "optimizer_ms", "other_ms",
                 "devices": [{"device", "peak_allocated_bytes", "peak_reserved_bytes", "capacity_bytes"}]}],
      "findings": [{"id", "name", "severity", "ranks", "message", "recommendation", "evidence",
                    "estimated_gain_ms"}],
      "not_evaluated": [{"name", "reason"}],
-     "passed": [rule names evaluated without a finding]}
+     "passed": [rule names evaluated without a finding],
+     "passed_reasons": [{"name", "reason"}],   # why each passed: the values it tested against its thresholds
+     "overrides": [{"rule", "param", "value", "default", "source"}]}   # thresholds a config file set
+
+``run.ddp_comm_hook``: the DDP communication hook ("none (DDP's default all-reduce)" when DDP was captured
+without one, null when no DDP module was captured); ``ranks[].ddp_comm_hook`` each rank's,
+``ranks[].collective_wait_ms`` its time per step waiting in collectives for late peers.
 
 Times are ms per step, ratios 0-1, sizes bytes; a value that was not measured is null.
 """
@@ -98,7 +105,11 @@ def build(result: Diagnosis) -> dict[str, Any]:
         }
         entry.update({k: _json_value(row.get(k)) for k in _ENTRY_KEYS})
         entry["devices"] = _devices(devices, rank, row)
+        entry["_ddp_captured"] = any(row.get(k) is not None for k in _DDP_CAPTURED)
         ranks.append(entry)
+    hook = comm_hook(ranks)
+    for entry in ranks:
+        del entry["_ddp_captured"]
     return {
         "schema_version": SCHEMA_VERSION,
         "run": {
@@ -112,6 +123,7 @@ def build(result: Diagnosis) -> dict[str, Any]:
             "skipped": _lines(run.get("skipped")),
             # the host's load in every format (metrics/hostload.py): said whether the host was busy or not
             "notes": _lines(run.get("notes")) + _lines([run.get("host_load_summary")]),
+            "ddp_comm_hook": hook,
             **({"trials": jsonable(run["trials"])} if run.get("trials") else {}),
             **({"health": jsonable(run["health"])} if isinstance(run.get("health"), dict) else {}),
             **({"fsdp_units": jsonable(run["fsdp_units"])} if run.get("fsdp_units") else {}),
@@ -120,10 +132,42 @@ def build(result: Diagnosis) -> dict[str, Any]:
         "findings": [jsonable(f.to_json()) for f in result.findings],
         "not_evaluated": [n.to_json() for n in result.not_evaluated],
         "passed": list(result.passed),
+        "passed_reasons": _passed_reasons(result),
+        "overrides": [jsonable(o.to_json()) for o in getattr(result, "overrides", ())],
     }
 
 
 _ENTRY_KEYS = (*RANK_KEYS, *BREAKDOWN_KEYS)
+# the DDP configuration a rank reports when its DDP module was captured (then no comm hook means DDP's own)
+_DDP_CAPTURED = tuple(k for k in catalog.group("ddp_config") if k != "ddp_comm_hook")
+NO_COMM_HOOK = "none (DDP's default all-reduce)"
+
+
+def _passed_reasons(result: Diagnosis) -> list[dict[str, str]]:
+    """{"name", "reason"} of every passed rule, in ``passed`` order: why it did not fire."""
+    said = {p.name: p.reason for p in getattr(result, "passed_reasons", ())}
+    return [{"name": name, "reason": said.get(name, "")} for name in result.passed]
+
+
+def comm_hook(ranks: list[dict[str, Any]]) -> str | None:
+    """The DDP communication hook of the run: its name (with the ranks where they differ), ``NO_COMM_HOOK`` when
+    DDP was captured without one, None when no rank's DDP module was captured."""
+    hooks: dict[str, list[int]] = {}
+    for r in ranks:
+        hook = r.get("ddp_comm_hook")
+        if isinstance(hook, str) and hook:
+            hooks.setdefault(hook, []).append(r["rank"])
+        elif r.get("_ddp_captured"):
+            hooks.setdefault(NO_COMM_HOOK, []).append(r["rank"])
+    if not hooks:
+        return None
+    if len(hooks) == 1:
+        return next(iter(hooks))
+    from ddpdoctor.diagnosis.findings import format_ranks
+
+    return "; ".join(f"{hook} on {format_ranks(on)}" for hook, on in hooks.items())
+
+
 _PLAIN = frozenset((type(None), bool, int, str))
 
 
@@ -159,21 +203,76 @@ RANK_TABLE_COLUMNS = (
     ("optim", "opt"),
     ("comm", "comm"),
     ("exposed", "exposed"),
+    ("wait", "wait"),
     ("overlap", "overlap"),
     ("other", "other"),
     ("GIL", "GIL"),
 )
-# the table's ms columns: the breakdown up to the optimizer, then all communication and its exposed part
-_BREAKDOWN_MS = catalog.group("breakdown")[:4] + ("comm_ms", "exposed_comm_ms")
+# the table's ms columns: the breakdown up to the optimizer, then all communication, its exposed part and the time
+# waiting in collectives for late peers
+# (the report_rank group's first three: comm_ms, exposed_comm_ms, collective_wait_ms)
+_BREAKDOWN_MS = catalog.group("breakdown")[:4] + RANK_KEYS[: RANK_KEYS.index("overlap_ratio")]
 
 
 def rank_table_rows(doc: dict[str, Any]) -> list[list[str]]:
     """The per-rank step breakdown as formatted cells, in RANK_TABLE_COLUMNS order (ms per step, ratios in %)."""
     return [
-        [str(r["rank"]), fmt.ms(r["step_ms"]["median"]), fmt.ms(r["step_ms"]["p90"])]
-        + [fmt.ms(r[k]) for k in _BREAKDOWN_MS]
-        + [fmt.ratio_pct(r["overlap_ratio"]), fmt.ms(r["other_ms"]), fmt.ratio_pct(r["gil_contention"])]
+        [str(r["rank"]), fmt.ms((r.get("step_ms") or {}).get("median")), fmt.ms((r.get("step_ms") or {}).get("p90"))]
+        + [fmt.ms(r.get(k)) for k in _BREAKDOWN_MS]
+        + [fmt.ratio_pct(r.get("overlap_ratio")), fmt.ms(r.get("other_ms")), fmt.ratio_pct(r.get("gil_contention"))]
         for r in doc["ranks"]
+    ]
+
+
+# What a run without any timing per rank (no trace: it hung or failed before its profiled window) shows instead
+# of a table of dashes: each rank's state as the run's files and dumps say it.
+RANK_STATUS_COLUMNS = ("rank", "state", "steps", "last phase", "exit")
+RANK_STATUS_TITLE = "Per rank (no trace)"
+
+
+def rank_status_rows(doc: dict[str, Any]) -> list[list[str]]:
+    """One row per rank of a failed or hung run (``run.health.ranks``): state, steps reached, last phase, exit."""
+    health = doc["run"].get("health")
+    entries = health.get("ranks") if isinstance(health, dict) else None
+
+    def cell(value: Any) -> str:
+        return "—" if value is None or value == "" else fmt.plain(str(value).replace("_", " "))
+
+    return [
+        [str(r.get("rank")), cell(r.get("state")), cell(r.get("steps")), cell(r.get("phase")), cell(r.get("exit_code"))]
+        for r in entries or []
+        if isinstance(r, dict)
+    ]
+
+
+def rank_table(doc: dict[str, Any]) -> tuple[str, list[tuple[str, str]], list[list[str]]] | None:
+    """The per-rank table every format shows: ("breakdown" | "status", columns (long, short), rows). The step
+    breakdown where a rank has any timing; else each rank's state (a run without trace); else None (no table:
+    never a table of dashes)."""
+    rows = rank_table_rows(doc)
+    if any(cell != fmt.ms(None) for row in rows for cell in row[1:]):
+        return "breakdown", list(RANK_TABLE_COLUMNS), rows
+    status = rank_status_rows(doc)
+    if status:
+        # a column nothing is known of (no dumps: no phase) is left out
+        keep = [i for i in range(len(RANK_STATUS_COLUMNS)) if i < 2 or any(row[i] != "—" for row in status)]
+        return "status", [(RANK_STATUS_COLUMNS[i],) * 2 for i in keep], [[row[i] for i in keep] for row in status]
+    return None
+
+
+def status_justify(columns: list[tuple[str, str]]) -> str:
+    """ "r"/"l" per column of the status table: numbers right, words left."""
+    return "".join("r" if long in ("rank", "steps", "exit") else "l" for long, _ in columns)
+
+
+def override_lines(doc: dict[str, Any]) -> list[str]:
+    """The thresholds a config file changed, one line each: ``rank-straggler.min_wait_ms = 100 (default 2) from
+    pyproject.toml``."""
+    from ddpdoctor.diagnosis.findings import Override
+
+    return [
+        Override(o["rule"], o["param"], o["value"], o["default"], str(o["source"])).text()
+        for o in doc.get("overrides") or []
     ]
 
 

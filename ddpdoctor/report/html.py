@@ -12,14 +12,15 @@ from ddpdoctor.diagnosis.findings import Diagnosis, format_ranks
 from ddpdoctor.metrics import catalog
 from ddpdoctor.report import fmt, fsdp_units, svg
 from ddpdoctor.report.document import (
-    RANK_TABLE_COLUMNS,
+    RANK_STATUS_TITLE,
     build,
     frame,
     frame_records,
     grouped_not_evaluated,
     health_lines,
     health_title,
-    rank_table_rows,
+    override_lines,
+    rank_table,
 )
 from ddpdoctor.report.page import write_page
 from ddpdoctor.values import clean_value
@@ -121,10 +122,18 @@ def _collective_heading(column: str) -> str:
     return f'<th class="{"l" if column == "kind" else ""}"{title}>{fmt.esc(label)}</th>'
 
 
-def _rank_table(doc: dict[str, Any]) -> str:
-    head = "".join(f"<th>{long}</th>" for long, _ in RANK_TABLE_COLUMNS)
-    rows = ["<tr>" + "".join(f"<td>{fmt.esc(c)}</td>" for c in cells) + "</tr>" for cells in rank_table_rows(doc)]
-    return f"<table><tr>{head}</tr>{''.join(rows)}</table>"
+def _rank_table(columns: list[tuple[str, str]], rows: list[list[str]], left: frozenset[str] = frozenset()) -> str:
+    def cls(column: str) -> str:
+        return ' class="l"' if column in left else ""
+
+    head = "".join(f"<th{cls(long)}>{fmt.esc(long)}</th>" for long, _ in columns)
+    body = [
+        "<tr>"
+        + "".join(f"<td{cls(col)}>{fmt.esc(c)}</td>" for (col, _), c in zip(columns, cells, strict=True))
+        + "</tr>"
+        for cells in rows
+    ]
+    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
 
 
 def _body(result: Diagnosis) -> list[str]:
@@ -136,10 +145,13 @@ def _body(result: Diagnosis) -> list[str]:
         + f"world size {run['world_size'] if run['world_size'] is not None else '?'} · "
         f"backend {run['backend'] or 'none'} · "
         f"{run['steps_analyzed'] if run['steps_analyzed'] is not None else '?'} steps analysed"
+        + (f" · comm hook {run['ddp_comm_hook']}" if run.get("ddp_comm_hook") else "")
     )
+    overrides = override_lines(doc)
+    shown_overrides = f"<br>thresholds from a config file: {fmt.esc('; '.join(overrides))}" if overrides else ""
     out = [
         f'<h1>ddpdoctor diagnosis</h1><div class="facts">{fmt.esc(run["path"] or "unknown run")}<br>'
-        f"{fmt.esc(facts)}</div>",
+        f"{fmt.esc(facts)}{shown_overrides}</div>",
     ]
     if run["skipped"]:
         out.append(f"<h2>Skipped ({len(run['skipped'])})</h2><ul>")
@@ -157,7 +169,18 @@ def _body(result: Diagnosis) -> list[str]:
         out += [f"<li>{_text(line)}</li>" for line in health]
         out.append("</ul>")
     out += _trials_html(doc)
-    out.append("<h2>Step breakdown per rank</h2>")
+    table = rank_table(doc)
+    if table is not None and table[0] == "status":
+        out.append(f"<h2>{fmt.esc(RANK_STATUS_TITLE)}</h2>")
+        out.append(_rank_table(table[1], table[2], left=frozenset(("state", "last phase"))))
+    elif table is not None:
+        out += _breakdown_html(doc, table[1], table[2])
+    out += _after_breakdown(result, doc)
+    return out
+
+
+def _breakdown_html(doc: dict[str, Any], columns: list[tuple[str, str]], rows: list[list[str]]) -> list[str]:
+    out = ["<h2>Step breakdown per rank</h2>"]
     bars = [(f"rank {r['rank']}", [(label, r[key]) for label, key in _BREAKDOWN]) for r in doc["ranks"]]
     if any(v for _, parts in bars for _, v in parts):
         out.append(svg.stacked_bars(bars, unit="ms mean"))
@@ -165,11 +188,16 @@ def _body(result: Diagnosis) -> list[str]:
             '<p class="note">Each bar: the mean time per step of each component, in ms, and at its end their sum, '
             "the mean step. exposed comm is communication not hidden behind computation. In the table, step p50 "
             "and p90 are the median and 90th percentile of the step time (so p50 differs from the bar's mean); "
-            "the other columns are the same per-step means, comm is all communication (hidden or not), overlap "
+            "the other columns are the same per-step means, comm is all communication (hidden or not), wait the "
+            "time in collectives waiting for late ranks (part of comm, not data transfer), overlap "
             "the share of it hidden behind computation, GIL the share of time threads wait for the GIL.</p>"
         )
-    out.append(_rank_table(doc))
-    out += fsdp_units.html_parts(doc)
+    out.append(_rank_table(columns, rows))
+    return out
+
+
+def _after_breakdown(result: Diagnosis, doc: dict[str, Any]) -> list[str]:
+    out: list[str] = []
     series = _overlap_series(result.metrics)
     out.append("<h2>Communication / computation overlap per step</h2>")
     out.append(svg.line_chart(series) if series else '<p class="note">No per-step communication measured.</p>')
@@ -194,8 +222,13 @@ def _body(result: Diagnosis) -> list[str]:
             for reason, names in grouped_not_evaluated(result).items()
         ]
         out.append("</ul>")
-    if result.passed:
-        out.append(f'<p class="note">Passed: {fmt.esc(", ".join(result.passed))}</p>')
+    if doc["passed_reasons"]:
+        out.append(f"<h2>Passed ({len(doc['passed_reasons'])})</h2><ul>")
+        out += [
+            f"<li><b>{fmt.esc(p['name'])}</b>" + (f": {_text(p['reason'])}" if p["reason"] else "") + "</li>"
+            for p in doc["passed_reasons"]
+        ]
+        out.append("</ul>")
     return out
 
 

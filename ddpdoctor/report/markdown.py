@@ -7,12 +7,14 @@ from typing import Any, TextIO
 from ddpdoctor.diagnosis.findings import Diagnosis, format_ranks
 from ddpdoctor.report import fmt, fsdp_units
 from ddpdoctor.report.document import (
-    RANK_TABLE_COLUMNS,
+    RANK_STATUS_TITLE,
     build,
     grouped_not_evaluated,
     health_lines,
     health_title,
-    rank_table_rows,
+    override_lines,
+    rank_table,
+    status_justify,
     trial_lines,
 )
 
@@ -38,9 +40,13 @@ def _lines(result: Diagnosis) -> list[str]:
         + (f"parallelism {fmt.md(run['parallelism'])}, " if run.get("parallelism") else "")
         + f"world size {fmt.md(run['world_size'] if run['world_size'] is not None else '?')}, "
         f"backend {fmt.md(run['backend'] or 'none')}, "
-        f"{fmt.md(run['steps_analyzed'] if run['steps_analyzed'] is not None else '?')} steps analysed",
+        f"{fmt.md(run['steps_analyzed'] if run['steps_analyzed'] is not None else '?')} steps analysed"
+        + (f", comm hook {fmt.md(run['ddp_comm_hook'])}" if run.get("ddp_comm_hook") else ""),
         "",
     ]
+    overrides = override_lines(doc)
+    if overrides:
+        out += ["**Thresholds from a config file:** " + "; ".join(fmt.md(o) for o in overrides), ""]
     if run["skipped"]:
         out += [f"## Skipped ({len(run['skipped'])})", ""]
         out += [f"- {fmt.md(line)}" for line in run["skipped"]] + [""]
@@ -69,10 +75,15 @@ def _lines(result: Diagnosis) -> list[str]:
     if trials:
         out += [f"## Trials of this run ({len(trials)}, `ddpdoctor try`)", ""]
         out += [f"- {fmt.md(line)}" for line in trials] + [""]
-    out += ["## Per-rank step breakdown (ms per step)", ""]
-    rows = rank_table_rows(doc)
-    header = [long for long, _ in RANK_TABLE_COLUMNS]
-    out += _table(header, rows, "r" * len(header)) + [""]
+    table = rank_table(doc)
+    if table is not None:
+        kind, columns, rows = table
+        header = [long for long, _ in columns]
+        if kind == "status":
+            out += [f"## {RANK_STATUS_TITLE}", ""] + _table(header, rows, status_justify(columns)) + [""]
+        else:
+            out += ["## Per-rank step breakdown (ms per step; wait: in collectives for late ranks)", ""]
+            out += _table(header, rows, "r" * len(header)) + [""]
     out += fsdp_units.markdown_lines(doc)
     devices = [(r["rank"], d) for r in doc["ranks"] for d in r["devices"]]
     if devices:
@@ -94,8 +105,12 @@ def _lines(result: Diagnosis) -> list[str]:
             f"- **{', '.join(fmt.md(n) for n in names)}**: {fmt.md(reason)}"
             for reason, names in grouped_not_evaluated(result).items()
         ] + [""]
-    if result.passed:
-        out += [f"Passed ({len(result.passed)}): {', '.join(fmt.md(p) for p in result.passed)}", ""]
+    if doc["passed_reasons"]:
+        out += [f"## Passed ({len(doc['passed_reasons'])})", ""]
+        out += [
+            f"- **{fmt.md(p['name'])}**" + (f": {fmt.md(p['reason'])}" if p["reason"] else "")
+            for p in doc["passed_reasons"]
+        ] + [""]
     return out
 
 

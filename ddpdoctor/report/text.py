@@ -13,12 +13,14 @@ from typing import TYPE_CHECKING, Any, TextIO
 from ddpdoctor.diagnosis.findings import Diagnosis, format_ranks
 from ddpdoctor.report import fmt, fsdp_units
 from ddpdoctor.report.document import (
-    RANK_TABLE_COLUMNS,
+    RANK_STATUS_TITLE,
     build,
     grouped_not_evaluated,
     health_lines,
     health_title,
-    rank_table_rows,
+    override_lines,
+    rank_table,
+    status_justify,
     trial_lines,
 )
 
@@ -150,6 +152,11 @@ def _header(doc: dict[str, Any], Text: Any = None) -> Text:
         f"{run['steps_analyzed'] if run['steps_analyzed'] is not None else '?'} steps analysed",
     ]
     title.append("\n" + " · ".join(fmt.plain(f) for f in facts), style="dim")
+    if run.get("ddp_comm_hook"):
+        title.append("\ncomm hook: " + fmt.plain(run["ddp_comm_hook"]), style="dim")
+    overrides = override_lines(doc)
+    if overrides:
+        title.append("\nthresholds from a config file: " + "; ".join(fmt.plain(o) for o in overrides), style="dim")
     return title
 
 
@@ -188,21 +195,37 @@ def _findings(console: Console, result: Diagnosis, Text: Any, _t: Callable[..., 
         console.print()
 
 
-def _rank_table(doc: dict[str, Any]) -> Table:
+_RANK_TITLE = "Per-rank step breakdown (ms per step; p50/p90: step time)"
+
+
+def _rank_table_parts(doc: dict[str, Any]) -> tuple[str, list[str], str, list[list[str]]] | None:
+    """(title, header, justification, rows) of the per-rank table (``document.rank_table``), None for none."""
+    table = rank_table(doc)
+    if table is None:
+        return None
+    kind, columns, rows = table
+    header = [short for _, short in columns]
+    if kind == "status":
+        return RANK_STATUS_TITLE, header, status_justify(columns), rows
+    return _RANK_TITLE, header, "r" * len(header), rows
+
+
+def _rank_table(doc: dict[str, Any]) -> Table | None:
     from rich import box
     from rich.table import Table
 
-    table = Table(
-        title="Per-rank step breakdown (ms per step; p50/p90: step time)",
-        box=box.SIMPLE_HEAD,
-        title_justify="left",
-        padding=(0, 0),
-    )
-    rows = rank_table_rows(doc)
-    columns = [short for _, short in RANK_TABLE_COLUMNS]
+    parts = _rank_table_parts(doc)
+    if parts is None:
+        return None
+    title, columns, justify, rows = parts
+    table = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left", padding=(0, 0))
     for i, col in enumerate(columns):
         # numbers never get squeezed into "3…": the column is at least as wide as its widest value
-        table.add_column(col, justify="right", min_width=max([len(row[i]) for row in rows] + [len(col)]))
+        table.add_column(
+            col,
+            justify="right" if justify[i] == "r" else "left",
+            min_width=max([len(row[i]) for row in rows] + [len(col)]),
+        )
     for row in rows:
         table.add_row(*(_t(cell) for cell in row))
     return table
@@ -210,9 +233,11 @@ def _rank_table(doc: dict[str, Any]) -> Table:
 
 def _rank_table_lines(doc: dict[str, Any], console: Console) -> list[str] | None:
     """The rank table as rich draws it (``_rank_table``), as plain lines (``_plain_table``)."""
-    header = [short for _, short in RANK_TABLE_COLUMNS]
-    title = "Per-rank step breakdown (ms per step; p50/p90: step time)"
-    return _plain_table(console, title, header, "r" * len(header), rank_table_rows(doc), padding=0)
+    parts = _rank_table_parts(doc)
+    if parts is None:
+        return []
+    title, header, justify, rows = parts
+    return _plain_table(console, title, header, justify, rows, padding=0)
 
 
 def _plain_table(
@@ -343,7 +368,8 @@ def _write(console: Any, result: Diagnosis, doc: dict[str, Any], Text: Any, _t: 
         for line in trials:
             console.print(_t("  " + line), overflow="fold")
         console.print()
-    _print_table(console, _rank_table_lines(doc, console), lambda: _rank_table(doc))
+    if _rank_table_parts(doc) is not None:
+        _print_table(console, _rank_table_lines(doc, console), lambda: _rank_table(doc))
     if any(r["devices"] for r in doc["ranks"]):
         _print_table(console, _memory_table_lines(doc, console), lambda: _memory_table(doc))
     units = fsdp_units.text_lines(doc)
@@ -356,5 +382,8 @@ def _write(console: Any, result: Diagnosis, doc: dict[str, Any], Text: Any, _t: 
         console.print(Text(f"Not evaluated ({len(result.not_evaluated)})", style="bold"))
         for reason, names in grouped_not_evaluated(result).items():
             console.print(Text("  " + ", ".join(names), style="bold") + _t(": " + reason), overflow="fold")
-    if result.passed:
-        console.print(Text(f"Passed ({len(result.passed)}): ", style="bold") + _t(", ".join(result.passed)))
+    if doc["passed_reasons"]:
+        console.print(Text(f"Passed ({len(doc['passed_reasons'])})", style="bold"))
+        for p in doc["passed_reasons"]:
+            line = Text("  " + p["name"], style="bold")
+            console.print(line + _t(": " + p["reason"]) if p["reason"] else line, overflow="fold")

@@ -14,6 +14,9 @@ the tables the charts draw added:
 - ``collectives``: ``RunMetrics.collectives`` (``rank, kind, count, bytes, ms, algbw_gbps, busbw_gbps``).
 - ``devices``: peak memory per rank and device with the device's capacity (bytes).
 - ``ddp_breakdown``: per rank, DDP's own forward / backward / communication / overlap averages (ms).
+- ``rank_table``: the per-rank table of the text report as cells (``kind`` "breakdown" or, for a run without
+  trace, "status"; ``title``, ``columns``, ``rows``), or null; ``override_lines``: the thresholds a config file
+  changed, as the reports say them.
 - ``health_title``, ``health_lines``: how a job that failed, hung or crashed ended (or, after an on-demand dump,
   where its ranks were), one line each as the text report shows them, then the run's notes; no lines for a run
   that ended well.
@@ -70,7 +73,22 @@ def _document(analysis: Analysis) -> dict[str, Any]:
         "findings": [],
         "not_evaluated": [],
         "passed": [],
+        "passed_reasons": [],
+        "overrides": [],
     }
+
+
+def _rank_table(doc: dict[str, Any]) -> dict[str, Any] | None:
+    """The per-rank table the text report shows (``report.document.rank_table``): the step breakdown, or each
+    rank's state for a run without trace; None where there is nothing per rank to show."""
+    from ddpdoctor.report.document import RANK_STATUS_TITLE, rank_table
+
+    table = rank_table(doc)
+    if table is None:
+        return None
+    kind, columns, rows = table
+    title = RANK_STATUS_TITLE if kind == "status" else "Per-rank step breakdown (ms per step)"
+    return {"kind": kind, "title": title, "columns": [long for long, _ in columns], "rows": rows}
 
 
 def analyze_for_dashboard(run_dir: Path, rules: RuleOptions | Sequence[Any] | None = None) -> Analysis:
@@ -124,8 +142,10 @@ def build_report(
     )
     # how a failed, hung or crashed job ended (issue 24), in the lines the text report shows, with the run's notes
     # (e.g. the steps left out of the timing metrics)
-    from ddpdoctor.report.document import health_lines, health_title
+    from ddpdoctor.report.document import health_lines, health_title, override_lines
 
+    doc["rank_table"] = _rank_table(doc)
+    doc["override_lines"] = override_lines(doc)
     doc["health_title"] = health_title(doc)
     doc["health_lines"] = health_lines(doc) + (list(doc["run"]["notes"]) if doc["run"].get("health") else [])
     if name is not None:  # a dashboard shows run names, never this machine's paths

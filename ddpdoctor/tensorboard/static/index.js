@@ -50,7 +50,7 @@ function dashboard(report) {
   const parts = [sections.breakdown, sections.stepTimes, sections.overlap, sections.memory, sections.collectives,
     sections.skew, sections.gil].map((make) => make(report)).filter(Boolean);
   return [sections.summary(report), sections.findings(report), sections.health(report), sections.trials(report),
-    el("div", { class: "ddp-grid" }, parts)]
+    sections.rankTable(report), el("div", { class: "ddp-grid" }, parts)]
     .filter(Boolean);
 }
 

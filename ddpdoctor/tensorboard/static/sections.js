@@ -20,8 +20,12 @@ export function summary(report) {
     ["steps analysed", run.steps_analyzed],
     ["figures from", report.source === "trace" ? "the traces and capture files" : "the capture files only"],
   ];
+  if (run.ddp_comm_hook) facts.push(["comm hook", run.ddp_comm_hook]);
+  const overrides = report.override_lines || [];
   return el("div", { class: "summary" },
     el("dl", {}, facts.map(([k, v]) => [el("dt", {}, k), el("dd", {}, v === null || v === undefined ? "–" : v)])),
+    overrides.length ? el("p", { class: "note", "data-overrides": "" },
+      `Thresholds from a config file: ${overrides.join("; ")}`) : null,
     (report.notes || []).map((n) => el("p", { class: "note" }, n)));
 }
 
@@ -46,11 +50,24 @@ export function findings(report) {
       table(["term", "value"], Object.entries(f.evidence).map(([k, v]) => [k, JSON.stringify(v)])))
     : null));
   const skipped = report.not_evaluated || [];
+  // why each passed rule did not fire (older documents: names only)
+  const passed = report.passed_reasons || (report.passed || []).map((name) => ({ name, reason: "" }));
   return section("findings", `Findings (${list.length})`, null,
     cards.length ? cards : note("No rule fired on this run."),
     skipped.length ? el("details", { class: "not-evaluated" }, el("summary", {}, `Not evaluated (${skipped.length})`),
       el("ul", {}, skipped.map((n) => el("li", {}, el("b", {}, n.name), `: ${n.reason}`)))) : null,
-    (report.passed || []).length ? el("p", { class: "passed" }, `Passed: ${report.passed.join(", ")}`) : null);
+    passed.length ? el("details", { class: "passed" }, el("summary", {}, `Passed (${passed.length})`),
+      el("ul", {}, passed.map((p) => el("li", {}, el("b", {}, p.name), p.reason ? `: ${p.reason}` : "")))) : null);
+}
+
+export function rankTable(report) {
+  // the per-rank table of the text report (report.py builds its cells): the step breakdown with the wait for
+  // late ranks, or each rank's state for a run without trace
+  const t = report.rank_table;
+  if (!t) return null;
+  const explain = t.kind === "status" ? "No trace was recorded: what the run files and dumps say of each rank."
+    : "ms per step; p50/p90: step time; wait: time in collectives waiting for late ranks; overlap: share of communication hidden behind computation.";
+  return section("ranks", t.title, explain, table(t.columns, t.rows));
 }
 
 export function breakdown(report) {
