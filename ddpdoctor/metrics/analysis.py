@@ -13,6 +13,7 @@ import numpy as np
 from ddpdoctor.load.model import Run
 from ddpdoctor.metrics import catalog
 from ddpdoctor.metrics.capture import ddp_timers
+from ddpdoctor.metrics.compile import compile_note
 from ddpdoctor.metrics.cross_rank import (
     all_collectives,
     cross_rank,
@@ -79,6 +80,9 @@ def analyze(run: Run, steps: tuple[int, int | None] | None = None, verdict: Any 
     if setup_notes:  # (the pipeline adds the loader's notes only where analyze gave none)
         run_metrics["notes"] = [*run.notes, *setup_notes]
     run_metrics.update(setup_run)
+    compiled = compile_note(ranks)  # torch.compile's facts: regions, graphs per call, recompiles (metrics/compile.py)
+    if compiled:
+        run_metrics["notes"] = [*run_metrics.get("notes", run.notes), compiled]
     host_run, why_host = hostload_metrics(run.capture, ranks)  # after the waits: it weighs them (hostload.py)
     run_metrics.update(host_run)
     run_metrics["not_measured"] = {**run_metrics.get("not_measured", {}), **why_setup, **why_host}

@@ -152,6 +152,14 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "ddp_largest_grad_sparse",
         "ddp_largest_grad_own_bucket",
     ),
+    # torch.compile as the trace shows it (ddpdoctor.metrics.compile)
+    "compile": (
+        "compiled_regions",
+        "compiled_region_calls",
+        "compiled_graphs_per_region",
+        "compile_recompiles",
+        "compile_ms",
+    ),
     "ddp_timers": ("ddp_forward_ms", "ddp_backward_ms", "ddp_backward_comm_ms", "ddp_overlap_ms"),
     "host": ("gil_contention", "threads", "cpu_count", "intra_op_threads", "local_world_size"),
     "straggler": ("straggler_rank", "straggler_wait_ms", "straggler_late_share"),

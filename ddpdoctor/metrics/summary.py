@@ -29,6 +29,7 @@ from ddpdoctor.metrics import catalog
 from ddpdoctor.metrics import intervals as iv
 from ddpdoctor.metrics.breakdown import BREAKDOWN, per_step
 from ddpdoctor.metrics.capture import ddp_metrics, thread_metrics
+from ddpdoctor.metrics.compile import compile_rank
 from ddpdoctor.metrics.comm import collective_calls, collectives, exposed_set, issuers
 from ddpdoctor.metrics.dp import dp_per_step, dp_rank_metrics
 from ddpdoctor.metrics.fsdp import fsdp_rank
@@ -95,6 +96,7 @@ def summarize_rank(
     metrics.update(memory_metrics(devices, own))
     metrics.update(ddp_metrics(capture))
     metrics.update(thread_metrics(capture, None))
+    metrics.update(compile_rank(rt, analysed))  # torch.compile's regions, graphs, recompiles
     fsdp, fsdp_units = fsdp_rank(rt, analysed)  # FSDP2's units: their all-gathers and reduces
     metrics.update(fsdp)
     return jsonable(

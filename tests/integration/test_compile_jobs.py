@@ -2,7 +2,9 @@
 hooks are never traced into a compiled region, split no graph, cause no recompile and add no torch warning.
 
 The job (tests/integration/compile_job.py) counts the graphs dynamo hands its backend and the graph calls per step
-(a counting backend: no inductor compile, seconds per job); the traced run is also read back by diagnose."""
+(a counting backend: no inductor compile, seconds per job); the traced runs are also read back by diagnose, which
+reports what was compiled (regions, graphs per call: DDPOptimizer's split, recompiles) and finds recompiles that cost
+every step."""
 
 from __future__ import annotations
 
@@ -47,14 +49,14 @@ def _run(tmp: Path, name: str, env: dict, traced: bool, dist: bool) -> tuple[dic
 def ddp_inner(tmp_path_factory):
     """DDP(torch.compile(model)) on 2 ranks, 4 DDP buckets of 1 MB: DDPOptimizer splits the graph into 4."""
     tmp = tmp_path_factory.mktemp("compile_ddp")
-    env = {"FORM": "inner", "COMPILE_BACKEND": "count", "STEPS": "8", "WIDTH": "512", "LAYERS": "4", "CAP_MB": "1"}
+    env = {"FORM": "inner", "COMPILE_BACKEND": "count_aot", "STEPS": "8", "WIDTH": "512", "LAYERS": "4", "CAP_MB": "1"}
     return _run(tmp, "bare", env, traced=False, dist=True), _run(tmp, "traced", env, traced=True, dist=True)
 
 
 @pytest.mark.timeout(240)
 def test_ddp_compiled_module_compiles_the_same_graphs_as_bare(ddp_inner):
     (bare, bare_err, _), (traced, traced_err, _) = ddp_inner
-    assert bare["graphs"] == 4 and set(bare["per_step"]) == {4}, bare  # the job is what it claims to be
+    assert bare["graphs"] == 4 and set(bare["per_step"][1:]) == {4}, bare  # the job is what it claims to be
     assert traced["graphs"] == bare["graphs"], (traced, bare)
     assert traced["per_step"] == bare["per_step"]
     assert traced["frames"] == bare["frames"] and traced["graph_breaks"] == bare["graph_breaks"]
@@ -71,3 +73,33 @@ def test_compiled_function_around_a_module_compiles_the_same_graphs_as_bare(tmp_
     assert (traced["graphs"], traced["per_step"], traced["graph_breaks"]) == (1, bare["per_step"], [])
     assert traced["frames"] == bare["frames"]
     assert traced_err == bare_err, "\n".join(traced_err)
+
+
+def _diagnose(run: Path) -> dict:
+    result = run_cli("diagnose", str(run), "--format", "json", timeout=120)
+    assert result.returncode in (0, 1), result.stderr
+    return json.loads(result.stdout)
+
+
+@pytest.mark.timeout(240)
+def test_diagnose_reports_the_compiled_regions_and_ddpoptimizers_split_as_facts(ddp_inner):
+    _, (_, _, run) = ddp_inner
+    doc = _diagnose(run)
+    notes = [n for n in doc["run"]["notes"] if n.startswith("torch.compile:")]
+    assert len(notes) == 1, doc["run"]["notes"]
+    assert "1 compiled region(s) called 1 time(s) per step" in notes[0]
+    assert "4 compiled graph(s) per call (DDPOptimizer's split" in notes[0]  # 4 DDP buckets of 1 MB
+    assert "no recompile in the analysed steps" in notes[0]
+    assert "compile-recompiles" not in {f["name"] for f in doc["findings"]}
+
+
+@pytest.mark.timeout(240)
+def test_a_recompile_every_step_is_a_finding(tmp_path):
+    """The batch size changes every step and the model is compiled with dynamic=False: a compile per step."""
+    env = {"FORM": "inner", "COMPILE_BACKEND": "count", "RECOMPILE": "1", "STEPS": "6", "WIDTH": "64", "LAYERS": "2"}
+    counts, _, run = _run(tmp_path, "recompiles", env, traced=True, dist=False)
+    assert counts["graphs"] == 6  # one graph per step: the job recompiles as it claims
+    doc = _diagnose(run)
+    finding = next(f for f in doc["findings"] if f["name"] == "compile-recompiles")
+    assert "compiled 3 time(s) in 3 profiled steps" in finding["message"]
+    assert "TORCH_LOGS=recompiles" in finding["recommendation"]
