@@ -77,8 +77,41 @@ def analyze_run(
     if not path.exists():
         raise UsageError(f"{path}: no such file or directory")
     resolved = resolve_rules(rules) if rules is None or isinstance(rules, RuleOptions) else tuple(rules)
+    path, attempt_note = _attempt_to_read(path)
     with without_gc():
-        return _analyze(path, steps, resolved, progress, traces_optional)
+        result = _analyze(path, steps, resolved, progress, traces_optional)
+    if attempt_note:
+        result.notes.insert(0, attempt_note)
+        if result.metrics is not None:
+            result.metrics.run.setdefault("notes", []).insert(0, attempt_note)
+    return result
+
+
+def _attempt_to_read(path: Path) -> tuple[Path, str | None]:
+    """A job torchrun restarted keeps each attempt in ``attempts/attempt<k>/`` (never merged): the run directory
+    reads as its last attempt, and the note says which attempt that is and how the earlier ones ended."""
+    from ddpdoctor import rundir
+
+    if not path.is_dir():
+        return path, None
+    attempts = rundir.attempt_dirs(path)
+    if not attempts:
+        return path, None
+    try:
+        manifest = rundir.read_json(path / rundir.MANIFEST)
+    except (OSError, ValueError):
+        manifest = {}
+    records = {
+        a.get("attempt"): a for a in (manifest.get("attempts") or []) if isinstance(manifest, dict) and isinstance(a, dict)
+    }
+    k, folder = attempts[-1]
+    earlier = []
+    for j, other in attempts[:-1]:
+        rec = records.get(j) or {}
+        how = f"{rec.get('status', 'ended')}: {rec['summary']}" if rec.get("summary") else "ended"
+        earlier.append(f"attempt {j} {how} (`ddpdoctor diagnose {other}` reads it)")
+    note = f"attempt {k} of {len(attempts)} diagnosed ({folder}); torchrun restarted the job: " + "; ".join(earlier)
+    return folder, note
 
 
 @contextmanager

@@ -21,6 +21,9 @@ Layout of ``OUT/``::
                                            Flight Recorder's collectives, its exception), on a request, a signal
                                            or an exception (``ddpdoctor.capture.flight``)
     dumps/request.json                     a request for every rank to dump: {"id", "reason", "by", "time"}
+    attempts/attempt<k>/                   a job torchrun may restart (--max-restarts N > 0): attempt k's files, a
+                                           run's layout with its own manifest.json; the top-level manifest is the
+                                           last attempt's, with ``attempts`` (k, dir, status, summary) and a note
     dumps/rank<R>.fatal-<pid>.txt          a rank's stacks at a fatal signal (SIGABRT, SIGSEGV: faulthandler's
                                            text below one header line); removed when the rank ends normally
 
@@ -89,6 +92,23 @@ RANKS_DIR = "ranks"
 NODES_DIR = "nodes"
 GROUPS_DIR = "groups"
 DUMPS_DIR = "dumps"
+ATTEMPTS_DIR = "attempts"  # attempts/attempt<k>/: the files of torchrun's attempt k (--max-restarts), a run's layout
+ATTEMPT_RE = re.compile(r"attempt(\d{1,6})")
+
+
+def attempt_dir(run: str | Path, attempt: int) -> Path:
+    return Path(run) / ATTEMPTS_DIR / f"attempt{attempt}"
+
+
+def attempt_dirs(run: str | Path) -> list[tuple[int, Path]]:
+    """The attempts of a run whose ranks torchrun could restart, (k, folder) in order; [] for any other run."""
+    folder = Path(run) / ATTEMPTS_DIR
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    found = [(int(m.group(1)), folder / n) for n in names if (m := ATTEMPT_RE.fullmatch(n)) and (folder / n).is_dir()]
+    return sorted(found)
 DUMP_ID = r"[a-z0-9-]{1,64}"  # the <id> of dumps/rank<R>.<id>.json
 TENSORBOARD_DIR = "tensorboard"
 
@@ -320,8 +340,11 @@ _LAYOUT = {
             TENSORBOARD_DIR: "tensorboard",
             GROUPS_DIR: "groups",
             DUMPS_DIR: "dumps",
+            ATTEMPTS_DIR: "attempts",
         },
     ),
+    # attempts/attempt<k>/: torchrun's attempt k of a job it may restart, a run's layout (its own manifest.json)
+    "attempts": _Folder(None, {r"attempt\d+": "run"}),
     # dumps/rank<R>.<id>.json (a rank's dump, capture/flight.py) and dumps/request.json (a request for every rank's)
     "dumps": _Folder(
         rf"(rank\d+\.{DUMP_ID}\.json|request\.json)|\.(rank\d+\.{DUMP_ID}\.json|request\.json)\.{_RANDOM}\.tmp"

@@ -65,7 +65,9 @@ def _rank_entry(
     }
 
 
-def _how_they_died(out: Path, entries: list[dict[str, Any]], ranks: dict[int, dict[str, Any]]) -> None:
+def _how_they_died(
+    out: Path, entries: list[dict[str, Any]], ranks: dict[int, dict[str, Any]], *, nodes_of: Path | None = None
+) -> None:
     """A rank that ended without finishing its files: its exit status as torchrun saw it (``nodes/exits<K>.json``)
     and, when a fatal signal ended it, where its main thread was (its fatal record, ``dumps/rank<R>.fatal-<pid>.txt``)."""
     from ddpdoctor.flight.frames import dist_op, user_frames
@@ -73,7 +75,7 @@ def _how_they_died(out: Path, entries: list[dict[str, Any]], ranks: dict[int, di
     from ddpdoctor.flight.verdict import frame_text
 
     exits: dict[int, int] = {}
-    for path in sorted((out / rundir.NODES_DIR).glob("exits*.json")):
+    for path in sorted(((nodes_of or out) / rundir.NODES_DIR).glob("exits*.json")):
         try:
             for rank, failure in (rundir.read_json(path).get("failures") or {}).items():
                 if isinstance(failure, dict) and isinstance(failure.get("exitcode"), int):
@@ -110,7 +112,7 @@ def _how_they_died(out: Path, entries: list[dict[str, Any]], ranks: dict[int, di
                     name = _signal.Signals(-code).name
                 except ValueError:
                     name = f"signal {-code}"
-                entry["reason"] = f"ended by {name} without finishing its files (torchrun's exit status)"
+                entry["reason"] = f"the rank process died without finishing: ended by {name} (torchrun's exit status)"
 
 
 def mark_consequences(entries: list[dict[str, Any]]) -> None:
@@ -164,14 +166,32 @@ def node_record(
     }
 
 
+RESTART_NOTE = "torchrun restarted the job"
+
+
 def build(
-    out: Path, *, mode: str, command: list[str], config: dict[str, Any], launch: str | None = None
+    out: Path,
+    *,
+    mode: str,
+    command: list[str],
+    config: dict[str, Any],
+    launch: str | None = None,
+    attempt_of: Path | None = None,
+    last_attempt: bool = True,
 ) -> dict[str, Any]:
     """The manifest from every node and rank file in ``out``. ``launch``: how the job was started ("direct",
     "torchrun", "spawn", "scheduler", "command"). In-rank runs (a scheduler started each rank) have no node files:
-    the exit code and times then come from the rank files."""
+    the exit code and times then come from the rank files.
+
+    A job torchrun may restart keeps each attempt's files in ``attempts/attempt<k>/``: each attempt gets a manifest
+    of its own there (``attempt_of``: the run directory, whose node files it reads; ``last_attempt``: whether the
+    job's exit status is this attempt's), and the run's manifest is the last attempt's with ``attempts`` and a note."""
+    if attempt_of is None:
+        attempts = rundir.attempt_dirs(out)
+        if attempts:
+            return _build_attempts(out, attempts, mode=mode, command=command, config=config, launch=launch)
     nodes = []
-    for path in sorted((out / rundir.NODES_DIR).glob("node*.json")):
+    for path in sorted(((attempt_of or out) / rundir.NODES_DIR).glob("node*.json")):
         try:
             nodes.append(rundir.read_json(path))
         except (OSError, ValueError):
@@ -190,6 +210,8 @@ def build(
         _rank_entry(r, ranks.get(r), by_node.get((ranks.get(r) or {}).get("node_rank", 0)), in_rank=not nodes)
         for r in sorted(expected)
     ]
+    if not last_attempt:  # an earlier attempt's exit status is its ranks' own, not the job's
+        nodes = []
     # A rank killed between renaming a trace into place and updating its rank file still left that trace.
     on_disk: dict[int, list[str]] = {}
     for path in sorted(out.iterdir()):
@@ -201,7 +223,7 @@ def build(
         # one trace, whether still .json or gzipped (the .json is removed only after the rank file names the .gz)
         same = {f.removesuffix(".gz") for f in listed}
         entry["trace_files"] = listed + [f for f in on_disk.get(entry["rank"], []) if f.removesuffix(".gz") not in same]
-    _how_they_died(out, entries, ranks)
+    _how_they_died(out, entries, ranks, nodes_of=attempt_of if last_attempt else out)
     mark_consequences(entries)
     exit_codes = [n["exit_code"] for n in nodes]
     if not nodes:  # in-rank: each rank's own exit status; None while a rank has not finished
@@ -256,6 +278,74 @@ def build(
         "ranks": entries,
         **({"groups": groups} if len(groups) > 1 else {}),
     }
+
+
+def _build_attempts(
+    out: Path, attempts: list[tuple[int, Path]], *, mode: str, command: list[str], config: dict[str, Any],
+    launch: str | None,
+) -> dict[str, Any]:
+    """The manifest of a job torchrun restarted: each attempt's own (written in its folder), and the run's: the last
+    attempt's, with ``attempts`` (k, dir, status, exit code, a one-line summary of how it ended) and a note."""
+    records = []
+    last: dict[str, Any] = {}
+    for i, (k, folder) in enumerate(attempts):
+        is_last = i == len(attempts) - 1
+        man = build(folder, mode=mode, command=command, config=config, launch=launch, attempt_of=out,
+                    last_attempt=is_last)  # fmt: skip
+        man["attempt"] = k
+        try:
+            write(folder, man)
+        except OSError:
+            pass
+        failed = [e for e in man["ranks"] if e["status"] not in ("ok", "unknown")]
+        records.append(
+            {
+                "attempt": k,
+                "dir": f"{rundir.ATTEMPTS_DIR}/{folder.name}",
+                "status": "failed" if failed or man.get("exit_code") not in (0, None) else "ok",
+                "exit_code": man.get("exit_code"),
+                "summary": attempt_summary(folder, man) if failed else "every rank ended well",
+            }
+        )
+        if is_last:
+            last = man
+    man = dict(last)
+    man.pop("attempt", None)
+    man["attempts"] = records
+    man["notes"] = [restart_note(records), *man.get("notes", [])]
+    return man
+
+
+def restart_note(records: list[dict[str, Any]]) -> str:
+    """The note on a restarted job: how many attempts, which one the run directory's top level describes, how each
+    earlier one ended."""
+    final = records[-1]
+    earlier = "; ".join(f"attempt {r['attempt']} {r['status']}: {r['summary']}" for r in records[:-1])
+    restarts = len(records) - 1
+    return (
+        f"{RESTART_NOTE} {restarts} time{'s' if restarts != 1 else ''} (--max-restarts): {len(records)} attempts, each"
+        f" in its own folder ({rundir.ATTEMPTS_DIR}/attempt<k>/); the top level describes the last one, attempt"
+        f" {final['attempt']} ({final['status']})" + (f"; {earlier}" if earlier else "")
+    )
+
+
+def attempt_summary(folder: Path, man: dict[str, Any]) -> str:
+    """How an attempt failed, in one line: its ranks' dumps' verdict (the cause and where), else its failed ranks'
+    reasons (the causes first)."""
+    from ddpdoctor.flight import analyze, find_dumps
+
+    status = {e["rank"]: {k: e.get(k) for k in ("status", "exit_code", "reason")} for e in man["ranks"]}
+    try:
+        found = find_dumps(folder)
+        if found.dumps:
+            verdict = analyze(found.dumps, world_size=man.get("world_size"), rank_status=status)
+            if verdict.kind in ("crash", "hang", "desync") and verdict.summary:
+                return str(verdict.summary)
+    except Exception:  # noqa: BLE001 - the ranks' own reasons below still say it
+        pass
+    failed = [e for e in man["ranks"] if e["status"] not in ("ok", "unknown")]
+    failed.sort(key=lambda e: (bool(e.get("consequence_of")), e["rank"]))
+    return "; ".join(f"rank {e['rank']} {e['status']}: {str(e.get('reason') or '').splitlines()[0]}" for e in failed)
 
 
 def _may_settle(out: Path, nodes: list[dict[str, Any]], ranks: dict[int, dict[str, Any]]) -> bool:

@@ -86,8 +86,8 @@ def test_a_crash_inside_the_window_leads_with_the_crashed_rank(crashed):
     # rank 0's wait for its dead peer (the cut step: ~1 s) is in no timing metric and no timing finding; what is
     # left is this tiny model's own few ms of exposed all-reduce per step
     assert all(f["estimated_gain_ms"] is None or f["estimated_gain_ms"] < 20 for f in report["findings"]), names
-    for rank in report["ranks"]:
-        assert rank["exposed_comm_ms"] < 20 and rank["step_ms"]["p90"] < 100, rank
+    for rank in report["ranks"]:  # (the wait would be ~1 s; under load the model's own all-reduce takes ~20 ms)
+        assert rank["exposed_comm_ms"] < 100 and rank["step_ms"]["p90"] < 200, rank
     cut = [n for n in report["run"]["notes"] if "left out of the timing metrics" in n]
     assert cut and "profiled step(s) 12" in cut[0], report["run"]["notes"]
     health = report["run"]["health"]
@@ -140,6 +140,8 @@ def test_a_rank_killed_with_sigkill_is_named_and_its_peer_is_a_consequence(tmp_p
     first = report["findings"][0]
     assert (first["name"], first["severity"], first["ranks"]) == ("rank-died", "error", [1])
     assert "rank 1 died without an exception of its own" in first["message"]
+    by_rank = {r["rank"]: r for r in read_json(out / "manifest.json")["ranks"]}
+    assert by_rank[1]["exit_code"] == -9 and "SIGKILL" in by_rank[1]["reason"], by_rank[1]  # torchrun's status
     health = report["run"]["health"]
     assert health["culprits"] == [1]  # rank 0 lost its peer (or was stopped by torchrun): never the cause
     assert {r["rank"]: r["state"] for r in health["ranks"]}[0] not in ("crashed", "died")
