@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ddpdoctor.ranklist import RankRanges
+
 
 def clean_value(value: Any) -> Any:
     """A Python scalar for ``value``: numpy scalars unwrapped, NaN/inf/pandas NA as None; others unchanged."""
@@ -42,6 +44,8 @@ def jsonable(value: Any) -> Any:
         if kinds <= _PLAIN_OR_FLOAT:  # a column of numbers: NaN and inf (v - v is not 0) become None
             return [None if v.__class__ is float and v - v != 0 else v for v in value]
         return [jsonable(v) for v in value]
+    if isinstance(value, RankRanges):  # a rank list as it is written: its ranges (ranklist.py)
+        return value.to_json()
     value = clean_value(value)
     if value is None or isinstance(value, (bool, int, float, str)):
         return value

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ddpdoctor import rundir
+from ddpdoctor import ranklist, rundir
 from ddpdoctor._version import __version__
 from ddpdoctor.errors import TraceError
 from ddpdoctor.load.discover import group_by_worker, rank_from_name, shown, trace_files
@@ -440,13 +440,50 @@ def _summaries(root: Path, capture: dict[int, dict[str, Any]]) -> tuple[list[Ran
     found, notes = rundir.read_summaries(root, __version__)
     if not found or (capture and set(capture) - set(found)) or _trace_ranks(root) - set(found):
         return None, notes  # a rank with a capture file or a trace but no summary: the traces are read
+    shared: dict[Any, Any] = {}
     ranks = [
         RankTrace(
             rank=r,
             files=[str(root / Path(f).name) for f in s.get("files", [])],
-            distributed_info=s.get("distributed_info"),
+            distributed_info=_read_groups(
+                s.get("distributed_info"), f"{rundir.RANKS_DIR}/rank{r}.summary.json", shared
+            ),
             summary=s,
         )
         for r, s in sorted(found.items())
     ]
     return ranks, notes
+
+
+def _read_groups(info: dict[str, Any] | None, where: str, shared: dict[Any, Any]) -> dict[str, Any] | None:
+    """``distributed_info`` with each process group's ranks as written back (``ranklist.read``): ranges become
+    one ``RankRanges`` shared by the ranks that state the same ones (never a list of every rank per rank); a plain
+    list (older summaries, torch's own form) is kept as it is. Ranges that are not ranges: one line, exit 2."""
+    groups = (info or {}).get("pg_config")
+    if isinstance(groups, dict):
+        items = list(groups.items())
+    elif isinstance(groups, list):
+        items = list(enumerate(groups))
+    else:
+        return info
+    if not any(
+        isinstance(g, dict) and isinstance(g.get("ranks"), list) and g["ranks"] and isinstance(g["ranks"][0], list)
+        for _, g in items
+    ):
+        return info
+    out: Any = {} if isinstance(groups, dict) else []
+    for key, g in items:
+        ranks = g.get("ranks") if isinstance(g, dict) else None
+        if isinstance(ranks, list) and ranks and isinstance(ranks[0], list):
+            text = repr(ranks)
+            if text not in shared:
+                try:
+                    shared[text] = ranklist.read(ranks, f"{where}: distributed_info.pg_config[{key!r}].ranks")
+                except ranklist.BadRankList as e:
+                    raise TraceError(str(e)) from None
+            g = {**g, "ranks": shared[text]}
+        if isinstance(out, dict):
+            out[key] = g
+        else:
+            out.append(g)
+    return {**info, "pg_config": out}  # type: ignore[dict-item]

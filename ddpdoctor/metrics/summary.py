@@ -23,14 +23,15 @@ from typing import Any
 
 import numpy as np
 
+from ddpdoctor import ranklist
 from ddpdoctor._version import __version__
 from ddpdoctor.load.model import RankTrace
 from ddpdoctor.metrics import catalog
 from ddpdoctor.metrics import intervals as iv
 from ddpdoctor.metrics.breakdown import BREAKDOWN, per_step
 from ddpdoctor.metrics.capture import ddp_metrics, thread_metrics
-from ddpdoctor.metrics.compile import compile_rank
 from ddpdoctor.metrics.comm import collective_calls, collectives, exposed_set, issuers
+from ddpdoctor.metrics.compile import compile_rank
 from ddpdoctor.metrics.dp import dp_per_step, dp_rank_metrics
 from ddpdoctor.metrics.fsdp import fsdp_rank
 from ddpdoctor.metrics.memory import device_rows, memory_metrics, own_device
@@ -105,7 +106,7 @@ def summarize_rank(
             "ddpdoctor_version": __version__,
             "rank": rt.rank,
             "files": [Path(f).name for f in rt.files],  # beside the run directory's other files: movable
-            "distributed_info": rt.distributed_info,
+            "distributed_info": _compact_groups(rt.distributed_info),
             "hostname": (capture or {}).get("hostname"),
             "world_size": world,
             "own_device": own,
@@ -119,13 +120,26 @@ def summarize_rank(
     )
 
 
+def _compact_groups(info: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``distributed_info`` with each process group's rank list written as ranges (``ranklist.compact``): the
+    default group lists every rank, in every rank's file (O(ranks²) bytes written as is)."""
+    groups = (info or {}).get("pg_config")
+    items = groups.values() if isinstance(groups, dict) else groups if isinstance(groups, list) else ()
+    if not any(isinstance(g, dict) and isinstance(g.get("ranks"), (list, tuple)) for g in items):
+        return info
+
+    def one(g: Any) -> Any:
+        return {**g, "ranks": ranklist.compact(g["ranks"])} if isinstance(g, dict) and "ranks" in g else g
+
+    pgs = {k: one(g) for k, g in groups.items()} if isinstance(groups, dict) else [one(g) for g in groups]
+    return {**info, "pg_config": pgs}  # type: ignore[dict-item]
+
+
 def _inner_join(left: Table, right: Table) -> Table:
     """Rows of ``left`` with the columns of the rows of ``right`` that have the same ``step`` and ``span``, as
     pandas' inner ``merge``: left's order, each left row once per matching right row (in right's order)."""
     n = len(left)
-    keys, _ = group_ids(
-        np.concatenate([left["step"], right["step"]]), np.concatenate([left["span"], right["span"]])
-    )
+    keys, _ = group_ids(np.concatenate([left["step"], right["step"]]), np.concatenate([left["span"], right["span"]]))
     lk, rk = keys[:n], keys[n:]
     r_order = np.argsort(rk, kind="stable")
     r_sorted = rk[r_order]
