@@ -94,8 +94,14 @@ def slow_ranks(analysed: Table, ranks: list[int]) -> dict[str, Any]:
     expected_block = np.bincount(rb, weights=weight * chance, minlength=n_rb)
     rank_of_rb = np.empty(n_rb, dtype=np.int64)
     rank_of_rb[rb] = a["rank"]
-    rank_rows = {int(r): np.flatnonzero(rank_of_rb == r) for r in np.unique(rank_of_rb, return_counts=True)[0]}
-    rank_col = a["rank"]
+    # each rank's (rank, block) rows and its rows' counts, grouped once (a scan per rank is O(ranks^2))
+    by_rank = np.argsort(rank_of_rb, kind="stable")
+    rb_ranks, rb_counts = np.unique(rank_of_rb, return_counts=True)
+    rank_rows = dict(zip(rb_ranks.tolist(), np.split(by_rank, np.cumsum(rb_counts)[:-1]), strict=True))
+    row_ranks, row_code = np.unique(a["rank"], return_inverse=True)
+    code_of = {int(r): i for i, r in enumerate(row_ranks.tolist())}
+    rows_of_rank = np.bincount(row_code, minlength=len(row_ranks))
+    lasts_of_rank = np.bincount(row_code[is_last], minlength=len(row_ranks))
     for r in ranks:
         rows = rank_rows.get(int(r))
         if rows is None:
@@ -111,9 +117,9 @@ def slow_ranks(analysed: Table, ranks: list[int]) -> dict[str, Any]:
         )
         p_value = min(1.0, TESTS * min(p_count, p_cost))
         best_possible = min(best_possible, TESTS * min(p_chance**n, best_cost))
-        mine = rank_col == r
+        code = code_of[int(r)]
         out["ranks"][r] = {
-            "last_arrival_share": float(is_last[mine].sum()) / max(int(mine.sum()), 1),
+            "last_arrival_share": float(lasts_of_rank[code]) / max(int(rows_of_rank[code]), 1),
             "last_arrival_p_value": p_value,
             "slow_rank": p_value * tested < SLOW_RANK_ALPHA,
             "wait_caused_ms": caused_wait.get(int(r), 0.0),
