@@ -1,4 +1,5 @@
-"""Scale: a 16,384-rank run diagnosed from its per-rank summary files (< 10 s on 2 cores), growth from 8 ranks.
+"""Scale: a 131,072-rank run diagnosed from its per-rank summary files (< 30 s on 2 cores; peak memory printed),
+growth from 8 ranks.
 
 ``diagnose`` of runs of 8 to 16,384 ranks, each timed in a fresh process; the target is on the largest.
 
@@ -6,16 +7,19 @@ The runs are synthetic-from-real: a real 2-rank run of ``samples/ddp_train.py`` 
 gives ``ranks/rank<R>.summary.json`` and ``ranks/rank<R>.json``; rank R of the N-rank run is a copy of real
 rank R % 2 with its rank ids rewritten (rank, local rank, node, world size, process-group ranks, file names; 8
 ranks per host) and its data-order digests made distinct per rank (else the copies would look like ranks that
-all read the same batches). Every rank's summary lists the default process group with all N ranks, as a real
-job's do (1.8 GB of files at 16,384 ranks). No trace is copied: the run is read the way a large job's should be,
+all read the same batches). Every rank's summary states the default process group as ddpdoctor writes it, its
+ranks as ranges (``[[0, N-1]]``, ranklist.py; once every rank listed, 1.8 GB of files at 16,384 ranks).
+No trace is copied: the run is read the way a large job's should be,
 ``load(RUN, use_summaries=True)`` -> analyze -> rules -> text report (``diagnose_child.py summaries``), each time
 in a fresh process, so the time includes interpreter start-up and imports. The largest runs are made once and
-cached (about a minute for 16,384 ranks); ``--quick`` stops at 1,024 ranks."""
+cached (each file filled in from a text template: about 2 ms a rank); ``--quick`` stops at 1,024 ranks; sizes of
+65,536 ranks and more are run once."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -25,10 +29,11 @@ from typing import Any
 from bench_common import CACHE, CHILD, REPO, Report, median, run_child
 
 NAME = "scale"
-SIZES = (8, 64, 256, 1024, 4096, 16384)
+SIZES = (8, 64, 256, 1024, 4096, 16384, 131072)
 QUICK_SIZES = (8, 64, 256, 1024)
-TARGET_RANKS = 16384
-TARGET_S = 10.0
+TARGET_RANKS = 131072
+TARGET_S = 30.0
+ONCE_FROM = 65536  # sizes from here are run once a round of the others (each run is most of a minute)
 SOURCE = CACHE / "scale-source"
 RANKS_PER_HOST = 8
 DIGESTS = ("first_indices_digest", "first_batch_digest", "first_labels_digest")
@@ -57,33 +62,46 @@ def source_run() -> Path:
 
 
 def synthesize(n: int, source: Path, dest: Path) -> Path:
-    """An ``n``-rank run directory made of the source run's per-rank files, rank ids rewritten."""
+    """An ``n``-rank run directory made of the source run's per-rank files, rank ids rewritten. Each of the two
+    real ranks' files becomes one text template (``%``-format fields for the rank's ids) filled in per rank, so
+    131,072 ranks take seconds, not the minutes a JSON round trip per rank took."""
     marker = dest / ".synthetic-from-real"
     if marker.exists() and marker.read_text() == _fingerprint(source):
         return dest
     shutil.rmtree(dest, ignore_errors=True)
     (dest / "ranks").mkdir(parents=True)
-    src = {r: _read(source / "ranks" / f"rank{r}.json") for r in (0, 1)}
-    src_summary = {r: _read(source / "ranks" / f"rank{r}.summary.json") for r in (0, 1)}
+    templates = {
+        r: (
+            _template(_rank_capture(_read(source / "ranks" / f"rank{r}.json"), n)),
+            _template(_rank_summary(_read(source / "ranks" / f"rank{r}.summary.json"), n)),
+        )
+        for r in (0, 1)
+    }
+    digests = {r: _digests(_read(source / "ranks" / f"rank{r}.json")) for r in (0, 1)}
     manifest = _read(source / "manifest.json")
     entries = manifest.get("ranks") or []
     entries = [e for e in (entries.values() if isinstance(entries, dict) else entries) if isinstance(e, dict)]
+    ranks_dir = dest / "ranks"
     rank_entries = []
     for rank in range(n):
         real = rank % 2
-        capture = _rank_capture(src[real], rank, n)
-        summary = _rank_summary(src_summary[real], rank, n)
-        _write(dest / "ranks" / f"rank{rank}.json", capture)
-        _write(dest / "ranks" / f"rank{rank}.summary.json", summary)
+        node = rank // RANKS_PER_HOST
+        fields = {"rank": rank, "local": rank % RANKS_PER_HOST, "node": node, "pid": 100000 + rank}
+        for key, value in digests[real].items():
+            fields[key] = hashlib.sha1(f"{value}:{rank}".encode()).hexdigest()[:16]
+        capture, summary = templates[real]
+        (ranks_dir / f"rank{rank}.json").write_text(capture % fields)
+        (ranks_dir / f"rank{rank}.summary.json").write_text(summary % fields)
         entry = next((e for e in entries if e.get("rank") == real), {})
+        names = [_renamed(f, rank) for f in _read_list(source, real)]
         rank_entries.append(
             {
                 **entry,
                 "rank": rank,
-                "hostname": capture["hostname"],
-                "local_rank": capture["local_rank"],
-                "node_rank": capture["node_rank"],
-                "trace_files": capture["trace_files"],
+                "hostname": f"node{node}",
+                "local_rank": rank % RANKS_PER_HOST,
+                "node_rank": node,
+                "trace_files": names,
             }
         )
     nodes = (n + RANKS_PER_HOST - 1) // RANKS_PER_HOST
@@ -107,54 +125,87 @@ def synthesize(n: int, source: Path, dest: Path) -> Path:
     return dest
 
 
-def _rank_capture(data: dict[str, Any], rank: int, n: int) -> dict[str, Any]:
+_SOURCE_FILES: dict[int, list[str]] = {}
+
+
+def _read_list(source: Path, real: int) -> list[str]:
+    if real not in _SOURCE_FILES:
+        _SOURCE_FILES[real] = list(_read(source / "ranks" / f"rank{real}.json").get("trace_files", []))
+    return _SOURCE_FILES[real]
+
+
+def _digests(data: dict[str, Any]) -> dict[str, str]:
+    """The data-order digests of the source rank's loaders, by template field name."""
+    out = {}
+    for i, loader in enumerate((data.get("setup") or {}).get("data_loaders", [])):
+        for key in DIGESTS:
+            if loader.get(key):
+                out[f"d{i}_{key}"] = loader[key]
+    return out
+
+
+# A field is a string "@@name@@" in the JSON (an int where the whole string is a field: quotes dropped)
+_FIELD = re.compile(r'"@@(\w+)@@"|@@(\w+)@@')
+
+
+def _template(data: dict[str, Any]) -> str:
+    text = json.dumps(data).replace("%", "%%")
+
+    def field(m: re.Match[str]) -> str:
+        if m.group(1):
+            name = m.group(1)
+            return f'"%({name})s"' if name.startswith("d") and "_" in name else f"%({name})d"
+        return f"%({m.group(2)})d"
+
+    return _FIELD.sub(field, text)
+
+
+def _rank_capture(data: dict[str, Any], n: int) -> dict[str, Any]:
     out = json.loads(json.dumps(data))
-    node = rank // RANKS_PER_HOST
     out.update(
-        rank=rank,
-        local_rank=rank % RANKS_PER_HOST,
+        rank="@@rank@@",
+        local_rank="@@local@@",
         world_size=n,
-        node_rank=node,
-        hostname=f"node{node}",
+        node_rank="@@node@@",
+        hostname="node@@node@@",
         local_world_size=min(RANKS_PER_HOST, n),
-        pid=100000 + rank,
-        trace_files=[_renamed(f, rank) for f in out.get("trace_files", [])],
+        pid="@@pid@@",
+        trace_files=[_renamed(f, "@@rank@@") for f in out.get("trace_files", [])],
     )
     for ddp in out.get("ddp", []):
-        ddp.get("logging_data", {}).update(rank=rank, world_size=n)
-    for loader in (out.get("setup") or {}).get("data_loaders", []):
+        ddp.get("logging_data", {}).update(rank="@@rank@@", world_size=n)
+    for i, loader in enumerate((out.get("setup") or {}).get("data_loaders", [])):
         loader["sampler_num_replicas"] = n if loader.get("distributed_sampler") else loader.get("sampler_num_replicas")
         for key in DIGESTS:
             if loader.get(key):
-                loader[key] = hashlib.sha1(f"{loader[key]}:{rank}".encode()).hexdigest()[:16]
+                loader[key] = f"@@d{i}_{key}@@"
     return out
 
 
-def _rank_summary(data: dict[str, Any], rank: int, n: int) -> dict[str, Any]:
+def _rank_summary(data: dict[str, Any], n: int) -> dict[str, Any]:
     out = json.loads(json.dumps(data))
-    node = rank // RANKS_PER_HOST
     out.update(
-        rank=rank,
+        rank="@@rank@@",
         world_size=n,
-        hostname=f"node{node}",
-        files=[str(Path(f).with_name(_renamed(Path(f).name, rank))) for f in out.get("files", [])],
+        hostname="node@@node@@",
+        files=[str(Path(f).with_name(_renamed(Path(f).name, "@@rank@@"))) for f in out.get("files", [])],
     )
-    out["metrics"]["rank"] = rank
+    out["metrics"]["rank"] = "@@rank@@"
     info = out.get("distributed_info") or {}
-    info.update(rank=rank, world_size=n)
+    info.update(rank="@@rank@@", world_size=n)
     for pg in info.get("pg_config", []):
-        if pg.get("pg_size") == 2:
-            pg.update(pg_size=n, ranks=list(range(n)))
+        if pg.get("pg_size") == 2:  # the default group: every rank, as ranges (as ddpdoctor writes it: ranklist.py)
+            pg.update(pg_size=n, ranks=[[0, n - 1]])
     return out
 
 
-def _renamed(name: str, rank: int) -> str:
+def _renamed(name: str, rank: int | str) -> str:
     head, _, rest = name.partition(".")
     return f"rank{rank}.{rest}" if head.startswith("rank") else name
 
 
 def _fingerprint(source: Path) -> str:
-    return "\n".join(
+    return "layout 2 (groups as ranges)\n" + "\n".join(
         f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in sorted((source / "ranks").iterdir())
     )
 
@@ -179,16 +230,20 @@ def run(report: Report, quick: bool) -> None:
     wall: dict[int, list[float]] = {n: [] for n in sizes}
     work: dict[int, list[float]] = {n: [] for n in sizes}
     cpu: dict[int, list[float]] = {n: [] for n in sizes}
-    for _ in range(reps):
+    peak: dict[int, list[float]] = {n: [] for n in sizes}
+    for i in range(reps):
         for n in sizes:  # interleaved: each round runs every size once
+            if n >= ONCE_FROM and i:
+                continue
             child = run_child([str(CHILD), "summaries", str(runs[n])])
             wall[n].append(child["child_wall_s"])
             work[n].append(child["work_s"])
             cpu[n].append(child.get("work_cpu_s") or float("nan"))
+            peak[n].append((child.get("peak_rss_kb") or 0) / 1024)
     section: dict[str, Any] = {"sizes": {}}
     for n in sizes:
         w, a = median(wall[n]), median(work[n])
-        section["sizes"][n] = {"wall_s": wall[n], "work_s": work[n], "work_cpu_s": cpu[n]}
+        section["sizes"][n] = {"wall_s": wall[n], "work_s": work[n], "work_cpu_s": cpu[n], "peak_rss_mb": peak[n]}
         target = ("<", TARGET_S) if n == TARGET_RANKS else None
         report.add(
             f"scale_diagnose_{n}_ranks",
@@ -200,6 +255,7 @@ def run(report: Report, quick: bool) -> None:
                 f"({a / n * 1e3:.3f} ms/rank; synthetic-from-real)"
             ),
         )
+        report.add(f"scale_peak_rss_{n}_ranks", max(peak[n]), unit="MB", note="peak RSS of the diagnose process")
     lo, hi = sizes[-2], sizes[-1]
     per_rank = (median(work[hi]) - median(work[lo])) / (hi - lo) * 1e3
     report.add(
