@@ -12,7 +12,8 @@ made here), capture (trace overhead vs bare and vs a hand-written profiler), sca
 summary files), gate-memory (peak RSS of baseline and gate of a 10,000-rank run vs diagnose of it), flight (the
 step-time cost of the Flight Recorder and phase tracking every traced rank has, vs the same loop without), dask
 (diagnose of 64 synthetic 50 MB ranks on a local Dask cluster of 2 workers vs in one process); gate-noise
-(the gate's false alarms on reruns of one job under load; only with --only, it takes minutes). Real GPU traces
+(the gate's false alarms on reruns of one job under load; only with --only, it takes minutes); gil (the GIL
+probe's cost on the step time of the rank it watches, quiet and beside 2 CPU burners; only with --only). Real GPU traces
 come from ../shared/traces (or $DDPDOCTOR_TRACES); measures that need them are skipped without them. Generated
 traces and runs are cached in benchmarks/.cache/. A MISS does not change the exit code (1 only when a benchmark
 errors)."""
@@ -34,6 +35,7 @@ import bench_flight  # noqa: E402
 import bench_floor  # noqa: E402
 import bench_gate_memory  # noqa: E402
 import bench_gate_noise  # noqa: E402
+import bench_gil  # noqa: E402
 import bench_hta  # noqa: E402
 import bench_large  # noqa: E402
 import bench_memory  # noqa: E402
@@ -54,9 +56,10 @@ BENCHMARKS = {
         bench_flight,
         bench_dask,
         bench_gate_noise,
+        bench_gil,
     )
 }
-OPT_IN = {bench_gate_noise.NAME}  # minutes of training runs under load: only with --only
+OPT_IN = {bench_gate_noise.NAME, bench_gil.NAME}  # minutes of training runs under load: only with --only
 
 
 def compile_package() -> None:
