@@ -40,7 +40,7 @@ def test_the_rule_table_says_what_each_rule_applies_to_as_ddpdoctor_rules_does()
 
     rows = {
         m.group(2): m.group(3)
-        for m in re.finditer(r"^\| (DDP\d+) \| `([a-z0-9-]+)` \| \w+ \| ([^|]+) \|", README, re.M)
+        for m in re.finditer(r"^\| ([A-Z]+\d+) \| `([a-z0-9-]+)` \| \w+ \| ([^|]+) \|", README, re.M)
     }
     for rule in load_rules():
         assert rows.get(rule.name, "").strip() == applies_summary(rule), rule.name
