@@ -14,7 +14,9 @@ collectives (``wait_caused_ms``: the others' wait for it per step) is **starved*
   more work on a busy host also waits more: it is slow by its own work, the host only magnifies it).
 
 A rank that sleeps or computes more each step stays a straggler on a loaded host: its extra time is not run-queue
-wait. The ``--steps`` range of ``diagnose`` does not narrow these: they cover the profiled windows.
+wait. ``late_own_ms`` is the part of its lateness its extra run-queue wait does not explain (the lateness less
+that wait): where it is large (the rules' thresholds), the rank is a straggler of its own even when the host
+starved it too (a rank that sleeps 100 ms a step and also waits 250 ms for a CPU). The ``--steps`` range of ``diagnose`` does not narrow these: they cover the profiled windows.
 
 Pure functions of the capture dicts; no trace needed. Runs without the record (foreign traces, not Linux, runs
 traced by an older ddpdoctor) get None and the reason in ``not_measured``.
@@ -137,6 +139,9 @@ def hostload_metrics(
                 work_excess_ms=m["loop_cpu_ms"] - statistics.median(work),
                 got_ratio=m["cpu_got_ratio"],
             )
+            lateness = row.get("wait_caused_ms")
+            if lateness is not None:
+                m["late_own_ms"] = max(0.0, lateness - max(0.0, m["cpu_wait_excess_ms"]))
         row.update(m)
     run = _run_level(ranks)
     reasons = _reasons(why, ranks, run)

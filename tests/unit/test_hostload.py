@@ -184,3 +184,46 @@ def test_without_the_record_nothing_is_guessed_and_the_reason_is_given() -> None
     rows = _rows(30.0, 0.0)
     run, why = hostload.hostload_metrics(not_linux, rows)
     assert run["host_contended"] is None and why["cpu_wait_ms"] == capture.NOT_LINUX
+
+
+# ---- the rules on a run's metrics ----------------------------------------------------------------------------
+def _four_ranks(**rank2):
+    """The hand-made 4-rank run whose rank 2 the slow-rank test names (tests/golden/inputs/ddp_4ranks.json),
+    with rank 2's host load as given."""
+    from test_engine import fake_metrics
+
+    metrics = fake_metrics("ddp_4ranks")
+    for row in metrics.ranks:
+        row.update(dict.fromkeys(hostload.HOSTLOAD_RANK_METRICS))
+        row.update(cpu_wait_share=0.02, cpu_wait_ms=1.0, cpu_got_ratio=0.95, cpu_starved=False)
+    metrics.ranks[2].update(rank2)
+    return metrics
+
+
+def _names(metrics) -> dict[str, tuple]:
+    from ddpdoctor.diagnosis import evaluate, load_rules
+
+    return {f.name: f.ranks for f in evaluate(load_rules(), metrics).findings}
+
+
+def test_the_rules_name_a_starved_rank_starved_and_a_slow_one_slow() -> None:
+    wait = _four_ranks()
+    caused = wait.ranks[2]["wait_caused_ms"]
+    starved = _four_ranks(
+        cpu_starved=True, late_own_ms=0.0, cpu_wait_share=0.4, cpu_wait_ms=caused * 1.1, cpu_wait_excess_ms=caused,
+        cpu_got_ratio=0.3, other_cpu_cores=1.5, host_runnable_per_cpu=3.0,
+    )
+    found = _names(starved)
+    assert "rank-straggler" not in found and found["rank-starved-of-cpu"] == (2,)
+    # starved too, but most of its lateness is its own (it sleeps): still the straggler, the load named
+    both = _four_ranks(
+        cpu_starved=True, late_own_ms=caused * 0.4, cpu_wait_share=0.4, cpu_wait_ms=caused * 0.7,
+        cpu_wait_excess_ms=caused * 0.6, cpu_got_ratio=0.3, loop_cpu_ms=5.0,
+    )
+    found = _names(both)
+    assert found["rank-straggler"] == (2,) and "rank-starved-of-cpu" not in found
+    assert _names(wait)["rank-straggler"] == (2,)  # a slow rank that did not wait for a CPU
+    # without a host-load record (foreign traces) the slow-rank test decides alone, as before
+    from test_engine import fake_metrics
+
+    assert _names(fake_metrics("ddp_4ranks"))["rank-straggler"] == (2,)
