@@ -105,7 +105,9 @@ _PARALLELISM_WORDS = {
 }
 
 
-_FAMILY = {"fsdp2": "fsdp"}  # a rule that fits fsdp fits FSDP2 (fully_shard) jobs too
+# a rule that fits fsdp fits FSDP2 (fully_shard) jobs too; one that fits ddp fits ZeRO-1 (optimizer state sharded
+# on top of DDP's gradient all-reduce: "ddp+zero1")
+_FAMILY = {"fsdp2": "fsdp", "zero1": "ddp"}
 
 
 def _not_applicable(rule: Rule, run: Mapping[str, Any]) -> str | None:

@@ -185,6 +185,8 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "optimizer_collectives_per_step",
     ),
     "bandwidth": ("algbw_gbps", "busbw_gbps"),
+    # from each collective's transfer time, the same on every rank (cross_rank.transfer_metrics)
+    "transfer": ("exposed_transfer_ms", "optimizer_exposed_transfer_ms", "algbw_gbps", "busbw_gbps"),
     # FSDP2 units (ddpdoctor.metrics.fsdp)
     "fsdp": (
         "fsdp_units",
@@ -202,8 +204,6 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "fsdp_allgather_elem_bytes",
         "fsdp_reduce_elem_bytes",
     ),
-    # from each collective's transfer time, the same on every rank (cross_rank.transfer_metrics)
-    "transfer": ("exposed_transfer_ms", "optimizer_exposed_transfer_ms", "algbw_gbps", "busbw_gbps"),
     # the report's per-rank columns besides the step time and the breakdown
     "report_rank": (
         "comm_ms",

@@ -175,6 +175,7 @@ def _body(result: Diagnosis) -> list[str]:
         out.append(_rank_table(table[1], table[2], left=frozenset(("state", "last phase"))))
     elif table is not None:
         out += _breakdown_html(doc, table[1], table[2])
+    out += fsdp_units.html_parts(doc)
     out += _after_breakdown(result, doc)
     return out
 
