@@ -232,7 +232,7 @@ RANK_STATUS_TITLE = "Per rank (no trace)"
 
 def rank_status_rows(doc: dict[str, Any]) -> list[list[str]]:
     """One row per rank of a failed or hung run (``run.health.ranks``): state, steps reached, last phase, exit."""
-    health = doc["run"].get("health")
+    health = (doc.get("run") or {}).get("health")
     entries = health.get("ranks") if isinstance(health, dict) else None
 
     def cell(value: Any) -> str:
