@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -9,7 +10,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import contextlib
 import time
 from pathlib import Path
 
@@ -69,9 +69,7 @@ def read_json(path: Path):
     return json.loads(Path(path).read_text())
 
 
-CHROMIUM = next(
-    (shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None
-)
+CHROMIUM = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
 
 
 def chromium(profile_dir: Path, *args: str) -> str:
@@ -106,9 +104,7 @@ def cpu_burner(n: int = 1):
 
     Each burner runs in its own session and is killed (SIGKILL to its group) on leaving the block, even on failure.
     """
-    hogs = [
-        subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True) for _ in range(n)
-    ]
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True) for _ in range(n)]
     try:
         yield hogs
     finally:
@@ -116,3 +112,21 @@ def cpu_burner(n: int = 1):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(hog.pid, signal.SIGKILL)
             hog.wait(timeout=10)
+
+
+def step_snapshot(median: float, seed: int, spread: float = 0.15):
+    """A run's compare/gate snapshot made of 30 step times around ``median`` (ms), scattered by ``spread``."""
+    import numpy as np
+
+    from ddpdoctor.compare.snapshot import Snapshot
+
+    steps = (median * (1 + np.random.default_rng(seed).normal(0, spread, 30))).tolist()
+    return Snapshot(
+        source=f"runs/r{seed}",
+        environment={"mode": "ddp", "world_size": 2, "backend": "gloo", "devices": ["cpu"], "torch_version": "2.13.0"},
+        metrics={"step_ms.median": float(np.median(steps)), "step_ms.p90": float(np.percentile(steps, 90))},
+        samples={"step_ms": steps},
+        sample_notes={"step_ms": "21 steps outside the profiled windows, steps 2-29, slowest rank per step"},
+        findings=[],
+        rules_evaluated=[],
+    )

@@ -3,25 +3,13 @@ step-to-step noise (a bootstrap interval of B/A, as the gate's), and the step nu
 
 from __future__ import annotations
 
-import numpy as np
+from helpers import step_snapshot
 
 from ddpdoctor.compare import compare
-from ddpdoctor.compare.snapshot import Snapshot
-
-ENV = {"mode": "ddp", "world_size": 2, "backend": "gloo", "devices": ["cpu"], "torch_version": "2.13.0"}
 
 
-def _run(median: float, seed: int, spread: float = 0.15) -> Snapshot:
-    steps = (median * (1 + np.random.default_rng(seed).normal(0, spread, 30))).tolist()
-    return Snapshot(
-        source=f"runs/r{seed}",
-        environment=dict(ENV),
-        metrics={"step_ms.median": float(np.median(steps)), "step_ms.p90": float(np.percentile(steps, 90))},
-        samples={"step_ms": steps},
-        sample_notes={"step_ms": "21 steps outside the profiled windows, steps 2-29, slowest rank per step"},
-        findings=[],
-        rules_evaluated=[],
-    )
+def _run(median: float, seed: int, spread: float = 0.15):
+    return step_snapshot(median, seed, spread)
 
 
 def test_two_runs_of_one_command_make_no_faster_claim():

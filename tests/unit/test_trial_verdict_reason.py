@@ -5,24 +5,13 @@ from __future__ import annotations
 
 import io
 
-import numpy as np
+from helpers import step_snapshot
 
-from ddpdoctor.compare.snapshot import Snapshot
 from ddpdoctor.trial import measure as m
 
-ENV = {"mode": "ddp", "world_size": 2, "backend": "gloo", "devices": ["cpu"], "torch_version": "2.13.0"}
 
-
-def _run(median: float, seed: int, spread: float = 0.03) -> Snapshot:
-    steps = (median * (1 + np.random.default_rng(seed).normal(0, spread, 30))).tolist()
-    return Snapshot(
-        source=f"runs/r{seed}",
-        environment=dict(ENV),
-        metrics={"step_ms.median": float(np.median(steps)), "step_ms.p90": float(np.percentile(steps, 90))},
-        samples={"step_ms": steps},
-        findings=[],
-        rules_evaluated=[],
-    )
+def _run(median: float, seed: int, spread: float = 0.03):
+    return step_snapshot(median, seed, spread)
 
 
 def test_a_real_gain_says_it_holds_against_each_control():
