@@ -185,13 +185,21 @@ def _own_dumps(folder: Path, names: list[str]) -> DumpSet:
                 f"rank {rank}: its newest dump answers an older request than {newest_request!r}; left out"
             )
             continue
+        if chosen[1].reason == "signal":
+            # A stop signal that reached a process already unwinding from its own exception (the launcher stops
+            # every rank once one has died): the exception, with the buffer as it failed, is this rank's story.
+            raised = [
+                (i, d) for i, d in dumps if d.reason == "exception" and d.pid == chosen[1].pid and d.time <= chosen[1].time
+            ]
+            if raised:
+                chosen = raised[-1]
         ids.add(chosen[0])
         found.dumps[rank] = chosen[1]
     if len(ids) == 1 and newest_request and all(d.request == newest_request for d in found.dumps.values()):
         found.request = newest_request
     elif len(ids) > 1:
         found.notes.append(
-            "each rank's newest dump is used: " + ", ".join(f"rank {r} {d.reason}" for r, d in found.dumps.items())
+            "the dump used of each rank: " + ", ".join(f"rank {r} {d.reason}" for r, d in found.dumps.items())
         )
     return found
 

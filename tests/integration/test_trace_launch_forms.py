@@ -142,8 +142,10 @@ def test_mp_spawn_two_ranks_diagnosed_as_under_torchrun(tmp_path):
     assert read_json(torchrun / "manifest.json")["launch"] == "torchrun"
     spawn_findings, spawn_not_evaluated = _diagnosis(spawned)
     assert (spawn_findings, spawn_not_evaluated) == _diagnosis(torchrun)
-    if (os.cpu_count() or 1) < 4:  # 2 ranks x 2 threads on fewer than 4 CPUs: found under both launchers
-        assert "cpu-thread-oversubscription" in spawn_findings
+    # 2 ranks x 2 threads on fewer than 4 CPUs: found under both launchers, from what the ranks recorded of the host
+    host = read_json(spawned / "ranks" / "rank0.json")["threads"]
+    oversubscribed = host["torch_intra_op_threads"] * 2 > (host["affinity_cpus"] or host["cpu_count"])
+    assert ("cpu-thread-oversubscription" in spawn_findings) == oversubscribed, (host, spawn_findings)
     assert manifest["mode"] == "spawn"  # ddpdoctor ran one process itself; its children were the 2 ranks
 
 

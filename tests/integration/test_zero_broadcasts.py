@@ -133,7 +133,7 @@ def test_zero_broadcasts_are_not_buffers_and_the_job_is_ddp_zero1(runs: dict[str
     if "poor-comm-compute-overlap" in findings:
         finding = findings["poor-comm-compute-overlap"]
         gradient = [r["exposed_transfer_ms"] - r["optimizer_exposed_transfer_ms"] for r in metrics.ranks]
-        assert finding.estimated_gain_ms == pytest.approx(sum(gradient) / len(gradient), rel=1e-6)
+        assert finding.estimated_gain_ms == pytest.approx(sum(gradient) / len(gradient), abs=5e-4)  # gains are in µs
         assert "ZeroRedundancyOptimizer's parameter broadcasts" in finding.message
 
 

@@ -125,3 +125,28 @@ def test_a_hang_request_every_rank_answered_wins_over_the_dumps_made_as_the_job_
     (dumps / "rank1.hang-1.json").unlink()
     found = find_dumps(tmp_path)
     assert {r: d.reason for r, d in found.dumps.items()} == {0: "signal", 1: "signal"}
+
+
+def test_a_stop_signal_that_reached_a_rank_unwinding_from_its_exception_does_not_hide_the_exception(tmp_path):
+    """A rank raises (its peer went away), and the launcher's SIGTERM reaches it while it unwinds: the exception dump,
+    not the later signal dump of the same process, is the rank's story. A signal dump of a later process (a restart)
+    still wins."""
+    import msgspec
+
+    from ddpdoctor.runfile_types import FlightDump
+
+    dumps = tmp_path / "dumps"
+    dumps.mkdir()
+
+    def write(rank, dump_id, **fields):
+        dump = FlightDump(rank=rank, world_size=2, **fields)
+        (dumps / f"rank{rank}.{dump_id}.json").write_bytes(msgspec.json.encode(dump))
+
+    write(1, "exception-100", reason="exception", time=100.0, pid=7, phase="data")
+    write(1, "signal-101", reason="signal", time=100.05, pid=7, phase="data")
+    write(0, "signal-102", reason="signal", time=100.1, pid=8, phase="backward")
+    found = find_dumps(tmp_path)
+    assert found.dumps[1].reason == "exception" and found.dumps[0].reason == "signal"
+    assert any("rank 1 exception" in n for n in found.notes), found.notes
+    write(1, "signal-300", reason="signal", time=300.0, pid=9, phase="forward")
+    assert find_dumps(tmp_path).dumps[1].reason == "signal"
