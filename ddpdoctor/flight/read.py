@@ -158,9 +158,7 @@ def _own_dumps(folder: Path, names: list[str]) -> DumpSet:
         for rank, dumps in by_rank.items()
     }
     if newest_request and all(answers.values()):
-        later = sorted(
-            {d.reason for dumps in by_rank.values() for _i, d in dumps if d.time > newest_request_time}
-        )
+        later = sorted({d.reason for dumps in by_rank.values() for _i, d in dumps if d.time > newest_request_time})
         for rank, answer in sorted(answers.items()):
             assert answer is not None
             found.dumps[rank] = answer[1]
@@ -188,9 +186,8 @@ def _own_dumps(folder: Path, names: list[str]) -> DumpSet:
         if chosen[1].reason == "signal":
             # A stop signal that reached a process already unwinding from its own exception (the launcher stops
             # every rank once one has died): the exception, with the buffer as it failed, is this rank's story.
-            raised = [
-                (i, d) for i, d in dumps if d.reason == "exception" and d.pid == chosen[1].pid and d.time <= chosen[1].time
-            ]
+            stop = chosen[1]
+            raised = [(i, d) for i, d in dumps if d.reason == "exception" and d.pid == stop.pid and d.time <= stop.time]
             if raised:
                 chosen = raised[-1]
         ids.add(chosen[0])
