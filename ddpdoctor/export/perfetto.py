@@ -29,8 +29,6 @@ from ddpdoctor.errors import UsageError
 
 DEFAULT_MAX_EVENTS = 1_000_000
 GPU_TID_BASE = 1_000_000  # GPU streams become threads of the rank's process from here on (CPU tids are below)
-# a collective's key within the run, as the cross-rank analysis matches them
-_KEY = ("step", "kind", "index")
 
 
 @dataclass
@@ -44,30 +42,11 @@ class Exported:
 
 
 def clock_offsets(summaries: list[dict[str, Any]]) -> tuple[dict[int, float], list[int]]:
-    """Per rank, its clock minus the lowest rank's (µs), from the collectives both ran; and the ranks that matched
-    none (offset 0: their own clock)."""
-    ends: dict[int, dict[tuple[Any, ...], float]] = {}
-    for s in summaries:
-        c = s.get("collectives") or {}
-        keys = zip(*(c.get(k) or [] for k in _KEY), strict=False)
-        ends[s["rank"]] = {
-            key: float(end)
-            for key, end in zip(keys, c.get("end_us") or [], strict=False)
-            if None not in key and end is not None and key[0] is not None and key[0] >= 0
-        }
-    if not ends:
-        return {}, []
-    ref = min(ends)
-    offsets: dict[int, float] = {ref: 0.0}
-    unmatched: list[int] = []
-    for rank, mine in ends.items():
-        if rank == ref:
-            continue
-        diffs = [end - ends[ref][key] for key, end in mine.items() if key in ends[ref]]
-        offsets[rank] = float(np.median(diffs)) if diffs else 0.0
-        if not diffs:
-            unmatched.append(rank)
-    return offsets, sorted(unmatched)
+    """Per rank, its clock minus the lowest rank's (µs), and the ranks that matched none (offset 0: their own
+    clock): the cross-rank analysis's alignment (``metrics.cross_rank.clock_offsets``), the one of every report."""
+    from ddpdoctor.metrics.cross_rank import clock_offsets as aligned
+
+    return aligned(summaries)
 
 
 def _steps_of(summary: dict[str, Any]) -> dict[int, tuple[float, float]]:

@@ -63,19 +63,11 @@ def cross_rank(
     colls = all_collectives(summaries) if colls is None else colls
     if n_distinct(colls["rank"]) < 2:
         return per_rank, run
-    colls = colls[_keyed(colls) & (colls["step"] >= 0)]
-    gid, n = _key_ids(colls)
-    colls = colls[group_nunique(colls["rank"], gid, n)[gid] >= 2]
+    colls = _matched(colls)
     if len(colls) == 0:
         return per_rank, run
     gid, n = _key_ids(colls)
-    rank = colls["rank"]
-    # clock offset of each rank: median of (its end - the reference rank's end) over the collectives both ran
-    ref = rank == rank.min()
-    ref_end = np.full(n, np.nan)
-    ref_end[gid[ref]] = colls["end_us"][ref]
-    rids, ranks_present = _rank_ids(rank)
-    offsets = group_median(colls["end_us"] - ref_end[gid], rids, len(ranks_present))
+    rids, _present, offsets = _offsets(colls, gid, n)
     offsets = np.where(np.isnan(offsets), 0.0, offsets)
     aligned = colls["start_us"] - offsets[rids]
     colls["aligned_start"] = aligned
@@ -112,6 +104,42 @@ def cross_rank(
                 }
             )
     return per_rank, run
+
+
+def _matched(colls: Table) -> Table:
+    """The collectives with a complete key in a step that at least two ranks ran (what the analysis matches)."""
+    colls = colls[_keyed(colls) & (colls["step"] >= 0)]
+    gid, n = _key_ids(colls)
+    return colls[group_nunique(colls["rank"], gid, n)[gid] >= 2]
+
+
+def _offsets(colls: Table, gid: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Clock offset of each rank of the matched ``colls`` (``gid``: their key ids, ``n`` keys): the median of (its
+    end - the lowest rank's end) over the collectives both ran, NaN where it shares none with the lowest rank.
+    Returns (rank id per row, the ranks, offset per rank in µs)."""
+    rank = colls["rank"]
+    ref = rank == rank.min()
+    ref_end = np.full(n, np.nan)
+    ref_end[gid[ref]] = colls["end_us"][ref]
+    rids, ranks_present = _rank_ids(rank)
+    offsets = group_median(colls["end_us"] - ref_end[gid], rids, len(ranks_present))
+    return rids, ranks_present, offsets
+
+
+def clock_offsets(summaries: list[dict[str, Any]], colls: Table | None = None) -> tuple[dict[int, float], list[int]]:
+    """Per rank, its clock minus the lowest matched rank's (µs), as ``cross_rank`` aligns them; and the ranks with
+    collectives that matched none of that rank's (offset 0: their own clock). The one alignment of the cross-rank
+    metrics, the timeline of the reports and the Perfetto export. ``colls``: ``all_collectives(summaries)``."""
+    colls = all_collectives(summaries) if colls is None else colls
+    ranks = sorted({int(s["rank"]) for s in summaries if (s.get("collectives") or {}).get("step")})
+    matched = _matched(colls) if len(colls) else colls
+    if len(matched) == 0:
+        return {r: 0.0 for r in ranks}, ranks[1:]
+    gid, n = _key_ids(matched)
+    _rids, present, raw = _offsets(matched, gid, n)
+    found = {int(r): float(v) for r, v in zip(present.tolist(), raw.tolist(), strict=True) if not np.isnan(v)}
+    unmatched = sorted(r for r in ranks if r not in found)
+    return {**{r: 0.0 for r in unmatched}, **found}, unmatched
 
 
 def _per_rank_waits(
