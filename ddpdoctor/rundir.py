@@ -109,6 +109,8 @@ def attempt_dirs(run: str | Path) -> list[tuple[int, Path]]:
         return []
     found = [(int(m.group(1)), folder / n) for n in names if (m := ATTEMPT_RE.fullmatch(n)) and (folder / n).is_dir()]
     return sorted(found)
+
+
 DUMP_ID = r"[a-z0-9-]{1,64}"  # the <id> of dumps/rank<R>.<id>.json
 TENSORBOARD_DIR = "tensorboard"
 
@@ -352,7 +354,8 @@ _LAYOUT = {
     ),
     # groups/group<N>.json, and groups/group<N>/: the files of another process group of the job, a run's layout
     "groups": _Folder(rf"group\d+\.json|\.group\d+\.json\.{_RANDOM}\.tmp", {r"group\d+": "run"}),
-    "ranks": _Folder(rf"rank\d+(\.summary)?\.json|\.rank\d+(\.summary)?\.json\.{_RANDOM}\.tmp"),
+    # rank<R>.series.jsonl: the rank's always-on step series (capture/series.py)
+    "ranks": _Folder(rf"rank\d+(\.summary)?\.json|\.rank\d+(\.summary)?\.json\.{_RANDOM}\.tmp|rank\d+\.series\.jsonl"),
     # node<K>.log: torchrun's report; exits<K>.json: the exit status torchrun saw of each rank that failed
     "nodes": _Folder(rf"node\d+\.(json|log)|exits\d+\.json|\.(node|exits)\d+\.json\.{_RANDOM}\.tmp"),
     # tensorboard/rank<R>/, and the folders `view` writes it in and moves it aside to

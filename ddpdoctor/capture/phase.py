@@ -40,6 +40,8 @@ class PhaseTracker:
         "since",
         "step",
         "last_step_end",
+        "spent",
+        "last_spent",
         "_thread_id",
         "_forward_handle",
         "_awaiting_forward",
@@ -53,6 +55,8 @@ class PhaseTracker:
         self.since = time.time()
         self.step = 0  # steps completed
         self.last_step_end: float | None = None
+        self.spent: dict[str, float] = {}  # seconds in each phase since the last step ended (capture/series.py)
+        self.last_spent: dict[str, float] = {}  # the same for the step that ended last
         self._thread_id = threading.get_ident() if thread_id is None else thread_id
         self._forward_handle: Any = None
         self._awaiting_forward = False  # armed: the next forward is the step's (or micro-batch's) first
@@ -63,12 +67,16 @@ class PhaseTracker:
     # ---- transitions -----------------------------------------------------------------------------------------
     def _enter(self, phase: str) -> None:
         if self.phase != phase:
+            now = time.time()
+            self.spent[self.phase] = self.spent.get(self.phase, 0.0) + (now - self.since)
             self.phase = phase
-            self.since = time.time()
+            self.since = now
 
     def step_ended(self, completed: int) -> None:
         """A step ended (``completed`` steps so far): the next batch's data phase starts."""
         now = time.time()
+        self.spent[self.phase] = self.spent.get(self.phase, 0.0) + (now - self.since)
+        self.last_spent, self.spent = self.spent, {}
         self.step = completed
         self.last_step_end = now
         self.phase, self.since = "data", now

@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from ddpdoctor import rundir
+from ddpdoctor.capture import compiled, flight, groups, rank_file, series
 from ddpdoctor.capture import ddp as ddp_capture
-from ddpdoctor.capture import compiled, flight, groups, rank_file
 from ddpdoctor.capture import knobs as knobs_capture
 from ddpdoctor.capture.compress import GZ, Compressor
 from ddpdoctor.capture.config import CaptureConfig
@@ -88,6 +88,7 @@ class Session:
         self._thread_id = threading.get_ident()
         self.phase = PhaseTracker(self._thread_id)  # the step and phase a dump reports
         self.flight = flight.Dumper(self)  # dumps/rank<R>.<id>.json (capture/flight.py)
+        self.series = series.SeriesRecorder(self)  # ranks/rank<R>.series.jsonl, every step (capture/series.py)
         self._last_span = 0
         self._handles: list[Any] = []
         self._startup_hook: Any = None
@@ -316,6 +317,7 @@ class Session:
             if self.clock.startup is not StartupTrace.RECORDING:
                 self._remove_startup_hook()
             self.memory.sample(iteration)
+            self.series.step(iteration)
             self.setup.on_optimizer_step()
             if self._window_open() or iteration % 100 == 0:
                 ddp_capture.snapshot()
@@ -470,6 +472,7 @@ class Session:
         if status == "interrupted" and exit_code and exit_code > 128:  # a signal seen only now (no watcher thread)
             self.flight.dump_signal(exit_code - 128)
         self.flight.stop()
+        self.series.close()
         if self.clock.startup is StartupTrace.RECORDING:
             self.clock.end_startup("end of run")
         self.hostload.stop(self.clock.iteration - 1)  # a window still open: up to the last step completed

@@ -1,0 +1,441 @@
+"""The always-on step series: every step of every rank, from the first to the last, at near-zero cost.
+
+Each traced rank appends one JSON line per step to ``ranks/rank<R>.series.jsonl`` (in the folder its other files go
+to): the step's wall time, the time its main thread spent in each phase (``capture/phase.py``: data wait, forward,
+backward, optimizer), the memory of its device (CUDA allocated bytes from the counters ``capture/memory.py`` already
+reads at each step; the process RSS on CPU), and, for DDP modules, DDP's own timing of its backward's communication
+(its logging data, read only as often as costs at most 0.2% of the step time). Read back by :func:`read_series` /
+:func:`series_frames`; live numbers by :func:`summary` and the Prometheus endpoint (``ddpdoctor/export``).
+
+Cost per step: a few clock reads, one small dict and (on CPU) one ``pread`` of ``/proc/self/statm``; lines are
+buffered and written by a daemon thread once a second (one ``os.write`` to an ``O_APPEND`` file), and at the end of
+the run. A crash loses at most the last second of steps; a torn last line is ignored by the reader.
+
+Header line ``{"kind": "header", "version": 1, "rank", "world_size", "local_rank", "node", "pid", "started_at",
+"device", "mem_capacity_bytes"}``, then per step ``{"step", "t", "wall_s", "data_s", "forward_s", "backward_s",
+"optimizer_s", "mem_bytes", "mem_reserved_bytes", "ddp"?}`` (seconds, bytes, unix seconds); ``ddp`` is
+``[step, forward_s, backward_compute_s, backward_comm_s, overlap_s, comm_start_t, forward_start_t]`` of an EARLIER
+step (DDP records
+a step's timings during the next forward); the reader moves it onto that step's row.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+VERSION = 1
+SUFFIX = ".series.jsonl"
+FLUSH_INTERVAL_S = 1.0
+# DDP's logging data costs ~0.1 ms a read: read it at most at a rate that keeps it under this share of step time
+DDP_READ_SHARE = 0.002
+PHASE_FIELDS = ("data", "forward", "backward", "optimizer")
+DDP_FIELDS = ("ddp_forward_s", "ddp_backward_s", "ddp_comm_s", "ddp_overlap_s", "ddp_comm_start_t")
+ROW_FIELDS = (
+    "step",
+    "t",
+    "wall_s",
+    "data_s",
+    "forward_s",
+    "backward_s",
+    "optimizer_s",
+    "mem_bytes",
+    "mem_reserved_bytes",
+    *DDP_FIELDS,
+)
+# row field -> summary() key (after "ddpdoctor/")
+SUMMARY_NAMES = (
+    ("wall_s", "step_seconds"),
+    ("data_s", "data_wait_seconds"),
+    ("forward_s", "forward_seconds"),
+    ("backward_s", "backward_seconds"),
+    ("optimizer_s", "optimizer_seconds"),
+)
+_MAX_PENDING = 100_000  # lines kept while the file cannot be written (never more memory than this)
+
+
+def series_file(out: Path, rank: int) -> Path:
+    """``<out>/ranks/rank<R>.series.jsonl``."""
+    from ddpdoctor import rundir
+
+    return Path(out) / rundir.RANKS_DIR / f"rank{rank}{SUFFIX}"
+
+
+# ---- writing (inside a traced rank) ----------------------------------------------------------------------------
+class SeriesRecorder:
+    """One process's series. ``step()`` runs on the training thread at each step end; a daemon thread writes."""
+
+    def __init__(self, session: Any) -> None:
+        self._session = session
+        self._lock = threading.Lock()
+        self._pending: list[str] = []
+        self._fd: int | None = None
+        self._path: Path | None = None
+        self._header_written = False
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._closed = False
+        self.latest: dict[str, Any] | None = None  # the last step's row (summary(), the Prometheus endpoint)
+        self.steps = 0  # rows recorded
+        self.wall_total_s = 0.0  # sum of wall_s over the rows
+        self.error: str | None = None  # why the series stopped being written, once it did
+        self.device = "cpu"
+        self.capacity: int | None = None
+        self._statm: int | None = None
+        self._page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+        self._ddp_cost_s = 0.0  # the last read's cost
+        self._ddp_since = 0  # steps since DDP's logging data was last read
+        self._ddp_last_start: int | None = None
+        self.last_ddp: list[Any] | None = None  # the last DDP timing read (see _ddp)
+        self.listeners: list[Any] = []  # called with each new row, on the training thread (keep them cheap)
+
+    # ---- per step (training thread) ------------------------------------------------------------------------
+    def step(self, iteration: int) -> None:
+        """Record the step ``iteration`` that just ended (after the clock ticked and memory was sampled)."""
+        if self._closed:
+            return
+        try:
+            self._step(iteration)
+        except Exception as exc:  # never break the training for it: the series stops, the rank file says why
+            self._closed = True
+            self.error = f"series stopped at step {iteration}: {type(exc).__name__}: {exc}"
+            self._session.capture_errors.append(self.error)
+
+    def _step(self, iteration: int) -> None:
+        s = self._session
+        wall = round(s.clock.wall_ms[-1] / 1e3, 7) if iteration >= 1 and s.clock.wall_ms else None
+        row: dict[str, Any] = {"step": iteration, "t": round(time.time(), 4), "wall_s": wall}
+        spent = s.phase.last_spent if s.phase._handles else {}
+        for name in PHASE_FIELDS:
+            value = spent.get(name)
+            row[f"{name}_s"] = None if value is None or (iteration == 0 and name == "data") else round(value, 6)
+        row["mem_bytes"], row["mem_reserved_bytes"] = self._memory(iteration)
+        ddp = self._ddp(iteration, wall)
+        if ddp is not None:
+            row["ddp"] = ddp
+            self.last_ddp = ddp
+        self.latest = row
+        self.steps += 1
+        if wall is not None:
+            self.wall_total_s += wall
+        line = json.dumps(row, separators=(",", ":"))
+        with self._lock:
+            if len(self._pending) < _MAX_PENDING:
+                self._pending.append(line)
+        if self._thread is None:
+            self._start_thread()
+        for listener in self.listeners:
+            try:
+                listener(row)
+            except Exception:  # an exporter never breaks the training
+                pass
+
+    def _memory(self, iteration: int) -> tuple[int | None, int | None]:
+        devices = getattr(self._session.memory, "_devices", None)
+        if devices:  # CUDA: the counters DeviceMemory read at this step
+            best: tuple[int, int, dict] | None = None
+            for dev in devices.values():
+                series = dev["per_step"]
+                if series["step"] and series["step"][-1] == iteration:
+                    alloc = series["allocated_bytes"][-1]
+                    if best is None or alloc > best[0]:
+                        best = (alloc, series["reserved_bytes"][-1], dev)
+            if best is not None:
+                self.device, self.capacity = best[2]["device"], best[2]["capacity_bytes"]
+                return best[0], best[1]
+        return self._rss(), None
+
+    def _rss(self) -> int | None:
+        try:
+            if self._statm is None:
+                self._statm = os.open("/proc/self/statm", os.O_RDONLY)
+                self.capacity = _host_memory()
+            return int(os.pread(self._statm, 128, 0).split()[1]) * self._page
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def _ddp(self, iteration: int, wall: float | None) -> list[Any] | None:
+        from ddpdoctor.capture import ddp as ddp_capture
+
+        self._ddp_since += 1
+        if not ddp_capture._instances or wall is None:
+            return None
+        if self._ddp_cost_s > DDP_READ_SHARE * wall * self._ddp_since:
+            return None
+        module = next(iter(list(ddp_capture._instances)), None)
+        if module is None:
+            return None
+        t0 = time.perf_counter()
+        try:
+            data = module._get_ddp_logging_data()
+        except Exception:
+            return None
+        finally:
+            self._ddp_cost_s = time.perf_counter() - t0
+            self._ddp_since = 0
+        comm = data.get("backward_comm_time")
+        start = data.get("forward_compute_time_start")
+        if not isinstance(comm, int) or start == self._ddp_last_start:
+            return None  # nothing timed yet, or the same step as last read
+        self._ddp_last_start = start
+
+        def sec(key: str) -> float | None:
+            v = data.get(key)
+            return round(v / 1e9, 6) if isinstance(v, int) else None
+
+        comm_start = data.get("backward_comm_time_start")
+        return [
+            iteration - 1,
+            sec("forward_compute_time"),
+            sec("backward_compute_time"),
+            sec("backward_comm_time"),
+            sec("backward_compute_comm_overlap_time"),
+            round(comm_start / 1e9, 6) if isinstance(comm_start, int) and comm_start > 0 else None,
+            round(start / 1e9, 6) if isinstance(start, int) and start > 0 else None,
+        ]
+
+    # ---- writing (daemon thread, and close) ----------------------------------------------------------------
+    def _start_thread(self) -> None:
+        try:
+            self._thread = threading.Thread(target=self._run, name="ddpdoctor-series", daemon=True)
+            self._thread.start()
+        except RuntimeError as exc:  # no thread to be had: written at the end of the run only
+            self.error = f"no writer thread ({exc}): the series is written at the end of the run"
+
+    def _run(self) -> None:
+        while not self._stop.wait(FLUSH_INTERVAL_S):
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the buffered lines (the header first, once). Never raises."""
+        s = self._session
+        if not s.claimed:
+            return  # not known to be a rank yet: keep the lines
+        with self._lock:
+            lines, self._pending = self._pending, []
+        if not lines:
+            return
+        try:
+            self._open(series_file(s.out, s.rank))
+            if not self._header_written:
+                lines.insert(0, json.dumps(self._header(), separators=(",", ":")))
+                self._header_written = True
+            data = ("\n".join(lines) + "\n").encode()
+            while data:
+                data = data[os.write(self._fd, data) :]  # type: ignore[arg-type]
+        except OSError as exc:
+            if self.error is None:
+                self.error = f"series not written to {self._path}: {exc.strerror or exc}"
+
+    def _open(self, path: Path) -> None:
+        if self._path == path and self._fd is not None:
+            return
+        if self._fd is not None:  # the rank or its folder changed (it joined a process group): move the file
+            os.close(self._fd)
+            self._fd = None
+            if self._path is not None and not path.exists():
+                with contextlib.suppress(OSError):
+                    os.replace(self._path, path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._path = path
+        if os.fstat(self._fd).st_size:  # a file of an earlier session of this process: its header is there
+            self._header_written = True
+
+    def _header(self) -> dict[str, Any]:
+        s = self._session
+        ident = s.identity
+        return {
+            "kind": "header",
+            "version": VERSION,
+            "rank": ident.rank,
+            "world_size": ident.world_size,
+            "local_rank": ident.local_rank,
+            "node": socket.gethostname(),
+            "pid": s.pid,
+            "started_at": round(s.started_at, 4),
+            "device": self.device,
+            "mem_capacity_bytes": self.capacity,
+        }
+
+    def close(self) -> None:
+        """The end of the run: stop the thread, write what is left."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=2.0)
+        self.flush()
+        for fd in (self._fd, self._statm):
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self._fd = self._statm = None
+
+    @property
+    def path(self) -> Path | None:
+        return self._path
+
+
+def _host_memory() -> int | None:
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+# ---- reading -------------------------------------------------------------------------------------------------
+@dataclass
+class RankSeries:
+    """One rank's series as read: the header (``{}`` when missing), one row per step in step order."""
+
+    rank: int
+    path: Path
+    header: dict[str, Any] = field(default_factory=dict)
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    bad_lines: int = 0  # lines that did not parse (a torn last line included)
+
+
+def read_rank_series(path: Path, rank: int | None = None) -> RankSeries:
+    """Read one series file (complete or still being written). Missing file: an empty series."""
+    import re
+
+    if rank is None:
+        m = re.match(r"rank(\d+)", Path(path).name)
+        rank = int(m.group(1)) if m else -1
+    out = RankSeries(rank=rank, path=Path(path))
+    try:
+        with open(path, "rb") as f:
+            if not os.path.isfile(f.name):
+                return out
+            raw = f.read()
+    except OSError:
+        return out
+    by_step: dict[int, dict[str, Any]] = {}
+    ddp: list[list[Any]] = []
+    lines = raw.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    for i, line in enumerate(lines):
+        torn = i == len(lines) - 1 and not raw.endswith(b"\n")
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            out.bad_lines += 1
+            continue
+        if torn or not isinstance(obj, dict):  # a last line without its newline may be cut inside a number
+            out.bad_lines += 1
+            continue
+        if "kind" in obj:
+            if obj.get("kind") == "header" and not out.header:
+                out.header = obj
+            continue
+        step = obj.get("step")
+        if not isinstance(step, int):
+            out.bad_lines += 1
+            continue
+        row = {name: obj.get(name) for name in ROW_FIELDS}
+        if isinstance(obj.get("ddp"), list):
+            ddp.append(obj["ddp"])
+        by_step[step] = row
+    out.rows = [by_step[k] for k in sorted(by_step)]
+    _place_ddp(out.rows, by_step, ddp)
+    return out
+
+
+def _place_ddp(rows: list[dict[str, Any]], by_step: dict[int, dict[str, Any]], ddp: list[list[Any]]) -> None:
+    """Put DDP's timings on the row of the step they describe: the step whose wall-clock span holds DDP's
+    forward start (where DDP gave one), else the step the writer named (the one before the line's)."""
+    import bisect
+
+    ends = [r["t"] for r in rows]
+    for rec in ddp:
+        rec = list(rec) + [None] * (7 - len(rec))
+        target = by_step.get(rec[0]) if isinstance(rec[0], int) else None
+        fwd_start = rec[6]
+        if isinstance(fwd_start, (int, float)) and ends:
+            i = bisect.bisect_left(ends, fwd_start)
+            if i < len(rows):
+                target = rows[i]
+        if target is None:
+            continue
+        for name, value in zip(DDP_FIELDS, rec[1:6], strict=True):
+            target[name] = value
+
+
+def read_series(run_dir: str | Path, *, group: str | None = None) -> dict[int, RankSeries]:
+    """Every rank's series of a run directory (``group``: another process group's, ``groups/<group>/``), by rank.
+    Works while the job runs; a rank without a series file is absent."""
+    from ddpdoctor import rundir
+    from ddpdoctor.errors import DDPDoctorError
+
+    root = Path(run_dir)
+    if not root.is_dir():
+        raise DDPDoctorError(f"{root}: not a run directory")
+    folder = (root / rundir.GROUPS_DIR / group if group else root) / rundir.RANKS_DIR
+    out: dict[int, RankSeries] = {}
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return out
+    import re
+
+    for name in names:
+        m = re.fullmatch(r"rank(\d+)" + re.escape(SUFFIX), name)
+        if m:
+            out[int(m.group(1))] = read_rank_series(folder / name, int(m.group(1)))
+    return dict(sorted(out.items()))
+
+
+def series_frames(run_dir: str | Path, *, group: str | None = None) -> dict[int, Any]:
+    """:func:`read_series` as pandas DataFrames (columns ``ROW_FIELDS`` but ``step``, index ``step``)."""
+    import pandas as pd
+
+    frames = {}
+    for rank, series in read_series(run_dir, group=group).items():
+        df = pd.DataFrame(series.rows, columns=list(ROW_FIELDS))
+        frames[rank] = df.set_index("step")
+    return frames
+
+
+# ---- live numbers --------------------------------------------------------------------------------------------
+def summary() -> dict[str, Any]:
+    """The current rank's latest series numbers as a flat dict (``ddpdoctor.summary()``); {} outside a traced job
+    or before its first step."""
+    from ddpdoctor.capture import session as session_mod
+
+    s = session_mod.current()
+    rec = getattr(s, "series", None) if s is not None else None
+    if rec is None or rec.latest is None:
+        return {}
+    row = rec.latest
+    out: dict[str, Any] = {
+        "ddpdoctor/rank": s.rank,  # type: ignore[union-attr]
+        "ddpdoctor/step": row["step"],
+        "ddpdoctor/steps_recorded": rec.steps,
+    }
+    for key, name in SUMMARY_NAMES:
+        if row.get(key) is not None:
+            out[f"ddpdoctor/{name}"] = row[key]
+    if rec.steps > 1 and rec.wall_total_s:
+        out["ddpdoctor/mean_step_seconds"] = round(rec.wall_total_s / (rec.steps - 1), 6)
+    if row.get("mem_bytes") is not None:
+        out["ddpdoctor/memory_bytes"] = row["mem_bytes"]
+    if row.get("mem_reserved_bytes") is not None:
+        out["ddpdoctor/memory_reserved_bytes"] = row["mem_reserved_bytes"]
+    ddp = rec.last_ddp
+    if ddp is not None and ddp[3] is not None:
+        out["ddpdoctor/ddp_comm_seconds"] = ddp[3]
+    return out
