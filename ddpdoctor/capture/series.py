@@ -25,6 +25,7 @@ import contextlib
 import json
 import os
 import socket
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -94,6 +95,8 @@ class SeriesRecorder:
         self._ddp_since = 0  # steps since DDP's logging data was last read
         self._ddp_last_start: int | None = None
         self.last_ddp: list[Any] | None = None  # the last DDP timing read (see _ddp)
+        self.exporter: Any = None  # ddpdoctor.export.prometheus.Exporter once asked for
+        self._textfile: str | None = None
         self.listeners: list[Any] = []  # called with each new row, on the training thread (keep them cheap)
 
     # ---- per step (training thread) ------------------------------------------------------------------------
@@ -130,6 +133,7 @@ class SeriesRecorder:
             if len(self._pending) < _MAX_PENDING:
                 self._pending.append(line)
         if self._thread is None:
+            self._start_exporters()
             self._start_thread()
         for listener in self.listeners:
             try:
@@ -201,6 +205,34 @@ class SeriesRecorder:
             round(start / 1e9, 6) if isinstance(start, int) and start > 0 else None,
         ]
 
+    # ---- exporters (trace --metrics-port / --metrics-textfile) ---------------------------------------------
+    def _start_exporters(self) -> None:
+        extra = getattr(self._session.config, "extra", None) or {}
+        address, self._textfile = extra.get("metrics_port"), extra.get("metrics_textfile")
+        if not address and not self._textfile:
+            return
+        where = "the metrics exporter"
+        try:
+            from ddpdoctor.export import prometheus
+
+            self.exporter = prometheus.Exporter(self._session)
+            if address:
+                host, port = address[0], int(address[1]) + self._session.identity.local_rank
+                where = f"the metrics endpoint {host}:{port}"
+                self.exporter.serve(host, port)
+        except Exception as exc:  # a port in use, no prometheus_client: the training goes on without it
+            why = f"{where} not started: {getattr(exc, 'strerror', None) or exc}"
+            self._session.capture_errors.append(why)
+            print(f"ddpdoctor: warning: rank {self._session.rank}: {why}", file=sys.stderr, flush=True)
+
+    def _write_textfile(self) -> None:
+        if self._textfile and self.exporter is not None and self._session.claimed:
+            try:
+                self.exporter.write_textfile(Path(self._textfile), self._session.rank)
+            except Exception as exc:
+                if self.error is None:
+                    self.error = f"metrics textfile not written in {self._textfile}: {exc}"
+
     # ---- writing (daemon thread, and close) ----------------------------------------------------------------
     def _start_thread(self) -> None:
         try:
@@ -212,6 +244,7 @@ class SeriesRecorder:
     def _run(self) -> None:
         while not self._stop.wait(FLUSH_INTERVAL_S):
             self.flush()
+            self._write_textfile()
 
     def flush(self) -> None:
         """Write the buffered lines (the header first, once). Never raises."""
@@ -274,6 +307,9 @@ class SeriesRecorder:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=2.0)
         self.flush()
+        self._write_textfile()
+        if self.exporter is not None:
+            self.exporter.close()
         for fd in (self._fd, self._statm):
             if fd is not None:
                 with contextlib.suppress(OSError):

@@ -34,6 +34,15 @@ def _hang_timeout(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc).replace(", not ", ", or off, not ", 1)) from None
 
 
+def _metrics_address(text: str) -> tuple[str, int]:
+    from ddpdoctor.export.prometheus import parse_address
+
+    try:
+        return parse_address(text)
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix(f"--metrics-port {text}: ")) from None
+
+
 def _own_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="ddpdoctor trace",
@@ -105,6 +114,21 @@ def _own_parser() -> argparse.ArgumentParser:
         metavar="KNOB=VALUE",
         help="apply a knob through ddpdoctor's hooks, no code change (e.g. ddp.bucket_cap_mb=25; "
         "the table: README 'Try the prescription')",
+    )
+    g.add_argument(
+        "--metrics-port",
+        type=_metrics_address,
+        default=None,
+        metavar="[HOST:]PORT",
+        help="serve each rank's step metrics for Prometheus on PORT + local rank (HOST default 127.0.0.1; "
+        "needs prometheus_client)",
+    )
+    g.add_argument(
+        "--metrics-textfile",
+        default=None,
+        metavar="DIR",
+        help="write each rank's step metrics every second to DIR/ddpdoctor_rank<R>.prom (node_exporter's "
+        "textfile collector; needs prometheus_client)",
     )
     g.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
     return p
@@ -194,6 +218,12 @@ def _parse_own(own: list[str]) -> argparse.Namespace:
     from ddpdoctor import knobs
 
     args.knobs = knobs.parse_settings(args.set)
+    if args.metrics_port is not None or args.metrics_textfile is not None:
+        from ddpdoctor.export.prometheus import require_client
+
+        require_client()
+        if args.metrics_textfile is not None and not os.path.isdir(args.metrics_textfile):
+            raise UsageError(f"--metrics-textfile {args.metrics_textfile}: not a directory")
     return args
 
 

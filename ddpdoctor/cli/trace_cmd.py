@@ -222,6 +222,7 @@ def main(argv: list[str]) -> int:
         launch=launch,
         max_steps=args.max_steps,
         knobs=args.knobs,
+        extra=_metrics_extra(args),
     )
     from ddpdoctor.capture import launcher
 
@@ -319,3 +320,13 @@ def main(argv: list[str]) -> int:
 def register(sub: Any, name: str, help_text: str) -> None:  # pragma: no cover - trace bypasses argparse
     p = sub.add_parser(name, help=help_text, add_help=False)
     p.set_defaults(func=lambda _args: main(["--help"]))
+
+
+def _metrics_extra(args: Any) -> dict:
+    """--metrics-port / --metrics-textfile for the ranks (capture/series.py starts the exporters)."""
+    extra: dict = {}
+    if args.metrics_port is not None:
+        extra["metrics_port"] = list(args.metrics_port)
+    if args.metrics_textfile is not None:
+        extra["metrics_textfile"] = os.path.abspath(args.metrics_textfile)
+    return extra
