@@ -27,6 +27,7 @@ from ddpdoctor.metrics.health import health_metrics
 from ddpdoctor.metrics.hostload import hostload_metrics
 from ddpdoctor.metrics.result import RANK_METRICS, LazyTable, RunMetrics
 from ddpdoctor.metrics.setup import SETUP_RANK_METRICS, setup_metrics
+from ddpdoctor.metrics.timeline import LazyTimeline
 from ddpdoctor.table import Table, column
 
 
@@ -105,7 +106,21 @@ def analyze(run: Run, steps: tuple[int, int | None] | None = None, verdict: Any 
         per_step=per_step,
         collectives=transfer_bandwidth(summaries, colls, transfer_us),
         devices=devices,
+        timeline=LazyTimeline(summaries, colls),
+        step_times=LazyTable(lambda: _step_times(run)),
     )
+
+
+def _step_times(run: Run) -> Table:
+    """Every step's wall time per rank, from the capture files (``metrics.capture.step_rows``)."""
+    from ddpdoctor.metrics.capture import step_rows
+
+    rows = [
+        {k: row.get(k) for k in ("rank", "step", "step_ms", "profiled")}
+        for rank, capture in sorted(run.capture.items())
+        for row in step_rows(rank, capture)
+    ]
+    return Table.from_records(rows, ["rank", "step", "step_ms", "profiled"])
 
 
 def _per_step_frame(summaries: list[dict[str, Any]]) -> Table:

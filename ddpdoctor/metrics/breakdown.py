@@ -53,9 +53,10 @@ def _ms(ivs: iv.Intervals, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     return iv.coverage(ivs, lo, hi) / 1e3
 
 
-def per_step(rt: RankTrace, windows: Table) -> Table:
+def per_step(rt: RankTrace, windows: Table, lanes: dict[str, iv.Intervals] | None = None) -> Table:
     """One row per step window: ``step_ms`` and its breakdowns (ms), comm/overlap and device utilisation
-    columns."""
+    columns. ``lanes``: filled, when given, with the interval sets the timeline draws (``metrics.timeline``):
+    ``exposed_comm`` and the host phases."""
     lo = windows["start_us"]
     hi = windows["end_us"]
     out = windows.select(["step", "span", "start_us", "end_us", "analyzed"]).copy()
@@ -81,6 +82,8 @@ def per_step(rt: RankTrace, windows: Table) -> Table:
         ordered.append(("exposed_comm", iv.subtract(comm, compute)))
     for name in ("dataloader", "optimizer", "backward", "forward"):
         ordered.append((name, phases[name]))
+    if lanes is not None:
+        lanes.update(ordered[-5:])
     shares = _priority(ordered, lo, hi)
     known = None
     for name in PHASES:
@@ -111,9 +114,7 @@ def per_step(rt: RankTrace, windows: Table) -> Table:
     return out
 
 
-def _priority(
-    ordered: list[tuple[str, iv.Intervals]], lo: np.ndarray, hi: np.ndarray
-) -> dict[str, np.ndarray]:
+def _priority(ordered: list[tuple[str, iv.Intervals]], lo: np.ndarray, hi: np.ndarray) -> dict[str, np.ndarray]:
     taken = iv.EMPTY
     shares: dict[str, np.ndarray] = {}
     for name, ivs in ordered:

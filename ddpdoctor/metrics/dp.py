@@ -31,6 +31,12 @@ def dp_per_step(ops: Table, lo: np.ndarray, hi: np.ndarray) -> dict[str, np.ndar
     return out
 
 
+def dp_intervals(ops: Table, phase: str) -> iv.Intervals:
+    """The ``DataParallel.<phase>`` ranges of ``ops`` as one interval set (µs)."""
+    rows = names_matching(ops, re.compile(rf"^DataParallel\.{phase}$"))
+    return iv.union(ops["ts_us"][rows], ops["end_us"][rows])
+
+
 def dp_rank_metrics(ops: Table, lo: np.ndarray, hi: np.ndarray) -> dict[str, float | int | None]:
     """``dp_replicas`` and ``thread_parallelism`` over the analysed step windows [lo, hi]."""
     names = [str(n) for n in ops["name"].categories]

@@ -26,6 +26,11 @@ class RunMetrics:
     per_step: Table
     collectives: Table
     devices: Table
+    # the step timeline the reports draw (``metrics.timeline.LazyTimeline``: built on first ``get()``), or None
+    timeline: Any = None
+    # wall time of every step each rank recorded, profiled or not (``rank, step, step_ms, profiled``): the capture's
+    # own step clock (``metrics.capture.step_rows``), for the step-time chart; None where not known
+    step_times: Any = None
 
     def rank(self, rank: int) -> dict[str, Any]:
         return next(r for r in self.ranks if r["rank"] == rank)

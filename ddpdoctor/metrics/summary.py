@@ -13,7 +13,8 @@ Layout (``schema_version`` 1)::
      "collectives": {column: [...]}   # step, kind, index, start_us, end_us, dur_us, bytes, group_size, issued_in
      "exposed_comm": {"start_us": [...], "end_us": [...]}  # communication not hidden by computation, analysed steps
      "devices":     [{"device", "peak_allocated_bytes", "peak_reserved_bytes", "capacity_bytes"}],
-     "fsdp_units":  {column: [...]}}  # FSDP2 units: unit, param_bytes, ..., reduce_exposed_ms (metrics/fsdp.py)
+     "fsdp_units":  {column: [...]},  # FSDP2 units: unit, param_bytes, ..., reduce_exposed_ms (metrics/fsdp.py)
+     "timeline":    {column: [...]}}  # step, lane, start_us, end_us of a few analysed steps (metrics/timeline.py)
 """
 
 from __future__ import annotations
@@ -26,13 +27,13 @@ import numpy as np
 from ddpdoctor import ranklist
 from ddpdoctor._version import __version__
 from ddpdoctor.load.model import RankTrace
-from ddpdoctor.metrics import catalog
+from ddpdoctor.metrics import catalog, timeline
 from ddpdoctor.metrics import intervals as iv
 from ddpdoctor.metrics.breakdown import BREAKDOWN, per_step
 from ddpdoctor.metrics.capture import ddp_metrics, thread_metrics
 from ddpdoctor.metrics.comm import collective_calls, collectives, exposed_set, issuers
 from ddpdoctor.metrics.compile import compile_rank
-from ddpdoctor.metrics.dp import dp_per_step, dp_rank_metrics
+from ddpdoctor.metrics.dp import dp_intervals, dp_per_step, dp_rank_metrics
 from ddpdoctor.metrics.fsdp import fsdp_rank
 from ddpdoctor.metrics.memory import device_rows, memory_metrics, own_device
 from ddpdoctor.metrics.parallelism import parallelism_evidence
@@ -55,11 +56,14 @@ def summarize_rank(
     rt = rank_trace
     ops = rt.tables.ops
     windows = step_windows(rt)
-    steps = per_step(rt, windows)
+    lanes: dict[str, iv.Intervals] = {}
+    steps = per_step(rt, windows, lanes)
     lo, hi = steps["start_us"], steps["end_us"]
+    gather = None
     if any(str(n).startswith("DataParallel.") for n in ops["name"].categories):
         for key, values in dp_per_step(ops, lo, hi).items():
             steps[key] = values
+        gather = dp_intervals(ops, "gather")
     if step_range is not None:  # only ProfilerStep#N..M (inclusive; M None = to the end)
         first, last = step_range
         in_range = steps["step"] >= first
@@ -116,6 +120,7 @@ def summarize_rank(
             "exposed_comm": {"start_us": exposed[0].tolist(), "end_us": exposed[1].tolist()},
             "devices": devices,
             "fsdp_units": fsdp_units,
+            "timeline": timeline.record(lanes, steps, gather),  # a few steps' phase intervals (metrics/timeline.py)
         }
     )
 

@@ -10,7 +10,7 @@ from typing import Any, TextIO
 
 from ddpdoctor.diagnosis.findings import Diagnosis, format_ranks
 from ddpdoctor.metrics import catalog
-from ddpdoctor.report import fmt, fsdp_units, svg
+from ddpdoctor.report import fmt, fsdp_units, palette, svg, timeline
 from ddpdoctor.report.document import (
     RANK_STATUS_TITLE,
     build,
@@ -26,7 +26,7 @@ from ddpdoctor.report.page import write_page
 from ddpdoctor.values import clean_value
 
 _BREAKDOWN = (
-    ("dataloader", "dataloader_ms"),
+    ("data wait", "dataloader_ms"),
     ("forward", "forward_ms"),
     ("backward", "backward_ms"),
     ("optimizer", "optimizer_ms"),
@@ -163,6 +163,8 @@ def _body(result: Diagnosis) -> list[str]:
         out.append("</ul>")
     out.append(f"<h2>Findings ({len(result.findings)})</h2>")
     out += [_finding_html(i, f) for i, f in enumerate(result.findings, 1)] or ["<p>No findings.</p>"]
+    out += _not_evaluated_html(result)
+    out += _timeline_html(result)
     health = health_lines(doc)
     if health:
         out.append(f"<h2>{health_title(doc)}</h2><ul>")
@@ -174,24 +176,37 @@ def _body(result: Diagnosis) -> list[str]:
         out.append(f"<h2>{fmt.esc(RANK_STATUS_TITLE)}</h2>")
         out.append(_rank_table(table[1], table[2], left=frozenset(("state", "last phase"))))
     elif table is not None:
-        out += _breakdown_html(doc, table[1], table[2])
+        out += _breakdown_html(doc, *_with_gpu_util(result, table[1], table[2]))
     out += fsdp_units.html_parts(doc)
     out += _after_breakdown(result, doc)
     return out
+
+
+def _with_gpu_util(
+    result: Diagnosis, columns: list[tuple[str, str]], rows: list[list[str]]
+) -> tuple[list[tuple[str, str]], list[list[str]]]:
+    """The rank table with a GPU utilisation column (kernel time / step time) where a rank recorded kernels."""
+    util = {r.get("rank"): clean_value(r.get("gpu_util_ratio")) for r in getattr(result.metrics, "ranks", None) or []}
+    if not any(v is not None for v in util.values()):
+        return columns, rows
+    cells = [fmt.ratio_pct(util.get(int(row[0])) if row[0].isdigit() else None) for row in rows]
+    return [*columns, ("GPU util", "gpu")], [[*row, cell] for row, cell in zip(rows, cells, strict=True)]
 
 
 def _breakdown_html(doc: dict[str, Any], columns: list[tuple[str, str]], rows: list[list[str]]) -> list[str]:
     out = ["<h2>Step breakdown per rank</h2>"]
     bars = [(f"rank {r['rank']}", [(label, r[key]) for label, key in _BREAKDOWN]) for r in doc["ranks"]]
     if any(v for _, parts in bars for _, v in parts):
-        out.append(svg.stacked_bars(bars, unit="ms mean"))
+        colors = {label: palette.color(key) for label, key in _BREAKDOWN}
+        out.append(svg.stacked_bars(bars, unit="ms mean", colors=colors))
         out.append(
             '<p class="note">Each bar: the mean time per step of each component, in ms, and at its end their sum, '
             "the mean step. exposed comm is communication not hidden behind computation. In the table, step p50 "
             "and p90 are the median and 90th percentile of the step time (so p50 differs from the bar's mean); "
             "the other columns are the same per-step means, comm is all communication (hidden or not), wait the "
             "time in collectives waiting for late ranks (part of comm, not data transfer), overlap "
-            "the share of it hidden behind computation, GIL the share of time threads wait for the GIL.</p>"
+            "the share of it hidden behind computation, GIL the share of time threads wait for the GIL, GPU util "
+            "(where kernels were recorded) the share of the step the GPU ran kernels.</p>"
         )
     out.append(_rank_table(columns, rows))
     return out
@@ -199,12 +214,24 @@ def _breakdown_html(doc: dict[str, Any], columns: list[tuple[str, str]], rows: l
 
 def _after_breakdown(result: Diagnosis, doc: dict[str, Any]) -> list[str]:
     out: list[str] = []
+    times, shade = _step_time_series(result.metrics)
+    out.append("<h2>Step time</h2>")
+    if times:
+        top = max(y for s in times.values() for _, y in s)
+        out.append(svg.line_chart(times, y_max=top * 1.1 or 1.0, percent=False, unit="ms", shade=shade))
+        out.append(
+            '<p class="note">Wall time of every step each rank recorded, in ms'
+            + ("; the shaded steps were profiled (the ones analysed above)." if shade else ".")
+            + "</p>"
+        )
+    else:
+        out.append('<p class="note">No step times recorded.</p>')
     series = _overlap_series(result.metrics)
     out.append("<h2>Communication / computation overlap per step</h2>")
     out.append(svg.line_chart(series) if series else '<p class="note">No per-step communication measured.</p>')
     devices = [
         (
-            f"r{r['rank']} {d['device'] if d['device'] is not None else '?'}",
+            f"r{r['rank']} {d['device'] if d['device'] is not None else 'device unknown'}",
             d["peak_allocated_bytes"],
             d["peak_reserved_bytes"],
             d["capacity_bytes"],
@@ -216,13 +243,6 @@ def _after_breakdown(result: Diagnosis, doc: dict[str, Any]) -> list[str]:
     out.append(svg.capacity_bars(devices) if devices else '<p class="note">No device memory recorded.</p>')
     out.append("<h2>Collectives</h2>")
     out.append(_collectives_table(result.metrics))
-    if result.not_evaluated:
-        out.append(f"<h2>Not evaluated ({len(result.not_evaluated)})</h2><ul>")
-        out += [
-            f"<li><b>{fmt.esc(', '.join(names))}</b>: {_text(reason)}</li>"
-            for reason, names in grouped_not_evaluated(result).items()
-        ]
-        out.append("</ul>")
     if doc["passed_reasons"]:
         out.append(f"<h2>Passed ({len(doc['passed_reasons'])})</h2><ul>")
         out += [
@@ -231,6 +251,63 @@ def _after_breakdown(result: Diagnosis, doc: dict[str, Any]) -> list[str]:
         ]
         out.append("</ul>")
     return out
+
+
+def _not_evaluated_html(result: Diagnosis) -> list[str]:
+    """The rules the data could not decide, folded (``<details>``) below the findings."""
+    if not result.not_evaluated:
+        return []
+    items = "".join(
+        f"<li><b>{fmt.esc(', '.join(names))}</b>: {_text(reason)}</li>"
+        for reason, names in grouped_not_evaluated(result).items()
+    )
+    return [
+        f'<details class="not-evaluated"><summary>Not evaluated ({len(result.not_evaluated)}): rules the data of '
+        f"this run cannot decide, and why</summary><ul>{items}</ul></details>"
+    ]
+
+
+def _timeline_html(result: Diagnosis) -> list[str]:
+    """One step of every rank on one clock (``report.timeline``), the findings marked where they happen."""
+    lazy = getattr(result.metrics, "timeline", None)
+    if lazy is None:
+        return []
+    data = lazy.get()
+    if not data.get("recorded") and not data.get("reason"):
+        return []
+    return [
+        "<h2>Step timeline</h2>",
+        '<p class="note">One step of every rank on one clock: the upper row of a rank is its training loop (data '
+        "wait, forward, backward, optimizer, communication it waited for; the rest of its step is idle or other "
+        "work), the lower row its collectives: first waiting for the ranks not there yet, then the transfer. "
+        "Hover a part for its time. For every event, open the Perfetto export "
+        "(<code>ddpdoctor export RUN --perfetto FILE</code>) in ui.perfetto.dev.</p>",
+        timeline.render(data, result.findings),
+    ]
+
+
+def _step_time_series(metrics: Any) -> tuple[dict[str, list[tuple[float, float]]], tuple[float, float] | None]:
+    """Wall time of every step per rank (the capture's step clock; else the analysed steps of the traces) and the
+    range of the profiled steps."""
+    rows = frame_records(metrics, "step_times") if frame(metrics, "step_times") is not None else []
+    rows = [r for r in rows if clean_value(r.get("step_ms")) is not None]
+    if not rows:
+        rows = [
+            {"rank": r.get("rank"), "step": r.get("step"), "step_ms": r.get("step_ms"), "profiled": True}
+            for r in frame_records(metrics, "per_step")
+            if clean_value(r.get("step_ms")) is not None and r.get("analyzed") is not False
+        ]
+    series: dict[str, list[tuple[float, float]]] = {}
+    profiled = []
+    for r in rows:
+        step = clean_value(r.get("step"))
+        if step is None:
+            continue
+        series.setdefault(f"rank {clean_value(r['rank'])}", []).append((float(step), float(r["step_ms"])))
+        if r.get("profiled"):
+            profiled.append(float(step))
+    shade = (min(profiled), max(profiled)) if profiled else None
+    return {k: sorted(v) for k, v in series.items()}, shade
 
 
 def _trials_html(doc: dict[str, Any]) -> list[str]:

@@ -1,0 +1,236 @@
+"""The step timeline: what each rank did during one step, on one clock (the reports draw it: ``report.timeline``).
+
+Recorded per rank (``record``, into the summary's ``timeline``, bounded): for at most ``MAX_STEPS`` analysed steps
+(all of them when there are few, else the slowest and those nearest the rank's median step), the intervals of the
+compute lanes, exclusive in the breakdown's order (exposed comm > data wait > optimizer > backward > forward; the
+rest of the step is idle or other work), and DataParallel's gather, at most ``MAX_SEGMENTS`` per lane and step
+(the shortest gaps closed first beyond that). Communication needs no more: the summary's ``collectives`` hold each
+call's start and end.
+
+Built for a run (``build``): the clocks aligned as the cross-rank analysis aligns them
+(``cross_rank.clock_offsets``); each collective split into waiting for late peers (its start up to where the
+shortest duration of any rank's call of it begins) and transfer (that shortest duration, at its end); the median
+step (by its wall time over the ranks) and the worst; at most ``MAX_RANKS`` ranks (those the findings name first).
+A summary without ``timeline`` (an older capture) gives a timeline that says so.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ddpdoctor.metrics import intervals as iv
+
+MAX_STEPS = 12
+MAX_SEGMENTS = 48
+MAX_RANKS = 32
+# compute lanes, in the order they claim time (what is left of the step is "idle")
+COMPUTE_ORDER = ("exposed_comm", "dataloader", "optimizer", "backward", "forward")
+LANES = (*COMPUTE_ORDER, "dp_gather")
+NOT_RECORDED = (
+    "not recorded by this capture (its summaries predate the timeline; `diagnose --steps 0..` reads the traces)"
+)
+
+
+def choose_steps(steps: np.ndarray, step_ms: np.ndarray, limit: int = MAX_STEPS) -> list[int]:
+    """All of ``steps`` when at most ``limit``; else the slowest third and the rest nearest the median step."""
+    if len(steps) <= limit:
+        return sorted(int(s) for s in steps)
+    order = np.argsort(-step_ms, kind="stable")
+    slow = [int(steps[i]) for i in order[: max(1, limit // 3)]]
+    median = float(np.median(step_ms))
+    near = np.argsort(np.abs(step_ms - median), kind="stable")
+    kept = list(dict.fromkeys(slow + [int(steps[i]) for i in near]))
+    return sorted(kept[:limit])
+
+
+def _bounded(starts: np.ndarray, ends: np.ndarray, limit: int = MAX_SEGMENTS) -> tuple[np.ndarray, np.ndarray]:
+    """At most ``limit`` disjoint sorted segments: the shortest gaps between them closed first."""
+    if len(starts) <= limit:
+        return starts, ends
+    gaps = starts[1:] - ends[:-1]
+    close = np.zeros(len(gaps), dtype=bool)
+    close[np.argsort(gaps, kind="stable")[: len(starts) - limit]] = True
+    keep_start = np.concatenate([[True], ~close])
+    keep_end = np.concatenate([~close, [True]])
+    return starts[keep_start], ends[keep_end]
+
+
+def record(lanes: dict[str, iv.Intervals], steps: Any, dp_gather: iv.Intervals | None = None) -> dict[str, list[Any]]:
+    """The summary's ``timeline``: columns ``step, lane, start_us, end_us`` (the rank's own clock) of the chosen
+    analysed steps (``steps``: the per-step table with ``step, start_us, end_us, analyzed, step_ms``)."""
+    out: dict[str, list[Any]] = {"step": [], "lane": [], "start_us": [], "end_us": []}
+    analysed = np.asarray(steps["analyzed"], dtype=bool)
+    ids = np.asarray(steps["step"])[analysed]
+    if len(ids) == 0:
+        return out
+    lo_all = np.asarray(steps["start_us"], dtype=np.float64)[analysed]
+    hi_all = np.asarray(steps["end_us"], dtype=np.float64)[analysed]
+    chosen = set(choose_steps(ids, np.asarray(steps["step_ms"], dtype=np.float64)[analysed]))
+    own: list[tuple[str, iv.Intervals]] = []
+    taken = iv.EMPTY
+    for name in COMPUTE_ORDER:
+        part = lanes.get(name, iv.EMPTY)
+        own.append((name, iv.subtract(part, taken)))
+        taken = iv.union_all(taken, part)
+    if dp_gather is not None and len(dp_gather[0]):
+        own.append(("dp_gather", dp_gather))
+    for step, lo, hi in zip(ids.tolist(), lo_all.tolist(), hi_all.tolist(), strict=True):
+        if step not in chosen:
+            continue
+        window = (np.array([lo]), np.array([hi]))
+        for name, ivs in own:
+            s, e = _bounded(*iv.intersect(ivs, window))
+            n = len(s)
+            out["step"] += [int(step)] * n
+            out["lane"] += [name] * n
+            out["start_us"] += np.round(s, 1).tolist()
+            out["end_us"] += np.round(e, 1).tolist()
+    return out
+
+
+class LazyTimeline:
+    """``build(summaries, colls)`` made on first ``get()`` (a report that draws no timeline never pays for it)."""
+
+    def __init__(self, summaries: list[dict[str, Any]], colls: Any) -> None:
+        self._args: tuple[Any, ...] | None = (summaries, colls)
+        self._value: dict[str, Any] | None = None
+
+    def get(self) -> dict[str, Any]:
+        if self._args is not None:
+            self._value, self._args = build(*self._args), None
+        assert self._value is not None
+        return self._value
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_made, (self.get(),))
+
+
+def _made(value: dict[str, Any]) -> LazyTimeline:
+    out = LazyTimeline([], None)
+    out._args, out._value = None, value
+    return out
+
+
+def _steps(summary: dict[str, Any]) -> dict[int, tuple[float, float]]:
+    ps = summary.get("per_step") or {}
+    cols = (ps.get(k) or [] for k in ("step", "start_us", "end_us", "analyzed"))
+    return {
+        int(s): (float(lo), float(hi))
+        for s, lo, hi, a in zip(*cols, strict=False)
+        if a and s is not None and lo is not None and hi is not None
+    }
+
+
+def build(summaries: list[dict[str, Any]], colls: Any = None, focus_ranks: list[int] | None = None) -> dict[str, Any]:
+    """The run's timeline (module docstring): ``{"recorded", "reason", "offsets_us", "unaligned", "ranks_of",
+    "steps": [{"label", "step", "t0_us", "t1_us", "ranks": [{"rank", "start_us", "end_us", "compute": [[lane, a,
+    b], ...], "comm": [[kind, index, part, a, b, late_us], ...], "gather": [[a, b], ...]}]}]}``, times aligned and
+    in µs. ``focus_ranks``: drawn first when the run has more than ``MAX_RANKS``."""
+    from ddpdoctor.metrics.cross_rank import clock_offsets
+
+    empty: dict[str, Any] = {"recorded": False, "reason": None, "steps": [], "offsets_us": {}, "unaligned": []}
+    if not summaries:
+        return {**empty, "reason": "no rank's trace or summary"}
+    if not all("timeline" in s for s in summaries):
+        return {**empty, "reason": NOT_RECORDED}
+    ranks = sorted(int(s["rank"]) for s in summaries)
+    shown = _shown_ranks(ranks, focus_ranks or [])
+    by_rank = {int(s["rank"]): s for s in summaries}
+    offsets, unaligned = clock_offsets(summaries, colls)
+    recorded = {r: set(by_rank[r]["timeline"].get("step") or []) for r in shown}
+    windows = {r: _steps(by_rank[r]) for r in shown}
+    common = set.intersection(*(recorded[r] & set(windows[r]) for r in shown)) if shown else set()
+    if not common:
+        return {**empty, "recorded": True, "reason": "no analysed step that every rank recorded", "offsets_us": offsets}
+
+    def wall(step: int) -> float:
+        lo = min(windows[r][step][0] - offsets.get(r, 0.0) for r in shown)
+        hi = max(windows[r][step][1] - offsets.get(r, 0.0) for r in shown)
+        return hi - lo
+
+    walls = {s: wall(s) for s in sorted(common)}
+    median_wall = float(np.median(list(walls.values())))
+    median_step = min(walls, key=lambda s: (abs(walls[s] - median_wall), s))
+    worst_step = max(walls, key=lambda s: (walls[s], -s))
+    picks = [("median step", median_step)] + ([("worst step", worst_step)] if worst_step != median_step else [])
+    steps = [_one_step(label, step, shown, by_rank, windows, offsets) for label, step in picks]
+    return {
+        "recorded": True,
+        "reason": None,
+        "offsets_us": offsets,
+        "unaligned": unaligned,
+        "ranks_of": len(ranks),
+        "steps": steps,
+        "step_walls_ms": {"median": walls[median_step] / 1e3, "worst": walls[worst_step] / 1e3, "steps": len(walls)},
+    }
+
+
+def _shown_ranks(ranks: list[int], focus: list[int]) -> list[int]:
+    if len(ranks) <= MAX_RANKS:
+        return ranks
+    first = [r for r in dict.fromkeys(focus) if r in set(ranks)][: MAX_RANKS // 2]
+    rest = [r for r in ranks if r not in set(first)][: MAX_RANKS - len(first)]
+    return sorted(first + rest)
+
+
+def _one_step(
+    label: str,
+    step: int,
+    shown: list[int],
+    by_rank: dict[int, dict[str, Any]],
+    windows: dict[int, dict[int, tuple[float, float]]],
+    offsets: dict[int, float],
+) -> dict[str, Any]:
+    calls: dict[int, list[tuple[str, int, float, float]]] = {}
+    for r in shown:
+        c = by_rank[r].get("collectives") or {}
+        mine = []
+        for s, kind, index, a, b in zip(
+            c.get("step") or [],
+            c.get("kind") or [],
+            c.get("index") or [],
+            c.get("start_us") or [],
+            c.get("end_us") or [],
+            strict=False,
+        ):
+            if s == step and None not in (kind, index, a, b):
+                off = offsets.get(r, 0.0)
+                mine.append((str(kind), int(index), float(a) - off, float(b) - off))
+        calls[r] = mine
+    shortest: dict[tuple[str, int], float] = {}
+    earliest: dict[tuple[str, int], float] = {}
+    for mine in calls.values():
+        for kind, index, a, b in mine:
+            key = (kind, index)
+            shortest[key] = min(shortest.get(key, np.inf), b - a)
+            earliest[key] = min(earliest.get(key, np.inf), a)
+    rows = []
+    for r in shown:
+        off = offsets.get(r, 0.0)
+        tl = by_rank[r]["timeline"]
+        compute, gather = [], []
+        for s, lane, a, b in zip(tl["step"], tl["lane"], tl["start_us"], tl["end_us"], strict=True):
+            if s != step:
+                continue
+            if lane == "dp_gather":
+                gather.append([a - off, b - off])
+            else:
+                compute.append([lane, a - off, b - off])
+        comm = []
+        for kind, index, a, b in calls[r]:
+            key = (kind, index)
+            transfer = shortest[key] if len(calls) > 1 else b - a
+            split = max(a, b - transfer)
+            late = a - earliest[key]
+            if split > a:
+                comm.append([kind, index, "wait", a, split, late])
+            comm.append([kind, index, "transfer", split, b, late])
+        lo, hi = windows[r][step]
+        rows.append(
+            {"rank": r, "start_us": lo - off, "end_us": hi - off, "compute": compute, "comm": comm, "gather": gather}
+        )
+    t0 = min(row["start_us"] for row in rows)
+    t1 = max(row["end_us"] for row in rows)
+    return {"label": label, "step": step, "t0_us": t0, "t1_us": t1, "ranks": rows}
