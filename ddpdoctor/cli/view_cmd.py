@@ -73,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"ddpdoctor: wrote TensorBoard event files to {out}", flush=True)
     for why in server.unreadable_traces(path):
         print(f"ddpdoctor: warning: {why}; the PyTorch Profiler tab leaves it out", file=sys.stderr, flush=True)
+    live = _follow_series(Path(args.run), path)
     url = server.start(path.resolve(), args.host, args.port)
     warning = (
         ("ddpdoctor: warning: serving on every network interface; anyone who can reach this machine can read the run\n")
@@ -87,8 +88,26 @@ def run(args: argparse.Namespace) -> int:
         "in ui.perfetto.dev (every rank, clocks aligned, findings marked; the PyTorch Profiler tab at "
         f"{url}#pytorch_profiler needs the internet for its charts)"
     )
+    if live is not None:
+        live.stop()
     print("ddpdoctor: TensorBoard stopped", flush=True)
     return 0
+
+
+def _follow_series(run: Path, logdir: Path) -> Any:
+    """The always-on series as scalars (``series/*``), followed while the job runs (tensorboard/live.py)."""
+    from ddpdoctor.tensorboard.live import SeriesEvents, has_series
+
+    if not has_series(run):
+        return None
+    live = SeriesEvents(run, logdir)
+    try:
+        live.start()
+    except OSError as exc:
+        print(f"ddpdoctor: warning: the step series is not shown: {exc}", file=sys.stderr, flush=True)
+        return None
+    print(f"ddpdoctor: step series of {len(live._ranks)} rank(s) as series/* scalars, followed live", flush=True)
+    return live
 
 
 def _keep_unchanged(path: Path) -> str | None:

@@ -75,7 +75,18 @@ def start(logdir: Path, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> s
     # are a few KB per rank, read at once either way; with the default ("auto") TensorBoard starts that process and
     # prints "NOTE: Using experimental fast data loading logic" on every start.
     tb.configure(
-        argv=[None, "--logdir", str(logdir), "--host", host, "--port", str(port), "--load_fast=false"]
+        # --reload_multifile: the series events (tensorboard/live.py) grow beside the run's own event files
+        argv=[
+            None,
+            "--logdir",
+            str(logdir),
+            "--host",
+            host,
+            "--port",
+            str(port),
+            "--load_fast=false",
+            "--reload_multifile=true",
+        ]
     )
     try:
         return tb.launch()
