@@ -17,6 +17,9 @@ the tables the charts draw added:
 - ``rank_table``: the per-rank table of the text report as cells (``kind`` "breakdown" or, for a run without
   trace, "status"; ``title``, ``columns``, ``rows``), or null; ``override_lines``: the thresholds a config file
   changed, as the reports say them.
+- ``timeline_html``: the step timeline of the HTML report (``ddpdoctor.report.timeline``: an HTML fragment of
+  inline SVG, the run's strings escaped), or null; ``phase_colors``: the colour of each step part
+  (``ddpdoctor.report.palette``), the same in every chart.
 - ``health_title``, ``health_lines``: how a job that failed, hung or crashed ended (or, after an on-demand dump,
   where its ranks were), one line each as the text report shows them, then the run's notes; no lines for a run
   that ended well.
@@ -31,6 +34,7 @@ from typing import Any
 from ddpdoctor.errors import TraceError
 from ddpdoctor.metrics import catalog
 from ddpdoctor.pipeline import Analysis, RuleOptions, analyze_run
+from ddpdoctor.report import palette
 from ddpdoctor.values import jsonable
 
 SCHEMA_VERSION = 1
@@ -91,6 +95,17 @@ def _rank_table(doc: dict[str, Any]) -> dict[str, Any] | None:
     return {"kind": kind, "title": title, "columns": [long for long, _ in columns], "rows": rows}
 
 
+def _timeline_html(analysis: Analysis) -> str | None:
+    """The step timeline the HTML report draws (``report.timeline``: inline SVG, every string from the run escaped
+    there), or None for a run without metrics."""
+    lazy = getattr(analysis.metrics, "timeline", None)
+    if lazy is None or analysis.diagnosis is None:
+        return None
+    from ddpdoctor.report import timeline
+
+    return timeline.render(lazy.get(), analysis.diagnosis.findings)
+
+
 def analyze_for_dashboard(run_dir: Path, rules: RuleOptions | Sequence[Any] | None = None) -> Analysis:
     """The run through the one pipeline, traces optional; a run with nothing to read yet is an Analysis that says
     so (the dashboard still shows why it is empty)."""
@@ -144,6 +159,8 @@ def build_report(
     # (e.g. the steps left out of the timing metrics)
     from ddpdoctor.report.document import health_lines, health_title, override_lines
 
+    doc["timeline_html"] = _timeline_html(analysis)
+    doc["phase_colors"] = dict(palette.PHASES)
     doc["rank_table"] = _rank_table(doc)
     doc["override_lines"] = override_lines(doc)
     doc["health_title"] = health_title(doc)

@@ -163,7 +163,7 @@ def test_html_is_self_contained_and_escapes_everything_from_the_trace():
     for forbidden in ("<script", "<img", "<link", "<iframe", 'src="', 'href="', "@import", "url("):
         assert forbidden not in page, forbidden
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page and "&lt;img src=x onerror=alert(1)&gt;" in page
-    assert page.count("<svg") == 3  # step breakdown, overlap per step, memory per device
+    assert page.count("<svg") == 4  # step breakdown, step time, overlap per step, memory per device
     for svg in page.split("<svg")[1:]:
         ET.fromstring("<svg" + svg.split("</svg>")[0] + "</svg>")  # well-formed inline SVG
     assert "nccl:all_reduce" in page  # collectives table
@@ -173,4 +173,4 @@ def test_html_is_self_contained_and_escapes_everything_from_the_trace():
 def test_html_without_devices_or_communication_still_renders():
     page = rendered("cpu_single", "html")
     assert "No device memory recorded." in page and "No collectives in this run." in page
-    assert page.count("<svg") == 1
+    assert page.count("<svg") == 2  # step breakdown, step time

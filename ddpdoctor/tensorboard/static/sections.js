@@ -76,7 +76,8 @@ export function breakdown(report) {
   if (parts.length && rows.length) {
     const ranks = ranksOf(rows);
     const byRank = groupBy(rows, "rank");
-    const series = parts.map((p, k) => ({ name: PART_LABELS[p] || p, color: color(k),
+    const fixed = report.phase_colors || {};  // one colour per part in every chart (ddpdoctor/report/palette.py)
+    const series = parts.map((p, k) => ({ name: PART_LABELS[p] || p, color: fixed[p] || color(k),
       values: ranks.map((r) => mean(byRank.get(r).map((row) => row[p]))) }));
     return section("breakdown", "Step breakdown per rank", "Mean time per profiled step, split into parts that do not overlap.",
       figure("breakdown", "ms per step", barChart({ categories: ranks.map(rankLabel), series, stacked: true, fmt: fmtMs }),
@@ -94,6 +95,30 @@ export function breakdown(report) {
         series.map((s) => [s.name, s.color])));
   }
   return section("breakdown", "Step breakdown per rank", null, note("No step breakdown was measured for this run."));
+}
+
+// The elements the step timeline (ddpdoctor/report/timeline.py) is made of; anything else is dropped, as is every
+// attribute that is not plain data (on*, href): the fragment is built and escaped by ddpdoctor, this is a second fence.
+const TIMELINE_TAGS = new Set(["div", "input", "label", "style", "p", "code", "svg", "g", "rect", "line", "path",
+  "text", "title"]);
+const TIMELINE_ATTRS = /^(class|id|name|type|checked|for|role|width|height|x|y|x1|x2|y1|y2|d|fill|stroke|stroke-width|stroke-dasharray|text-anchor|xmlns|data-[a-z-]+)$/;
+
+function fenced(fragment) {
+  for (const node of [...fragment.querySelectorAll("*")]) {
+    if (!TIMELINE_TAGS.has(node.localName)) { node.remove(); continue; }
+    for (const attr of [...node.attributes]) if (!TIMELINE_ATTRS.test(attr.name)) node.removeAttribute(attr.name);
+  }
+  return fragment;
+}
+
+export function timeline(report) {
+  if (!report.timeline_html) return null;
+  const template = document.createElement("template");
+  template.innerHTML = report.timeline_html;
+  return section("timeline", "Step timeline",
+    "One step of every rank on one clock: per rank, its training loop (upper row) and its collectives (lower row: " +
+    "waiting for late peers, then the transfer); findings marked where they happen. Hover a part for its time.",
+    fenced(template.content));
 }
 
 export function stepTimes(report) {
