@@ -205,8 +205,13 @@ def _breakdown_html(doc: dict[str, Any], columns: list[tuple[str, str]], rows: l
             "and p90 are the median and 90th percentile of the step time (so p50 differs from the bar's mean); "
             "the other columns are the same per-step means, comm is all communication (hidden or not), wait the "
             "time in collectives waiting for late ranks (part of comm, not data transfer), overlap "
-            "the share of it hidden behind computation, GIL the share of time threads wait for the GIL, GPU util "
-            "(where kernels were recorded) the share of the step the GPU ran kernels.</p>"
+            "the share of it hidden behind computation, GIL the share of time threads wait for the GIL"
+            + (
+                ", GPU util the share of the step the GPU ran kernels (shown where kernels were recorded)"
+                if any(long == "GPU util" for long, _ in columns)
+                else ""
+            )
+            + ".</p>"
         )
     out.append(_rank_table(columns, rows))
     return out
@@ -220,9 +225,11 @@ def _after_breakdown(result: Diagnosis, doc: dict[str, Any]) -> list[str]:
         top = max(y for s in times.values() for _, y in s)
         out.append(svg.line_chart(times, y_max=top * 1.1 or 1.0, percent=False, unit="ms", shade=shade))
         out.append(
-            '<p class="note">Wall time of every step each rank recorded, in ms'
-            + ("; the shaded steps were profiled (the ones analysed above)." if shade else ".")
-            + "</p>"
+            '<p class="note">Wall time of every step each rank recorded, in ms; the shaded steps were profiled '
+            "(the ones analysed above).</p>"
+            if shade
+            else '<p class="note">Wall time of the profiled steps, in ms (the capture recorded no step clock '
+            "for the others).</p>"
         )
     else:
         out.append('<p class="note">No step times recorded.</p>')
@@ -291,9 +298,9 @@ def _step_time_series(metrics: Any) -> tuple[dict[str, list[tuple[float, float]]
     range of the profiled steps."""
     rows = frame_records(metrics, "step_times") if frame(metrics, "step_times") is not None else []
     rows = [r for r in rows if clean_value(r.get("step_ms")) is not None]
-    if not rows:
+    if not rows:  # profiled, all of them: nothing to shade
         rows = [
-            {"rank": r.get("rank"), "step": r.get("step"), "step_ms": r.get("step_ms"), "profiled": True}
+            {"rank": r.get("rank"), "step": r.get("step"), "step_ms": r.get("step_ms"), "profiled": False}
             for r in frame_records(metrics, "per_step")
             if clean_value(r.get("step_ms")) is not None and r.get("analyzed") is not False
         ]
