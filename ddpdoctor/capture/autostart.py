@@ -13,6 +13,12 @@ A launcher (torchrun's agent, ``accelerate launch``, ``mp.spawn``'s parent), a D
 never creates a process group, so it is never traced. Anything that fails here prints one line and leaves the
 process running untraced.
 
+Under ``trace -- COMMAND`` a job may train in one process without any process group (``accelerate launch --cpu``
+starts one process; ``python train.py`` behind a shell script): the hook also watches ``torch.optim.Optimizer``, and
+a process that creates an optimizer before it has a session starts one not yet claimed (as ``trace`` does for the
+script it runs itself). It becomes rank 0 of 1 when its optimizer steps (or the group's rank, if it creates a process
+group later); a process that never steps and never joins a group leaves no files when the job's ranks wrote theirs.
+
 :func:`activate` also turns torch's Flight Recorder on for the process and those it starts (``FR_VARIABLES``, unless
 the user set them): the collectives a rank's dumps list (:mod:`ddpdoctor.capture.flight`).
 """
@@ -27,6 +33,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 _TARGET = "torch.distributed.distributed_c10d"
+_OPTIM = "torch.optim.optimizer"  # Optimizer: a process training without a process group (-- COMMAND only)
 _active = False
 _started_pids: set[int] = set()
 # The Flight Recorder's buffer size (entries per process group): torch reads the first name, older torch the second
@@ -65,18 +72,26 @@ def activate() -> None:
         return
     _active = True
     enable_flight_recorder()
-    module = sys.modules.get(_TARGET)
-    if module is not None:
-        _patch(module)
-    else:
-        sys.meta_path.insert(0, _Finder())
+    waiting = set()
+    for name, patch in _PATCHES.items():
+        module = sys.modules.get(name)
+        if module is not None:
+            patch(module)
+        else:
+            waiting.add(name)
+    if waiting:
+        sys.meta_path.insert(0, _Finder(waiting))
 
 
 class _Finder:
-    """A meta-path finder that only answers for ``torch.distributed.distributed_c10d``, with a patching loader."""
+    """A meta-path finder that only answers for the modules it waits for (``torch.distributed.distributed_c10d``,
+    ``torch.optim.optimizer``), with a patching loader."""
+
+    def __init__(self, names: set[str]) -> None:
+        self.names = names
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
-        if fullname != _TARGET:
+        if fullname not in self.names:
             return None
         for finder in sys.meta_path:
             if finder is self or not hasattr(finder, "find_spec"):
@@ -87,15 +102,17 @@ class _Finder:
         else:
             return None
         if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-            spec.loader = _PatchingLoader(spec.loader)  # type: ignore[assignment]
-        if self in sys.meta_path:
-            sys.meta_path.remove(self)  # loaded once per process
+            spec.loader = _PatchingLoader(spec.loader, _PATCHES[fullname])  # type: ignore[assignment]
+        self.names.discard(fullname)
+        if not self.names and self in sys.meta_path:
+            sys.meta_path.remove(self)  # each loaded once per process
         return spec
 
 
 class _PatchingLoader:
-    def __init__(self, loader: Any) -> None:
+    def __init__(self, loader: Any, patch: Any) -> None:
         self._loader = loader
+        self._patch = patch
 
     def __getattr__(self, name: str) -> Any:  # get_source, get_filename, ... as the real loader answers
         return getattr(self._loader, name)
@@ -105,7 +122,7 @@ class _PatchingLoader:
 
     def exec_module(self, module: Any) -> None:
         self._loader.exec_module(module)
-        _patch(module)  # before torch.distributed's `from .distributed_c10d import *` copies the name
+        self._patch(module)  # before torch.distributed's `from .distributed_c10d import *` copies the name
 
 
 def _patch(module: Any) -> None:
@@ -136,6 +153,47 @@ def _patch(module: Any) -> None:
         _warn("cannot watch init_process_group", exc)
 
 
+def _patch_optimizer(module: Any) -> None:
+    """Wrap ``Optimizer.__init__`` (every optimizer calls it): see :func:`_optimizer_created`."""
+    try:
+        cls = module.Optimizer
+        original = cls.__init__
+        if getattr(original, "_ddpdoctor_wrapped", False):
+            return
+        import functools
+
+        @functools.wraps(original)
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            original(self, *args, **kwargs)
+            _optimizer_created()
+
+        __init__._ddpdoctor_wrapped = True  # type: ignore[attr-defined]
+        from ddpdoctor.capture.invisible import invisible
+
+        cls.__init__ = invisible(__init__)
+    except Exception as exc:
+        _warn("cannot watch torch.optim.Optimizer", exc)
+
+
+def _optimizer_created() -> None:
+    """A process of a ``-- COMMAND`` job created an optimizer: if it has no session (no process group yet, and
+    ddpdoctor did not start it as a rank), start one, not yet claimed: it may be the job's one training process."""
+    if os.getpid() in _started_pids or not os.environ.get("DDPDOCTOR_CAPTURE"):
+        return
+    try:
+        from ddpdoctor.capture import session as session_mod
+
+        if session_mod.current() is not None:
+            return
+        _started_pids.add(os.getpid())
+        _start_rank_session(alone=True)
+    except Exception as exc:
+        _warn("capture not started", exc)
+
+
+_PATCHES = {_TARGET: _patch, _OPTIM: _patch_optimizer}
+
+
 def _joined_process_group() -> None:
     try:
         from ddpdoctor.capture import session as session_mod
@@ -150,7 +208,10 @@ def _joined_process_group() -> None:
         _warn("capture not started", exc)
 
 
-def _start_rank_session() -> None:
+def _start_rank_session(*, alone: bool = False) -> None:
+    """Start this process's session as the rank its process group says; ``alone``: a ``-- COMMAND`` process with
+    an optimizer and no process group, whose session is claimed when it steps (rank 0 of 1, or as its launcher's
+    variables say)."""
     import dataclasses
     from pathlib import Path
 
@@ -160,6 +221,17 @@ def _start_rank_session() -> None:
 
     config = CaptureConfig.from_env()
     if config is None or not os.path.isdir(config.out):
+        return
+    if alone:
+        if config.launch != "command" or rank_file.dist_info() is not None:
+            return  # the other launch forms start their sessions themselves; a rank's starts at its group
+        who = rank_file.identity()
+        config = dataclasses.replace(config, all_devices=who.world_size == 1)  # one process: every device is its
+        session = Session(config, claimed=False, identity=who)
+        session.start()
+        exits.finish_at_exit(session)
+        _dump_on_exception(session)
+        session.flight.watch_signals()
         return
     # One rank among several: not the one-process DataParallel set-up that "direct" settings are for.
     launch = "spawn" if config.launch == "direct" else config.launch  # started by the traced script itself

@@ -280,6 +280,8 @@ def finish_run(
             out, mode=mode, command=command, config=config.schedule_dict(), launch=launch_form(out, launch or mode)
         )
         _name_untraced(man, _untraced)
+        if launch == "command":
+            _name_command_without_ranks(out, man, command)
         if judge is not None and judge.stopped:
             apply_verdict(man, judge.verdict, judge.how)
         manifest_mod.write(out, man)
@@ -296,6 +298,24 @@ def _name_untraced(man: dict[str, Any], found: list[interpreter.Untraced]) -> No
         return
     for entry in man.get("ranks") or []:
         if str(entry.get("reason") or "").startswith("no data:"):
+            entry["reason"] = reason
+
+
+def _name_command_without_ranks(out: Path, man: dict[str, Any], command: list[str]) -> None:
+    """A ``-- COMMAND`` job none of whose processes became a rank: say what ddpdoctor waited for and what to run,
+    instead of "crashed at start-up or was not launched" (the job may have run well)."""
+    if manifest_mod.read_rank_files(out):
+        return
+    job = command[command.index("--") + 1 :] if "--" in command else command
+    script = next((a for a in job if a.endswith(".py")), None)
+    run = f"`ddpdoctor trace {script} ARGS`" if script else "`ddpdoctor trace SCRIPT ARGS`"
+    reason = (
+        "no data: no process the command started created a torch.distributed process group or a torch.optim "
+        f"optimizer, so none was traced (its exit code: {man.get('exit_code')}); a job that trains in one process "
+        f"can be traced directly: {run}"
+    )
+    for entry in man.get("ranks") or []:
+        if str(entry.get("reason") or "").startswith("no data: the rank never started"):
             entry["reason"] = reason
 
 

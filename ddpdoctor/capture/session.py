@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ddpdoctor import rundir
-from ddpdoctor.capture import compiled, flight, groups, rank_file, series
+from ddpdoctor.capture import compiled, flight, groups, progress, rank_file, series
 from ddpdoctor.capture import ddp as ddp_capture
 from ddpdoctor.capture import knobs as knobs_capture
 from ddpdoctor.capture.compress import GZ, Compressor
@@ -331,6 +331,7 @@ class Session:
                     self.dp_steps.append({"step": iteration, **stats})
             self.hostload.step(self.clock.iteration, recording_next(self._prof))  # before the export, not after
             self._prof.step()
+            progress.after_step(self)
             if self._window_open():
                 self.gil.start()
             else:
@@ -394,6 +395,7 @@ class Session:
                     file=sys.stderr,
                     flush=True,
                 )
+            progress.window_written(self)
         except Exception as exc:  # the trace is in place and named in the rank file (or found beside it)
             self.capture_errors.append(f"reporting trace {name} failed: {type(exc).__name__}: {exc}")
         try:

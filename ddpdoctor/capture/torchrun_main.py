@@ -80,6 +80,11 @@ class _NodeLog:
         log = cls(rundir.node_file(Path(config.out), node).with_suffix(".log") if config else None)
         for name in _LOGGERS:  # a logger's filter sees only its own records, not its children's
             logging.getLogger(name).addFilter(log.divert)
+        if config is not None and config.quiet:  # -q: torchrun's warnings (its OMP_NUM_THREADS banner) to the log
+            # a handler's filter sees the propagated records; torch.distributed has a handler of its own
+            handlers = {*logging.getLogger("torch.distributed").handlers, *logging.getLogger("torch").handlers}
+            for handler in handlers:
+                handler.addFilter(log.divert_below_error)
         return log
 
     def write(self, text: str) -> None:
@@ -117,6 +122,16 @@ class _NodeLog:
         if not any(q in message for q in _QUIET) or self.path is None:
             return True
         self.write(f"{record.levelname} {record.name}: {message}")
+        return False
+
+    def divert_below_error(self, record: logging.LogRecord) -> bool:
+        """A handler's filter under ``trace -q``: torchrun's records below ERROR go to the log, not the terminal."""
+        if record.levelno >= logging.ERROR or not record.name.startswith("torch.distributed") or self.path is None:
+            return True
+        try:
+            self.write(f"{record.levelname} {record.name}: {record.getMessage()}")
+        except Exception:  # noqa: BLE001 - a record that cannot be formatted is shown as torch would
+            return True
         return False
 
 

@@ -98,11 +98,48 @@ def register(subparsers: Any, name: str, help_text: str) -> None:
     p.set_defaults(func=run)
 
 
-def _progress(done: int, total: int, label: str) -> None:
-    sys.stderr.write(f"\rloading traces: {done}/{total} {label[:40]:<40}")
-    if done == total:
-        sys.stderr.write("\r" + " " * 70 + "\r")
-    sys.stderr.flush()
+class Progress:
+    """Trace loading, on stderr (never stdout: ``--format json`` stays clean), once it takes more than ``after_s``:
+    at a terminal one line redrawn in place and cleared at the end; elsewhere (a log, CI) a line every
+    ``every_s`` and one when done."""
+
+    def __init__(
+        self,
+        stream: Any = None,
+        *,
+        tty: bool | None = None,
+        after_s: float = 2.0,
+        every_s: float = 5.0,
+        clock: Any = None,
+    ) -> None:
+        import time
+
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty() if tty is None else tty
+        self.clock = clock or time.monotonic
+        self.after_s, self.every_s = after_s, every_s
+        self.started = self.clock()
+        self.shown: float | None = None  # when a line was last written
+
+    def __call__(self, done: int, total: int, label: str) -> None:
+        now = self.clock()
+        if self.shown is None and now - self.started < self.after_s:
+            return
+        took = now - self.started
+        if self.tty:
+            self.stream.write(f"\rloading traces: {done}/{total} {label[:40]:<40}")
+            if done == total:
+                self.stream.write("\r" + " " * 70 + "\r")
+        elif done == total:
+            self.stream.write(f"ddpdoctor: loaded the traces of {total} rank(s) in {took:.0f} s; analysing\n")
+        elif self.shown is None or now - self.shown >= self.every_s:
+            self.stream.write(
+                f"ddpdoctor: loading traces: {done}/{total} rank(s) after {took:.0f} s (last: {label[:40]})\n"
+            )
+        else:
+            return
+        self.shown = now
+        self.stream.flush()
 
 
 def rule_options(args: argparse.Namespace) -> RuleOptions:
@@ -123,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     steps = parse_steps(args.steps)
     rules = resolve_rules(rule_options(args))  # rule errors before any trace is read
-    progress = _progress if sys.stderr.isatty() else None
+    progress = Progress()
     result = analyze_run(args.run, steps=steps, rules=rules, progress=progress).diagnosis
     if args.output is None:
         render(result, args.format, sys.stdout)

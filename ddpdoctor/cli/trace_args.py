@@ -130,7 +130,14 @@ def _own_parser() -> argparse.ArgumentParser:
         help="write each rank's step metrics every second to DIR/ddpdoctor_rank<R>.prom (node_exporter's "
         "textfile collector; needs prometheus_client)",
     )
-    g.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
+    g.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="ddpdoctor prints nothing but errors, and torch's launch noise is kept out of the terminal: torchrun's "
+        "warnings go to the run directory's nodes/node<K>.log, torch's C++ warnings are off (TORCH_CPP_LOG_LEVEL=ERROR "
+        "unless set); what the job itself prints is shown as always",
+    )
     return p
 
 

@@ -172,6 +172,8 @@ def main(argv: list[str]) -> int:
     if args.help:
         _print_help()
         return 0
+    if args.quiet:  # torch's C++ warnings (the profiler's "Memory block of unknown size ...", every rank) too
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     from ddpdoctor.capture import rank_file
 
     who = rank_file.identity()

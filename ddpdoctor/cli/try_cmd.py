@@ -122,8 +122,10 @@ def run(args: argparse.Namespace) -> int:
     _confirm(cmd, trial_cmd, yes=args.yes)
     folder = plan.new_session_dir(cmd.run)
 
+    print(f"ddpdoctor try: every run goes to {folder} (<run>.log: what the job printed)", file=sys.stderr)
+
     def progress(text: str) -> None:
-        print(f"ddpdoctor try: {text} -> {folder}", file=sys.stderr, flush=True)
+        print(f"ddpdoctor try: {text}", file=sys.stderr, flush=True)
 
     session = trial_mod.run_session(
         cmd,

@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 
 from ddpdoctor.errors import TraceError
-from ddpdoctor.rundir import MANIFEST, entry_kind
+from ddpdoctor.rundir import DUMPS_DIR, MANIFEST, NODES_DIR, RANKS_DIR, entry_kind
 
 _PT_TRACE = re.compile(r"\.pt\.trace\.json(\.gz)?$", re.IGNORECASE)
 _JSON = re.compile(r"\.json(\.gz)?$", re.IGNORECASE)
@@ -41,12 +41,24 @@ def trace_files(path: Path) -> list[Path]:
     pt = [p for p in entries if _PT_TRACE.search(p.name)]
     files = pt or [p for p in entries if _JSON.search(p.name) and p.name != MANIFEST]
     if not files:
-        below = sorted({p.parent.name for p in path.glob("*/*") if p.is_file() and _JSON.search(p.name)})
-        hint = f"; folders below it with traces: {shown(', '.join(below))}" if below else ""
-        raise TraceError(
-            f"{shown(path)}: no trace files (*.pt.trace.json[.gz], *.json[.gz]) in this folder{hint}"
+        below = sorted(
+            {
+                p.parent.name
+                for p in path.glob("*/*")
+                if p.is_file() and _JSON.search(p.name) and not (p.parent.name in _RECORDS and _plain_json(p))
+            }
         )
+        hint = f"; folders below it with traces: {shown(', '.join(below))}" if below else ""
+        raise TraceError(f"{shown(path)}: no trace files (*.pt.trace.json[.gz], *.json[.gz]) in this folder{hint}")
     return files
+
+
+_RECORDS = (RANKS_DIR, NODES_DIR, DUMPS_DIR)  # a run directory's own record folders: their JSON files are not traces
+
+
+def _plain_json(path: Path) -> bool:
+    """A JSON file that is not a trace file's name (``rank0.json``, ``node0.json``: ddpdoctor's records)."""
+    return not _PT_TRACE.search(path.name) and not path.name.endswith(".gz")
 
 
 def worker_name(path: Path) -> str:

@@ -163,21 +163,25 @@ def run_session(
     """The control, then every setting; each measured against the control. ``trial_cmd``: the command the
     settings run with when it is not RUN's own (``--as-ddp``: torchrun with one process per device)."""
     say = progress or (lambda _text: None)
-    say(f"control, before the trials ({max_steps} steps, no knob)")
+    total = len(settings_list)
+    say(f"control, before the trials: {max_steps} steps, no knob ({total} trial(s) and a second control follow)")
     control = run_trial(cmd, folder, {}, max_steps=max_steps, timeout_s=timeout_s)
+    say(run_done("control", control))
     session = Session(cmd, folder, max_steps, control, run_findings=list(run_findings or []))
     if not control.ok:
         write_results(session)
         return session
     runs = []
-    for settings in settings_list:
-        say(f"trial: {setting_label(settings)}")
+    for n, settings in enumerate(settings_list, 1):
+        say(f"trial {n}/{total}: {setting_label(settings)}, {max_steps} steps")
         runs.append(run_trial(trial_cmd or cmd, folder, settings, max_steps=max_steps, timeout_s=timeout_s))
+        say(run_done(f"trial {n}/{total}", runs[-1]))
         session.outcomes.append(Outcome(runs[-1], None, [p for p in prescribed or [] if p.settings == settings]))
         write_results(session)
     # A second control after the trials: load that changed meanwhile shows as a drift between the two.
-    say("control, after the trials")
+    say("control, after the trials (load that changed meanwhile shows as a drift between the two controls)")
     session.control_after = run_trial(cmd, folder, {}, max_steps=max_steps, timeout_s=timeout_s, label="control-after")
+    say(run_done("control, after the trials", session.control_after))
     controls = [measure_mod.read(control.out, rules)[0]]
     if session.control_after.ok:
         controls.append(measure_mod.read(session.control_after.out, rules)[0])
@@ -186,6 +190,12 @@ def run_session(
             outcome.measurement = measure_mod.measure(controls, measure_mod.read(outcome.run.out, rules)[0])
     write_results(session)
     return session
+
+
+def run_done(what: str, run: TrialRun) -> str:
+    """The line ``try`` prints when one of its runs ended: how long it took, and why it failed if it did."""
+    took = f"{what}: done in {run.seconds:.0f} s"
+    return took if run.ok else f"{took}, failed: {run.error}"
 
 
 def write_results(session: Session) -> Path:
