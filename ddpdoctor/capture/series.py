@@ -450,9 +450,8 @@ def series_frames(run_dir: str | Path, *, group: str | None = None) -> dict[int,
 def summary() -> dict[str, Any]:
     """The current rank's latest series numbers as a flat dict (``ddpdoctor.summary()``); {} outside a traced job
     or before its first step."""
-    from ddpdoctor.capture import session as session_mod
-
-    s = session_mod.current()
+    session_mod = sys.modules.get("ddpdoctor.capture.session")  # not imported: no traced job in this process
+    s = session_mod.current() if session_mod is not None else None
     rec = getattr(s, "series", None) if s is not None else None
     if rec is None or rec.latest is None:
         return {}
