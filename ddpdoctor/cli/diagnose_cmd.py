@@ -101,7 +101,10 @@ def register(subparsers: Any, name: str, help_text: str) -> None:
 class Progress:
     """Trace loading, on stderr (never stdout: ``--format json`` stays clean), once it takes more than ``after_s``:
     at a terminal one line redrawn in place and cleared at the end; elsewhere (a log, CI) a line every
-    ``every_s`` and one when done."""
+    ``every_s`` and one when done, for runs of ``MIN_RANKS`` ranks or more (fewer have little to count, and a
+    small run's report stays alone on a busy machine)."""
+
+    MIN_RANKS = 8
 
     def __init__(
         self,
@@ -123,7 +126,7 @@ class Progress:
 
     def __call__(self, done: int, total: int, label: str) -> None:
         now = self.clock()
-        if self.shown is None and now - self.started < self.after_s:
+        if self.shown is None and (now - self.started < self.after_s or (not self.tty and total < self.MIN_RANKS)):
             return
         took = now - self.started
         if self.tty:

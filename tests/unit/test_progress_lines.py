@@ -103,6 +103,15 @@ def test_diagnose_progress_is_silent_for_quick_loads():
     assert stream.getvalue() == ""
 
 
+def test_diagnose_progress_of_a_small_run_stays_off_a_log():
+    stream, clock = io.StringIO(), _Clock()
+    p = Progress(stream, tty=False, clock=clock)
+    for done in range(1, 3):  # 2 ranks, 10 s each (a loaded machine)
+        clock.now += 10
+        p(done, 2, f"rank{done - 1}")
+    assert stream.getvalue() == ""
+
+
 def test_diagnose_progress_after_two_seconds_in_a_log():
     stream, clock = io.StringIO(), _Clock()
     p = Progress(stream, tty=False, clock=clock)
