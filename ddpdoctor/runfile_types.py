@@ -322,10 +322,13 @@ class RankSummary(msgspec.Struct, forbid_unknown_fields=False):
     fsdp_units: dict[str, list[Number | str | None]] = {}  # FSDP2 units (ddpdoctor.metrics.fsdp.UNIT_COLUMNS)
     # communication not hidden by computation in the analysed steps: intervals (µs), what exposed transfer needs
     exposed_comm: dict[str, list[Number]] = {}
+    # a few analysed steps' phase intervals (ddpdoctor.metrics.timeline: step, lane, start_us, end_us); None: a
+    # capture from before the timeline
+    timeline: dict[str, list[Number | str]] | None = None
 
     def __post_init__(self) -> None:
-        for table in ("per_step", "collectives", "fsdp_units", "exposed_comm"):
-            lengths = {len(column) for column in getattr(self, table).values()}
+        for table in ("per_step", "collectives", "fsdp_units", "exposed_comm", "timeline"):
+            lengths = {len(column) for column in (getattr(self, table) or {}).values()}
             if len(lengths) > 1:
                 raise ValueError(f"the {table} columns have different lengths")
         if self.per_step and "step_ms" not in self.per_step:
@@ -359,9 +362,10 @@ class RankSummaryWire(RankSummary):
     collectives: dict[str, list[_WireNumber | bool | str | None]] = {}  # type: ignore[assignment]
     fsdp_units: dict[str, list[_WireNumber | str | None]] = {}  # type: ignore[assignment]
     exposed_comm: dict[str, list[_WireNumber]] = {}  # type: ignore[assignment]
+    timeline: dict[str, list[_WireNumber | str]] | None = None  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
-        for table in (self.per_step, self.collectives, self.fsdp_units, self.exposed_comm):
+        for table in (self.per_step, self.collectives, self.fsdp_units, self.exposed_comm, self.timeline or {}):
             if len({len(column) for column in table.values()}) > 1:
                 raise ValueError("columns of different lengths")
         if self.per_step and "step_ms" not in self.per_step:

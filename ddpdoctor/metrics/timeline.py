@@ -133,13 +133,13 @@ def build(summaries: list[dict[str, Any]], colls: Any = None, focus_ranks: list[
     empty: dict[str, Any] = {"recorded": False, "reason": None, "steps": [], "offsets_us": {}, "unaligned": []}
     if not summaries:
         return {**empty, "reason": "no rank's trace or summary"}
-    if not all("timeline" in s for s in summaries):
+    if any(s.get("timeline") is None for s in summaries):
         return {**empty, "reason": NOT_RECORDED}
     ranks = sorted(int(s["rank"]) for s in summaries)
     shown = _shown_ranks(ranks, focus_ranks or [])
     by_rank = {int(s["rank"]): s for s in summaries}
     offsets, unaligned = clock_offsets(summaries, colls)
-    recorded = {r: set(by_rank[r]["timeline"].get("step") or []) for r in shown}
+    recorded = {r: {s for s in by_rank[r]["timeline"].get("step") or [] if _numbers(s)} for r in shown}
     windows = {r: _steps(by_rank[r]) for r in shown}
     common = set.intersection(*(recorded[r] & set(windows[r]) for r in shown)) if shown else set()
     if not common:
@@ -165,6 +165,10 @@ def build(summaries: list[dict[str, Any]], colls: Any = None, focus_ranks: list[
         "steps": steps,
         "step_walls_ms": {"median": walls[median_step] / 1e3, "worst": walls[worst_step] / 1e3, "steps": len(walls)},
     }
+
+
+def _numbers(*values: Any) -> bool:
+    return all(isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v) for v in values)
 
 
 def _shown_ranks(ranks: list[int], focus: list[int]) -> list[int]:
@@ -211,8 +215,9 @@ def _one_step(
         off = offsets.get(r, 0.0)
         tl = by_rank[r]["timeline"]
         compute, gather = [], []
-        for s, lane, a, b in zip(tl["step"], tl["lane"], tl["start_us"], tl["end_us"], strict=True):
-            if s != step:
+        cols = (tl.get(k) or [] for k in ("step", "lane", "start_us", "end_us"))
+        for s, lane, a, b in zip(*cols, strict=False):
+            if s != step or lane not in LANES or not _numbers(a, b):  # a file's odd row is left out, not drawn
                 continue
             if lane == "dp_gather":
                 gather.append([a - off, b - off])

@@ -252,3 +252,28 @@ def test_record_is_bounded_and_keeps_the_slowest_step():
     for st, ln, x in zip(rec["step"], rec["lane"], rec["start_us"], strict=True):
         if ln == "backward":
             assert x - st * 1e5 >= 1000.0
+
+
+def test_the_capture_summary_files_carry_the_timeline_through_the_loader(tmp_path):
+    """What a rank writes (``summarize_rank``) read back from ``ranks/rank<R>.summary.json`` gives the timeline the
+    traces give: the loader keeps the field."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from ddpdoctor.load import load
+    from ddpdoctor.metrics.analysis import analyze
+    from ddpdoctor.metrics.summary import summarize_rank
+
+    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "ddp_gloo_2rank"
+    run = load(fixture)
+    from_traces = analyze(run).timeline.get()
+    assert from_traces["recorded"] and from_traces["steps"]
+    copy = Path(shutil.copytree(fixture, tmp_path / "run"))
+    for rank in run.ranks:
+        summary = summarize_rank(rank, run.capture.get(rank.rank))
+        assert 0 < len(summary["timeline"]["step"]) <= mt.MAX_STEPS * len(mt.LANES) * mt.MAX_SEGMENTS
+        (copy / "ranks" / f"rank{rank.rank}.summary.json").write_text(json.dumps(summary))
+    loaded = load(copy, use_summaries=True)
+    assert all(rt.summary is not None and not rt.has_trace for rt in loaded.ranks)
+    assert analyze(loaded).timeline.get() == from_traces
