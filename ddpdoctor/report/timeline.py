@@ -64,18 +64,48 @@ def render(timeline: dict[str, Any], findings: Sequence[Any] = ()) -> str:
     out = [f'<div class="tl"><style>{STYLE}</style>']
     for i, step in enumerate(steps):
         checked = " checked" if i == 0 else ""
-        wall = step["t1_us"] - step["t0_us"]
         out.append(
             f'<input type="radio" name="{uid}" id="{uid}-{i}"{checked}>'
-            f'<label for="{uid}-{i}">{esc(step["label"])} (step {step["step"]}, {_ms(wall)})</label>'
+            f'<label for="{uid}-{i}">{esc(choice(step))}</label>'
         )
     for step in steps:
         out.append(f'<div class="tl-panel" data-step="{step["step"]}">{svg(step, findings)}</div>')
-    out.append(f'<p class="note">{esc(_caption(timeline, findings))}</p></div>')
+    out.append(f'<p class="note">{esc(caption(timeline, findings))}</p></div>')
     return "".join(out)
 
 
-def _caption(timeline: dict[str, Any], findings: Sequence[Any]) -> str:
+def choice(step: dict[str, Any]) -> str:
+    """The words of a step's radio button: ``median step (step 8, 79.8 ms)``."""
+    return f"{step['label']} (step {step['step']}, {_ms(step['t1_us'] - step['t0_us'])})"
+
+
+def tree(timeline: dict[str, Any], findings: Sequence[Any] = ()) -> dict[str, Any]:
+    """The timeline for the dashboard, which never parses markup: ``{"note"}`` when there is none to draw, else
+    ``{"steps": [{"label", "step", "svg"}], "caption"}`` where ``svg`` is the element tree of ``svg()`` as
+    ``[tag, {attribute: value}, [child, ...]]`` with text as plain strings (the dashboard makes text nodes)."""
+    import xml.etree.ElementTree as ET
+
+    if not timeline.get("recorded") or not timeline.get("steps"):
+        return {"note": f"Step timeline: {timeline.get('reason') or 'no step to draw'}."}
+
+    def node(e: ET.Element) -> list[Any]:
+        children: list[Any] = [e.text] if e.text else []
+        for child in e:
+            children.append(node(child))
+            if child.tail:
+                children.append(child.tail)
+        return [e.tag.rpartition("}")[2], dict(e.attrib), children]
+
+    return {
+        "steps": [
+            {"label": choice(step), "step": step["step"], "svg": node(ET.fromstring(svg(step, findings)))}
+            for step in timeline["steps"]
+        ],
+        "caption": caption(timeline, findings),
+    }
+
+
+def caption(timeline: dict[str, Any], findings: Sequence[Any]) -> str:
     offsets = {int(r): v for r, v in (timeline.get("offsets_us") or {}).items()}
     shown = [r["rank"] for r in timeline["steps"][0]["ranks"]]
     parts = []

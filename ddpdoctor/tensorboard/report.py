@@ -17,9 +17,9 @@ the tables the charts draw added:
 - ``rank_table``: the per-rank table of the text report as cells (``kind`` "breakdown" or, for a run without
   trace, "status"; ``title``, ``columns``, ``rows``), or null; ``override_lines``: the thresholds a config file
   changed, as the reports say them.
-- ``timeline_html``: the step timeline of the HTML report (``ddpdoctor.report.timeline``: an HTML fragment of
-  inline SVG, the run's strings escaped), or null; ``phase_colors``: the colour of each step part
-  (``ddpdoctor.report.palette``), the same in every chart.
+- ``timeline``: the step timeline of the HTML report (``ddpdoctor.report.timeline.tree``: ``{"note"}``, or
+  ``{"steps": [{"label", "step", "svg"}], "caption"}`` with each SVG as an element tree, text as strings), or
+  null; ``phase_colors``: the colour of each step part (``ddpdoctor.report.palette``), the same in every chart.
 - ``health_title``, ``health_lines``: how a job that failed, hung or crashed ended (or, after an on-demand dump,
   where its ranks were), one line each as the text report shows them, then the run's notes; no lines for a run
   that ended well.
@@ -95,15 +95,15 @@ def _rank_table(doc: dict[str, Any]) -> dict[str, Any] | None:
     return {"kind": kind, "title": title, "columns": [long for long, _ in columns], "rows": rows}
 
 
-def _timeline_html(analysis: Analysis) -> str | None:
-    """The step timeline the HTML report draws (``report.timeline``: inline SVG, every string from the run escaped
-    there), or None for a run without metrics."""
+def _timeline(analysis: Analysis) -> dict[str, Any] | None:
+    """The step timeline the HTML report draws, as data the dashboard builds with text nodes
+    (``report.timeline.tree``), or None for a run without metrics."""
     lazy = getattr(analysis.metrics, "timeline", None)
     if lazy is None or analysis.diagnosis is None:
         return None
     from ddpdoctor.report import timeline
 
-    return timeline.render(lazy.get(), analysis.diagnosis.findings)
+    return timeline.tree(lazy.get(), analysis.diagnosis.findings)
 
 
 def analyze_for_dashboard(run_dir: Path, rules: RuleOptions | Sequence[Any] | None = None) -> Analysis:
@@ -159,7 +159,7 @@ def build_report(
     # (e.g. the steps left out of the timing metrics)
     from ddpdoctor.report.document import health_lines, health_title, override_lines
 
-    doc["timeline_html"] = _timeline_html(analysis)
+    doc["timeline"] = _timeline(analysis)
     doc["phase_colors"] = dict(palette.PHASES)
     doc["rank_table"] = _rank_table(doc)
     doc["override_lines"] = override_lines(doc)

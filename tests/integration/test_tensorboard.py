@@ -271,6 +271,13 @@ def _assert_dashboard(dom: str, report: dict) -> None:
     assert 'data-section="trials"' in dom and "ddp.bucket_cap_mb=1" in dom
     # the run's name is text, not markup
     assert "<img" not in dom and "&lt;img src=x onerror=alert(1)&gt;" in dom
+    # the step timeline of the HTML report (issue 27): a lane group per rank, median and worst step to choose
+    timeline = dom[dom.index('data-section="timeline"') :]
+    assert set(re.findall(r'<g class="tl-rank" data-rank="(\d+)"', timeline)) == {"0", "1"}, timeline[:3000]
+    assert timeline.count('type="radio"') in (1, 2) and 'data-lane="backward"' in timeline
+    # one colour per step part, the palette's (ddpdoctor/report/palette.py), in the dashboard's bars too
+    forward = re.search(r'<rect [^>]*fill="(#[0-9a-f]{6})" class="bar" data-series="forward"', dom)
+    assert forward and forward.group(1) == report["phase_colors"]["forward_ms"], forward
 
 
 @needs_chromium

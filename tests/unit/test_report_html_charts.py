@@ -130,8 +130,21 @@ def test_dashboard_report_carries_the_palette_and_the_timeline():
     fixture = Path(__file__).resolve().parents[1] / "fixtures" / "ddp_gloo_2rank"
     doc = build_report(fixture, name="run")
     assert doc["phase_colors"] == palette.PHASES
-    assert doc["timeline_html"].startswith('<div class="tl">')
-    assert 'data-rule="poor-comm-compute-overlap"' in doc["timeline_html"]
+    steps = doc["timeline"]["steps"]
+    assert [s["label"].split(" (")[0] for s in steps] == ["median step", "worst step"]
+
+    def marks(node):  # the finding marks of an element tree, as (rule, rank)
+        if isinstance(node, str):
+            return []
+        tag, attrs, children = node
+        own = [(attrs["data-rule"], attrs["data-rank"])] if attrs.get("class") == "tl-mark" else []
+        return own + [m for c in children for m in marks(c)]
+
+    assert {m for s in steps for m in marks(s["svg"])} == {
+        ("poor-comm-compute-overlap", "0"),
+        ("poor-comm-compute-overlap", "1"),
+    }
+    assert "timeline_html" not in doc
     static = Path(palette.__file__).parents[1] / "tensorboard" / "static"
     assert "report.phase_colors" in (static / "sections.js").read_text()  # drawn: tests/integration/test_tensorboard
     assert "sections.timeline(report)" in (static / "index.js").read_text()

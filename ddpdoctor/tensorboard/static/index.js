@@ -35,6 +35,10 @@ body { margin: 0; font: 14px/1.45 Roboto, "Helvetica Neue", Arial, sans-serif; c
 .ddp-table { border-collapse: collapse; margin-top: 8px; font-size: 12px; }
 .ddp-table th, .ddp-table td { border-bottom: 1px solid #eee; padding: 3px 8px; text-align: left; }
 .error { color: #c62828; }
+.tl-panel { display: none; } .tl > input { margin-left: 1em; } .tl svg text { font: 11px sans-serif; fill: #333; }
+.tl > input:nth-of-type(1):checked ~ .tl-panel:nth-of-type(1),
+.tl > input:nth-of-type(2):checked ~ .tl-panel:nth-of-type(2) { display: block; }
+.tl .tl-grid { stroke: #e4e4e4; } .tl svg text.tl-label { font-weight: bold; }
 `;
 
 async function getJSON(path, params = {}) {

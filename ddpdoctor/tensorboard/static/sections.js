@@ -97,28 +97,37 @@ export function breakdown(report) {
   return section("breakdown", "Step breakdown per rank", null, note("No step breakdown was measured for this run."));
 }
 
-// The elements the step timeline (ddpdoctor/report/timeline.py) is made of; anything else is dropped, as is every
-// attribute that is not plain data (on*, href): the fragment is built and escaped by ddpdoctor, this is a second fence.
-const TIMELINE_TAGS = new Set(["div", "input", "label", "style", "p", "code", "svg", "g", "rect", "line", "path",
-  "text", "title"]);
-const TIMELINE_ATTRS = /^(class|id|name|type|checked|for|role|width|height|x|y|x1|x2|y1|y2|d|fill|stroke|stroke-width|stroke-dasharray|text-anchor|xmlns|data-[a-z-]+)$/;
+// The step timeline (ddpdoctor/report/timeline.py) comes as an element tree, [tag, {attribute: value}, [child...]],
+// text as strings: built here with createElementNS and text nodes, never parsed. Only the elements and attributes
+// the timeline is made of are made; anything else is left out.
+const SVG_NS = "http://www.w3.org/2000/svg";
+const TIMELINE_TAGS = new Set(["svg", "g", "rect", "line", "path", "text", "title"]);
+const TIMELINE_ATTRS = /^(class|role|width|height|x|y|x1|x2|y1|y2|d|fill|stroke|stroke-width|stroke-dasharray|text-anchor|data-[a-z-]+)$/;
 
-function fenced(fragment) {
-  for (const node of [...fragment.querySelectorAll("*")]) {
-    if (!TIMELINE_TAGS.has(node.localName)) { node.remove(); continue; }
-    for (const attr of [...node.attributes]) if (!TIMELINE_ATTRS.test(attr.name)) node.removeAttribute(attr.name);
+function svgTree(node) {
+  if (typeof node === "string") return document.createTextNode(node);
+  const [tag, attrs, children] = Array.isArray(node) ? node : [];
+  if (!TIMELINE_TAGS.has(tag)) return document.createTextNode("");
+  const element = document.createElementNS(SVG_NS, tag);
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (TIMELINE_ATTRS.test(key)) element.setAttribute(key, String(value));
   }
-  return fragment;
+  for (const child of children || []) element.appendChild(svgTree(child));
+  return element;
 }
 
 export function timeline(report) {
-  if (!report.timeline_html) return null;
-  const template = document.createElement("template");
-  template.innerHTML = report.timeline_html;
+  const t = report.timeline;
+  if (!t) return null;
+  if (!t.steps) return section("timeline", "Step timeline", null, note(t.note));
+  const choices = t.steps.flatMap((s, i) => [
+    el("input", { type: "radio", name: "ddp-tl", id: `ddp-tl-${i}`, checked: i === 0 }),
+    el("label", { for: `ddp-tl-${i}` }, s.label)]);
+  const panels = t.steps.map((s) => el("div", { class: "tl-panel", "data-step": s.step }, svgTree(s.svg)));
   return section("timeline", "Step timeline",
     "One step of every rank on one clock: per rank, its training loop (upper row) and its collectives (lower row: " +
     "waiting for late peers, then the transfer); findings marked where they happen. Hover a part for its time.",
-    fenced(template.content));
+    el("div", { class: "tl" }, choices, panels), el("p", { class: "explain" }, t.caption));
 }
 
 export function stepTimes(report) {
