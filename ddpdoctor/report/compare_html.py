@@ -10,11 +10,11 @@ from typing import Any, TextIO
 from ddpdoctor.compare import units
 from ddpdoctor.compare.catalog import SECTIONS
 from ddpdoctor.compare.diff import Comparison
-from ddpdoctor.report import fmt, svg
+from ddpdoctor.report import fmt, palette, svg
 from ddpdoctor.report.page import write_page
 
 _BREAKDOWN = (
-    ("data", "dataloader_ms"),
+    ("data wait", "dataloader_ms"),
     ("forward", "forward_ms"),
     ("backward", "backward_ms"),
     ("optimizer", "optimizer_ms"),
@@ -31,7 +31,7 @@ def _step_charts(c: Comparison) -> list[str]:
     bars = [(label, [(name, s.value(key)) for name, key in _BREAKDOWN]) for label, s in (("A", c.a), ("B", c.b))]
     if any(v for _, parts in bars for _, v in parts):
         out.append("<h3>Where a step goes (profiled steps)</h3>")
-        out.append(svg.stacked_bars(bars))
+        out.append(svg.stacked_bars(bars, colors={name: palette.color(key) for name, key in _BREAKDOWN}))
     series = {
         label: [(float(i), v) for i, v in enumerate(s.samples.get("step_ms", []))]
         for label, s in (("A", c.a), ("B", c.b))
@@ -55,7 +55,7 @@ def _step_charts(c: Comparison) -> list[str]:
 def _memory_chart(c: Comparison) -> str:
     devices = [
         (
-            f"{label} r{d.get('rank')} {d.get('device')}",
+            f"{label} r{d.get('rank')} {d.get('device') if d.get('device') is not None else 'device unknown'}",
             d.get("peak_allocated_bytes"),
             d.get("peak_reserved_bytes"),
             d.get("capacity_bytes"),

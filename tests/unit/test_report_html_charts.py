@@ -148,3 +148,21 @@ def test_dashboard_report_carries_the_palette_and_the_timeline():
     static = Path(palette.__file__).parents[1] / "tensorboard" / "static"
     assert "report.phase_colors" in (static / "sections.js").read_text()  # drawn: tests/integration/test_tensorboard
     assert "sections.timeline(report)" in (static / "index.js").read_text()
+
+
+def test_the_comparison_page_uses_the_same_colours():
+    from ddpdoctor.compare import compare, read_input
+    from ddpdoctor.pipeline import RuleOptions
+    from ddpdoctor.report import Document, OutputFormat, renderer
+
+    root = Path(__file__).resolve().parents[2]
+    rules = RuleOptions(config=str(root / "tests" / "golden" / "no-overrides.toml"))
+    a = read_input(str(root / "tests" / "fixtures" / "ddp_gloo_2rank"), rules=rules)
+    b = read_input(str(root / "samples" / "recorded" / "ddp_straggler"), rules=rules)
+    out = io.StringIO()
+    renderer(Document.COMPARISON, OutputFormat.HTML)(compare(a, b), out)
+    page = out.getvalue()
+    chart = page[page.index("Where a step goes") :]
+    fills = dict((p, f) for f, p in re.findall(r'fill="(#[0-9a-f]{6})"><title>[AB] ([a-z ]+): ', chart))
+    assert fills["exposed comm"] == palette.PHASES["exposed_comm_ms"]
+    assert fills["backward"] == palette.PHASES["backward_ms"]

@@ -277,3 +277,18 @@ def test_the_capture_summary_files_carry_the_timeline_through_the_loader(tmp_pat
     loaded = load(copy, use_summaries=True)
     assert all(rt.summary is not None and not rt.has_trace for rt in loaded.ranks)
     assert analyze(loaded).timeline.get() == from_traces
+
+
+def test_record_keeps_dataparallels_gather_beside_the_phases():
+    steps = {
+        "step": np.array([3, 4]),
+        "start_us": np.array([0.0, 1e5]),
+        "end_us": np.array([9e4, 1.9e5]),
+        "analyzed": np.array([False, True]),
+        "step_ms": np.array([90.0, 90.0]),
+    }
+    lanes = {"forward": (np.array([1e5]), np.array([1.5e5]))}
+    gather = (np.array([2e4, 1.4e5]), np.array([2.5e4, 1.45e5]))  # one in each step: the unanalysed one is left out
+    rec = mt.record(lanes, steps, gather)
+    rows = list(zip(rec["step"], rec["lane"], rec["start_us"], rec["end_us"], strict=True))
+    assert rows == [(4, "forward", 1e5, 1.5e5), (4, "dp_gather", 1.4e5, 1.45e5)]  # overlaps forward: its own lane
