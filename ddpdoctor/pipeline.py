@@ -63,6 +63,7 @@ def analyze_run(
     rules: RuleOptions | Sequence[Any] | None = None,
     progress: Callable[[int, int, str], None] | None = None,
     traces_optional: bool = False,
+    over_time: bool = False,
 ) -> Analysis:
     """Load ``path`` (a run directory, a folder of traces or one trace file), compute its metrics and run the
     rules over them.
@@ -71,7 +72,9 @@ def analyze_run(
     usage error). ``rules``: ``RuleOptions`` or already resolved rules (default: built-in rules with the
     nearest pyproject.toml's overrides). ``traces_optional``: when the traces cannot be read but the run
     directory has capture files, return an Analysis without metrics and say why in ``notes`` instead of
-    raising (``compare`` and ``view`` still show the step times the ranks recorded).
+    raising (``compare`` and ``view`` still show the step times the ranks recorded). ``over_time`` (what
+    ``diagnose`` asks): a run directory with an always-on series or two windows or more gets ``run["over_time"]``
+    (``ddpdoctor.metrics.overtime``: each finding across the windows, the series' trends).
     Input errors raise ``ddpdoctor.errors.DDPDoctorError`` subclasses (one line, exit 2)."""
     path = Path(path)
     if not path.exists():
@@ -80,6 +83,12 @@ def analyze_run(
     path, attempt_note = _attempt_to_read(path)
     with without_gc():
         result = _analyze(path, steps, resolved, progress, traces_optional)
+        if over_time and steps is None and path.is_dir() and result.metrics is not None:
+            from ddpdoctor.metrics.overtime import analyze_over_time
+
+            section = analyze_over_time(path, resolved, result.captures, result.metrics.run.get("world_size"))
+            if section is not None:
+                result.metrics.run["over_time"] = section
     if attempt_note:
         result.notes.insert(0, attempt_note)
         if result.metrics is not None:
@@ -102,7 +111,9 @@ def _attempt_to_read(path: Path) -> tuple[Path, str | None]:
     except (OSError, ValueError):
         manifest = {}
     records = {
-        a.get("attempt"): a for a in (manifest.get("attempts") or []) if isinstance(manifest, dict) and isinstance(a, dict)
+        a.get("attempt"): a
+        for a in (manifest.get("attempts") or [])
+        if isinstance(manifest, dict) and isinstance(a, dict)
     }
     k, folder = attempts[-1]
     earlier = []

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 ENV_VAR = "DDPDOCTOR_CAPTURE"
 
@@ -16,6 +17,11 @@ class CaptureConfig:
     warmup: int = 2
     active: int = 5
     repeat: int = 1
+    # --every: a window every this many steps, or every this many seconds (capture/every.py); None: torch's own
+    # schedule (windows back to back, --repeat times)
+    every_steps: int | None = None
+    every_s: float | None = None
+    keep: int | None = None  # --keep N: the newest N windows' traces are kept per rank (older ones removed)
     with_stack: bool = False
     record_shapes: bool = True
     profile_memory: bool = True
@@ -55,5 +61,10 @@ class CaptureConfig:
             return None
         return cls(**json.loads(raw))
 
-    def schedule_dict(self) -> dict[str, int]:
-        return {"wait": self.wait, "warmup": self.warmup, "active": self.active, "repeat": self.repeat}
+    def schedule_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"wait": self.wait, "warmup": self.warmup, "active": self.active, "repeat": self.repeat}
+        if self.every_steps or self.every_s:
+            out.update(every_steps=self.every_steps, every_s=self.every_s)
+        if self.keep:
+            out["keep"] = self.keep
+        return out

@@ -125,7 +125,7 @@ def record(session: Session) -> dict[str, Any]:
         "device": device,
         "steps": session.clock.steps_json(),
         "fallback_window": session.clock.startup_json(),
-        "schedule": session.config.schedule_dict(),
+        "schedule": {**session.config.schedule_dict(), **({"dropped": d} if (d := session.dropped_windows) else {})},
         "profile_all_threads": session.all_threads(),
         "memory": session.memory.to_json(),
         "gil": session.gil.to_json(),

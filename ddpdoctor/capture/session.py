@@ -96,6 +96,8 @@ class Session:
         self._finished = False
         self._compressor = Compressor(self.out, self._compressed)
         self._compressed_files: list[tuple[str, BaseException | None]] = []  # done, not yet in the rank file
+        self.dropped_windows: list[dict[str, Any]] = []  # --keep: the windows whose traces were removed
+        self._window_steps: dict[str, tuple[int, int] | None] = {}  # trace file (uncompressed name) -> its steps
 
     @property
     def rank(self) -> int:
@@ -112,9 +114,21 @@ class Session:
         from torch.profiler import ProfilerAction, profile, schedule
 
         _current = self
-        base = schedule(
-            wait=self.config.wait, warmup=self.config.warmup, active=self.config.active, repeat=self.config.repeat
-        )
+        if self.config.every_steps or self.config.every_s:  # --every: periodic windows (capture/every.py)
+            from ddpdoctor.capture.every import EverySchedule
+
+            base = EverySchedule(
+                wait=self.config.wait,
+                warmup=self.config.warmup,
+                active=self.config.active,
+                repeat=self.config.repeat,
+                every_steps=self.config.every_steps,
+                every_s=self.config.every_s,
+            )
+        else:
+            base = schedule(
+                wait=self.config.wait, warmup=self.config.warmup, active=self.config.active, repeat=self.config.repeat
+            )
 
         def _schedule(step: int) -> ProfilerAction:
             # Iteration 0 is start-up plus the first iteration: recorded only as the no-step fallback.
@@ -363,7 +377,7 @@ class Session:
         if not self.claimed and self._launched_ranks():
             return  # this process only launched the ranks: its start-up is not a rank's trace
         lost = sum(e.startswith("profiled window ") and " not written: " in e for e in self.capture_errors)
-        window = f"profiled window {len(self.trace_files) + lost + 1}"
+        window = f"profiled window {len(self.trace_files) + len(self.dropped_windows) + lost + 1}"
         try:
             if not self.claimed:
                 self._claim()
@@ -386,6 +400,8 @@ class Session:
             return
         try:
             self.trace_files.append(name)
+            self._window_steps[name] = self._last_window_steps()
+            self._keep_newest()
             self.write_rank_file()
             if self.identity.local_rank == 0 and not self.config.quiet:
                 size_mb = (self.out / name).stat().st_size / 1e6
@@ -402,6 +418,44 @@ class Session:
             self._compressor.submit(name)
         except Exception as exc:  # no thread to be had: the trace stays uncompressed
             self.capture_errors.append(f"compressing trace {name} failed (kept uncompressed): {exc}")
+
+    def _last_window_steps(self) -> tuple[int, int] | None:
+        from ddpdoctor.capture.step_clock import ranges
+
+        recorded = ranges(self.clock.recorded)
+        if not recorded:
+            return None
+        return max(recorded[-1][0], recorded[-1][1] - self.config.active + 1), recorded[-1][1]
+
+    def _keep_newest(self) -> None:
+        """``--keep N``: remove the oldest traces beyond the newest N windows (lock held); a gzip of one still
+        being made is removed when it is done (``_apply_compressed``)."""
+        keep = self.config.keep
+        while keep and len(self.trace_files) > keep:
+            old = self.trace_files.pop(0)
+            plain = old.removesuffix(GZ)
+            size = None
+            for name in (old, plain):
+                with contextlib.suppress(OSError):
+                    size = size or (self.out / name).stat().st_size
+                    os.unlink(self.out / name)
+            steps = self._window_steps.pop(plain, None)
+            self.dropped_windows.append(
+                {
+                    "first_step": steps[0] if steps else None,
+                    "last_step": steps[1] if steps else None,
+                    "file": plain,
+                    "bytes": size,
+                }
+            )
+            if self.identity.local_rank == 0 and not self.config.quiet:
+                where = f" (steps {steps[0]}-{steps[1]})" if steps else ""
+                mb = f", {size / 1e6:.2f} MB on disk" if size else ""
+                print(
+                    f"ddpdoctor: rank {self.rank}: removed the oldest window's trace{where}{mb}: --keep {keep}",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
     def _export(self, prof: Any) -> str:
         """Write the profiler's window as ``rank<R>.<span>.pt.trace.json`` (the profiler's own exporter, checked,
@@ -432,7 +486,10 @@ class Session:
         """Name the compressed traces in the rank file, then remove the uncompressed ones (lock held)."""
         done, self._compressed_files = self._compressed_files, []
         for name, error in done:
-            if error is not None:
+            if any(d["file"] == name for d in self.dropped_windows):  # --keep removed it while it was gzipped
+                with contextlib.suppress(OSError):
+                    os.unlink(self.out / (name + GZ))
+            elif error is not None:
                 self.capture_errors.append(
                     f"compressing trace {name} failed (kept uncompressed): {type(error).__name__}: {error}"
                 )

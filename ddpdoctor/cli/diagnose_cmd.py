@@ -164,7 +164,7 @@ def _run(args: argparse.Namespace) -> int:
     steps = parse_steps(args.steps)
     rules = resolve_rules(rule_options(args))  # rule errors before any trace is read
     progress = Progress()
-    result = analyze_run(args.run, steps=steps, rules=rules, progress=progress).diagnosis
+    result = analyze_run(args.run, steps=steps, rules=rules, progress=progress, over_time=True).diagnosis
     if args.output is None:
         render(result, args.format, sys.stdout)
         sys.stdout.flush()

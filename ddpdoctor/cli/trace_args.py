@@ -34,6 +34,12 @@ def _hang_timeout(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc).replace(", not ", ", or off, not ", 1)) from None
 
 
+def _every(text: str) -> tuple[str, float]:
+    from ddpdoctor.capture.every import parse_every
+
+    return parse_every(text)
+
+
 def _metrics_address(text: str) -> tuple[str, int]:
     from ddpdoctor.export.prometheus import parse_address
 
@@ -71,7 +77,26 @@ def _own_parser() -> argparse.ArgumentParser:
     g.add_argument("--warmup", type=count(0), default=2, metavar="N", help="profiler warm-up steps (default 2)")
     g.add_argument("--active", type=count(1), default=5, metavar="N", help="steps recorded per window (default 5)")
     g.add_argument(
-        "--repeat", type=count(0), default=1, metavar="N", help="number of windows, 0 = until the end (default 1)"
+        "--repeat",
+        type=count(0),
+        default=None,
+        metavar="N",
+        help="number of windows, 0 = until the end (default 1; with --every, 0)",
+    )
+    g.add_argument(
+        "--every",
+        type=_every,
+        default=None,
+        metavar="STEPS|DURATION",
+        help="take a window regularly through the whole run: every STEPS steps (e.g. 200) or every DURATION "
+        "(e.g. 30s, 10m, 1h); the first starts after --wait",
+    )
+    g.add_argument(
+        "--keep",
+        type=count(1),
+        default=None,
+        metavar="N",
+        help="keep the traces of the newest N windows per rank, removing older ones (disk bounded; default: all)",
     )
     g.add_argument("--with-stack", action="store_true", help="record Python stacks (larger traces)")
     g.add_argument("--no-record-shapes", action="store_true", help="do not record operator input shapes")
@@ -231,6 +256,20 @@ def _parse_own(own: list[str]) -> argparse.Namespace:
         require_client()
         if args.metrics_textfile is not None and not os.path.isdir(args.metrics_textfile):
             raise UsageError(f"--metrics-textfile {args.metrics_textfile}: not a directory")
+    args.every_steps = args.every_s = None
+    if args.every is not None:
+        kind, value = args.every
+        if kind == "steps":
+            args.every_steps = int(value)
+            if args.every_steps < args.warmup + args.active:
+                raise UsageError(
+                    f"--every {args.every_steps}: a window takes {args.warmup + args.active} steps (--warmup "
+                    f"{args.warmup} + --active {args.active}); give at least that many steps"
+                )
+        else:
+            args.every_s = value
+    if args.repeat is None:
+        args.repeat = 0 if args.every is not None else 1
     return args
 
 

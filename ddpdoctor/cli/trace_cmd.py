@@ -210,6 +210,9 @@ def main(argv: list[str]) -> int:
         warmup=args.warmup,
         active=args.active,
         repeat=args.repeat,
+        every_steps=args.every_steps,
+        every_s=args.every_s,
+        keep=args.keep,
         with_stack=args.with_stack,
         record_shapes=not args.no_record_shapes,
         profile_memory=not args.no_profile_memory,
@@ -243,6 +246,10 @@ def main(argv: list[str]) -> int:
             who=who,
             hang_timeout=hang.describe(explicit, off),
         )
+    if (args.every is not None or args.keep) and (launch != "scheduler" or who.rank == 0) and not args.quiet:
+        from ddpdoctor.capture.every import header
+
+        print(header(args, first), file=sys.stderr, flush=True)
     judge = None
     if launch != "scheduler" and not off:  # the ranks are other processes here: this one stops them on a hang
         how = f"stopped by ddpdoctor --hang-timeout {explicit:g}" if explicit else "stopped by ddpdoctor's hang timeout"

@@ -127,6 +127,7 @@ def build(result: Diagnosis) -> dict[str, Any]:
             **({"trials": jsonable(run["trials"])} if run.get("trials") else {}),
             **({"health": jsonable(run["health"])} if isinstance(run.get("health"), dict) else {}),
             **({"fsdp_units": jsonable(run["fsdp_units"])} if run.get("fsdp_units") else {}),
+            **({"over_time": jsonable(run["over_time"])} if run.get("over_time") else {}),  # metrics/overtime.py
         },
         "ranks": ranks,
         "findings": [jsonable(f.to_json()) for f in result.findings],

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, TextIO
 
 from ddpdoctor.diagnosis.findings import Diagnosis, format_ranks
-from ddpdoctor.report import fmt, fsdp_units
+from ddpdoctor.report import fmt, fsdp_units, over_time
 from ddpdoctor.report.document import (
     RANK_STATUS_TITLE,
     build,
@@ -85,6 +85,7 @@ def _lines(result: Diagnosis) -> list[str]:
             out += ["## Per-rank step breakdown (ms per step; wait: in collectives for late ranks)", ""]
             out += _table(header, rows, "r" * len(header)) + [""]
     out += fsdp_units.markdown_lines(doc)
+    out += over_time.markdown_lines(doc)
     devices = [(r["rank"], d) for r in doc["ranks"] for d in r["devices"]]
     if devices:
         out += ["## Memory per device (peak)", ""]

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TextIO
 
 from ddpdoctor.diagnosis.findings import Diagnosis, format_ranks
-from ddpdoctor.report import fmt, fsdp_units
+from ddpdoctor.report import fmt, fsdp_units, over_time
 from ddpdoctor.report.document import (
     RANK_STATUS_TITLE,
     build,
@@ -372,6 +372,12 @@ def _write(console: Any, result: Diagnosis, doc: dict[str, Any], Text: Any, _t: 
         _print_table(console, _rank_table_lines(doc, console), lambda: _rank_table(doc))
     if any(r["devices"] for r in doc["ranks"]):
         _print_table(console, _memory_table_lines(doc, console), lambda: _memory_table(doc))
+    timeline = over_time.text_lines(doc)
+    if timeline:
+        console.print(Text(over_time.TITLE, style="bold"))
+        for line in timeline:
+            console.print(_t("  " + line), overflow="fold")
+        console.print()
     units = fsdp_units.text_lines(doc)
     if units:
         console.print(Text(fsdp_units.TITLE, style="bold"))

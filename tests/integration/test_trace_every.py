@@ -1,0 +1,155 @@
+"""Issue 28 items 2-3 on real 2-rank CPU jobs traced with ``--every``: the windows are there (and ``--keep`` bounds
+them), a straggler introduced halfway through the run is reported with when it started, a memory leak is projected
+to its out-of-memory step; a straggler that moves between ranks is said to move, and that job (its step time and
+memory steady) shows no drift and no leak.
+
+Two traced jobs (module-scoped, shared by the asserts), each 80 short steps with 4 windows of 8 steps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from helpers import read_json, run_cli, write_script
+
+pytestmark = [pytest.mark.integration]
+
+JOB = """
+import os, time, torch, torch.distributed as dist, torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+dist.init_process_group("gloo"); rank = dist.get_rank(); torch.manual_seed(0)
+model = DDP(nn.Sequential(nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 10)))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+slow_from = int(os.environ.get("SLOW_FROM", "-1")); move = int(os.environ.get("MOVE_EVERY", "0"))
+leak_bytes = int(os.environ.get("LEAK", "0")); leak = []
+for step in range(80):
+    time.sleep(0.01)
+    slow = (step // move) % 2 if move else (1 if 0 <= slow_from <= step else -1)
+    if rank == slow:
+        time.sleep(0.15)  # the straggler: 150 ms more per step
+    if leak_bytes:
+        leak.append(b"\\x01" * leak_bytes)  # written: resident, RSS grows
+    loss = model(torch.randn(16, 128)).square().mean(); opt.zero_grad(); loss.backward(); opt.step()
+dist.barrier(); dist.destroy_process_group()
+"""
+WINDOWS = ["--wait", "1", "--warmup", "1", "--active", "8", "--every", "20"]  # steps 3-10, 23-30, 43-50, 63-70
+LEAK = 2 * 2**20  # per rank per step
+SLOW_FROM = 36
+
+
+def _trace(tmp, name, env, *extra):
+    script = write_script(tmp / f"{name}.py", JOB)
+    out = tmp / name
+    traced = run_cli(
+        "trace",
+        "--out",
+        str(out),
+        *WINDOWS,
+        *extra,
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(script),
+        timeout=400,
+        env={**os.environ, **env},
+    )
+    assert traced.returncode == 0, traced.stderr[-3000:]
+    diagnosed = run_cli("diagnose", str(out), "--format", "json", timeout=120)
+    assert diagnosed.returncode == 0, diagnosed.stderr[-3000:]
+    return out, traced.stderr, json.loads(diagnosed.stdout)
+
+
+@pytest.fixture(scope="module")
+def halfway(tmp_path_factory):
+    """A straggler from step 36 and a leak of 2 MiB per rank per step; the newest 3 windows kept."""
+    tmp = tmp_path_factory.mktemp("every")
+    return _trace(tmp, "halfway", {"SLOW_FROM": str(SLOW_FROM), "LEAK": str(LEAK)}, "--keep", "3")
+
+
+@pytest.fixture(scope="module")
+def moving(tmp_path_factory):
+    """Rank 0 slow in steps 0-19 and 40-59, rank 1 in 20-39 and 60-79: a different rank in each window."""
+    tmp = tmp_path_factory.mktemp("every")
+    return _trace(tmp, "moving", {"MOVE_EVERY": "20"})
+
+
+def _record(report, name):
+    found = report["run"]["over_time"]["findings"]
+    assert found["evaluated"], found
+    return next((r for r in found["findings"] if r["name"] == name), None)
+
+
+@pytest.mark.timeout(600)
+def test_every_takes_the_windows_and_keep_bounds_them(halfway):
+    out, stderr, _ = halfway
+    assert "a window every 20 steps: steps 3-10, 23-30, ..." in stderr
+    assert "removed the oldest window's trace (steps 3-10)" in stderr
+    for rank in (0, 1):
+        cap = read_json(out / "ranks" / f"rank{rank}.json")
+        assert cap["steps"]["profiled"] == [[3, 10], [23, 30], [43, 50], [63, 70]]
+        assert [(d["first_step"], d["last_step"]) for d in cap["schedule"]["dropped"]] == [(3, 10)]
+        assert len(cap["trace_files"]) == 3 and all((out / f).is_file() for f in cap["trace_files"])
+        assert len(list(out.glob(f"rank{rank}.*.pt.trace.json*"))) == 3  # the dropped one is gone from disk
+
+
+@pytest.mark.timeout(600)
+def test_a_straggler_from_halfway_is_reported_with_when_it_started(halfway):
+    _, _, report = halfway
+    ot = report["run"]["over_time"]
+    assert ot["findings"]["window_steps"] == [[23, 30], [43, 50], [63, 70]]
+    rec = _record(report, "rank-straggler")
+    assert rec is not None, ot["findings"]
+    assert rec["culprit"] == 1 and rec["pattern"] == "started", rec
+    # held in the windows after step 36 (43-50, 63-70), not in the one before (23-30)
+    assert (rec["since_step"], rec["absent_until_step"], rec["held_windows"]) == (43, 30, [2, 3]), rec
+    assert rec["same_ranks"] is True and "the same rank each time" in rec["text"]
+    # the always-on series puts the start at the step the step time jumped (the straggler began at step 36)
+    drift = ot["step_time"]
+    assert drift["drift"] is True and abs(drift["jump_step"] - SLOW_FROM) <= 2, drift
+    assert rec["started_step"] == drift["jump_step"] and "the step time jumped at step" in rec["text"]
+    assert rec["started_time"].endswith("UTC")
+
+
+@pytest.mark.timeout(600)
+def test_a_leak_is_projected_to_its_out_of_memory_step(halfway):
+    _, _, report = halfway
+    mem = report["run"]["over_time"]["memory"]
+    assert mem["leak"] is True, mem
+    (dev,) = mem["devices"]
+    rate = dev["bytes_per_1000_steps"] / 1000
+    assert rate == pytest.approx(2 * LEAK, rel=0.3), dev  # two ranks on this host, 2 MiB each per step
+    expected = dev["last_step"] + (dev["capacity_bytes"] - dev["end_bytes"]) / rate
+    assert mem["oom_step"] == pytest.approx(expected, rel=0.05)
+    assert f"at step ~{mem['oom_step']:,}" in dev["text"]
+
+
+@pytest.mark.timeout(600)
+def test_a_moving_straggler_is_said_to_move_and_a_steady_job_has_no_drift_or_leak(moving):
+    _, _, report = moving
+    rec = _record(report, "rank-straggler")
+    assert rec is not None and rec["pattern"] == "moved", report["run"]["over_time"]["findings"]
+    assert "the rank changes between windows" in rec["text"] and "not at a node" in rec["text"]
+    ot = report["run"]["over_time"]
+    assert ot["step_time"]["evaluated"] and ot["step_time"]["drift"] is False, ot["step_time"]
+    assert ot["memory"]["evaluated"] and ot["memory"]["leak"] is False, ot["memory"]
+    assert "oom_step" not in ot["memory"]
+
+
+@pytest.mark.timeout(600)
+def test_the_section_in_text_and_markdown(halfway):
+    out, _, _ = halfway
+    text = run_cli("diagnose", str(out), timeout=120)
+    assert text.returncode == 0 and "Over time" in text.stdout and "rank-straggler: rank 1 in" in text.stdout
+    md = run_cli("diagnose", str(out), "--format", "markdown", timeout=120)
+    assert md.returncode == 0 and "## Over time" in md.stdout and "per 1,000 steps" in md.stdout
+
+
+@pytest.mark.timeout(60)
+def test_bad_every_is_one_line_and_exit_2(tmp_path):
+    script = write_script(tmp_path / "s.py", "print('never run')\n")
+    for bad, says in (("6", "a window takes 9 steps"), ("10x", "a duration with a unit")):
+        r = run_cli("trace", "--active", "8", "--warmup", "1", "--every", bad, str(script), timeout=60)
+        assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1
