@@ -11,6 +11,7 @@ The median and the worst step are two panels; two radio buttons choose one (CSS 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from itertools import count
 from typing import Any
@@ -41,6 +42,7 @@ OVERLAP = "poor-comm-compute-overlap"
 DP_RULES = frozenset({"use-ddp-instead-of-dp", "dp-gathers-large-outputs", "gpu0-oom-risk"})
 PLACED = frozenset({STRAGGLER, OVERLAP}) | DP_RULES
 _IDS = count()
+_CODE = re.compile(r"`([^`\n]+)`")
 _TICKS = (0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
 STYLE = (
     ".tl-panel{display:none}.tl>input{margin-left:1em}"
@@ -57,8 +59,8 @@ def _ms(us: float) -> str:
 def render(timeline: dict[str, Any], findings: Sequence[Any] = ()) -> str:
     """The timeline as an HTML fragment (a ``<div class="tl">`` with its own small stylesheet)."""
     if not timeline.get("recorded") or not timeline.get("steps"):
-        reason = timeline.get("reason") or "no step to draw"
-        return f'<p class="note tl-none">Step timeline: {esc(reason)}.</p>'
+        reason = _CODE.sub(r"<code>\1</code>", esc(timeline.get("reason") or "no step to draw"))
+        return f'<p class="note tl-none">Step timeline: {reason}.</p>'
     uid = f"tl{next(_IDS)}"
     steps = timeline["steps"]
     out = [f'<div class="tl"><style>{STYLE}</style>']
