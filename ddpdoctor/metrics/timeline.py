@@ -22,8 +22,8 @@ import numpy as np
 
 from ddpdoctor.metrics import intervals as iv
 
-MAX_STEPS = 12
-MAX_SEGMENTS = 48
+MAX_STEPS = 8
+MAX_SEGMENTS = 24
 MAX_RANKS = 32
 # compute lanes, in the order they claim time (what is left of the step is "idle")
 COMPUTE_ORDER = ("exposed_comm", "dataloader", "optimizer", "backward", "forward")
@@ -91,25 +91,26 @@ def record(lanes: dict[str, iv.Intervals], steps: Any, dp_gather: iv.Intervals |
 
 
 class LazyTimeline:
-    """``build(summaries, colls)`` made on first ``get()`` (a report that draws no timeline never pays for it)."""
+    """``build(summaries, colls, focus_ranks)`` made on first ``get()`` (a report that draws no timeline never pays
+    for it); one per ``focus_ranks`` asked (the ranks the findings name, drawn first in a large run)."""
 
     def __init__(self, summaries: list[dict[str, Any]], colls: Any) -> None:
-        self._args: tuple[Any, ...] | None = (summaries, colls)
-        self._value: dict[str, Any] | None = None
+        self._args: tuple[Any, ...] = (summaries, colls)
+        self._made: dict[tuple[int, ...], dict[str, Any]] = {}
 
-    def get(self) -> dict[str, Any]:
-        if self._args is not None:
-            self._value, self._args = build(*self._args), None
-        assert self._value is not None
-        return self._value
+    def get(self, focus_ranks: list[int] | None = None) -> dict[str, Any]:
+        key = tuple(sorted(set(focus_ranks or [])))
+        if key not in self._made:
+            self._made[key] = build(*self._args, focus_ranks=list(key))
+        return self._made[key]
 
-    def __reduce__(self) -> tuple[Any, ...]:
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled as what it made (the summaries stay behind)
         return (_made, (self.get(),))
 
 
 def _made(value: dict[str, Any]) -> LazyTimeline:
     out = LazyTimeline([], None)
-    out._args, out._value = None, value
+    out._made[()] = value
     return out
 
 

@@ -279,7 +279,7 @@ def _timeline_html(result: Diagnosis) -> list[str]:
     lazy = getattr(result.metrics, "timeline", None)
     if lazy is None:
         return []
-    data = lazy.get()
+    data = lazy.get([r for f in result.findings for r in f.ranks or []])
     if not data.get("recorded") and not data.get("reason"):
         return []
     return [

@@ -103,7 +103,8 @@ def _timeline(analysis: Analysis) -> dict[str, Any] | None:
         return None
     from ddpdoctor.report import timeline
 
-    return timeline.tree(lazy.get(), analysis.diagnosis.findings)
+    findings = analysis.diagnosis.findings
+    return timeline.tree(lazy.get([r for f in findings for r in f.ranks or []]), findings)
 
 
 def analyze_for_dashboard(run_dir: Path, rules: RuleOptions | Sequence[Any] | None = None) -> Analysis:

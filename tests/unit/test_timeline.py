@@ -292,3 +292,16 @@ def test_record_keeps_dataparallels_gather_beside_the_phases():
     rec = mt.record(lanes, steps, gather)
     rows = list(zip(rec["step"], rec["lane"], rec["start_us"], rec["end_us"], strict=True))
     assert rows == [(4, "forward", 1e5, 1.5e5), (4, "dp_gather", 1.4e5, 1.45e5)]  # overlaps forward: its own lane
+
+
+def test_a_large_run_draws_the_ranks_the_findings_name_within_the_cap():
+    n = mt.MAX_RANKS + 8
+    summaries = [_summary(r, {1: 100.0}, straggler=r == n - 3) for r in range(n)]
+    lazy = mt.LazyTimeline(summaries, all_collectives(summaries))
+    plain = [row["rank"] for row in lazy.get()["steps"][0]["ranks"]]
+    focused = lazy.get([n - 3])
+    shown = [row["rank"] for row in focused["steps"][0]["ranks"]]
+    assert len(plain) == len(shown) == mt.MAX_RANKS and n - 3 not in plain and n - 3 in shown
+    html = rt.render(focused, [_finding("rank-straggler", [n - 3])])
+    assert f"{mt.MAX_RANKS} of {n} ranks shown" in html
+    assert f'data-rank="{n - 3}" data-step="1" data-part="late-arrival"' in html
