@@ -260,16 +260,21 @@ def _marks(
             if exposed:
                 total = sum(b - a for a, b in exposed)
                 a, b = max(exposed, key=lambda s: s[1] - s[0])  # the longest: where the all-reduce waits
+                # the rules count data transfer only: say how much of the exposed time is waiting for peers
+                waiting = _overlap((a, b), [(w0, w1) for _k, _i, part, w0, w1, _l in row["comm"] if part == "wait"])
+                words = f"{_ms(b - a)} of communication exposed" + (
+                    f", {_ms(waiting)} of it waiting for peers" if waiting >= 0.05 * (b - a) else ""
+                )
                 tip = (
-                    f"{f.id} {f.name}: rank {rank}: {_ms(b - a)} of communication exposed here, "
-                    f"{_ms(total)} from the start of backward to the step's end"
+                    f"{f.id} {f.name}: rank {rank}: {words}; {_ms(total)} exposed from the start of backward to "
+                    "the step's end"
                 )
                 out.append(
                     f'<g {attrs} data-part="exposed-comm"><title>{esc(tip)}</title>'
                     f'<rect x="{x(a):.1f}" y="{y - 2}" width="{max(x(b) - x(a), 1):.1f}" height="{ROW_H + 4}" '
                     'fill="none" stroke="#000" stroke-width="1.5"/>'
                     f'<path d="M{x(a) - 5:.1f} {y - 9} l5 8 l5 -8 z" fill="#000"/>'
-                    + _label(x(a), cy + COMM_H + 13, f"{_ms(b - a)} of communication exposed")
+                    + _label(x(a), cy + COMM_H + 13, words)
                     + "</g>"
                 )
         elif f.name in DP_RULES and row["gather"] and _finding_ranks(f, rank):
@@ -303,6 +308,17 @@ def _latest_arrival(row: dict[str, Any]) -> tuple[str, int, float, float] | None
             arrivals[(kind, index)] = (a, late)
     late = [(k[0], k[1], a, lateness) for k, (a, lateness) in arrivals.items() if lateness > 0]
     return max(late, key=lambda c: (c[3], -c[2]), default=None)
+
+
+def _overlap(span: tuple[float, float], parts: list[tuple[float, float]]) -> float:
+    """Time of ``span`` covered by ``parts`` (which may overlap one another: unioned first)."""
+    covered, reach = 0.0, span[0]
+    for a, b in sorted(parts):
+        a, b = max(a, reach), min(b, span[1])
+        if b > a:
+            covered += b - a
+            reach = b
+    return covered
 
 
 def _exposed_after_backward(row: dict[str, Any]) -> list[tuple[float, float]]:

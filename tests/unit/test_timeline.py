@@ -166,7 +166,7 @@ def test_exposed_allreduce_after_backward_marked_on_the_finding_ranks_only(built
     svg = rt.svg(step, [_finding("poor-comm-compute-overlap", [0], "DDP002")])
     groups = _groups(svg)
     assert _parts(groups["0"]) == {"exposed-comm"} and _marks(groups["1"]) == []
-    assert "40.0 ms of communication exposed" in _words(groups["0"])
+    assert "40.0 ms of communication exposed, 35.0 ms of it waiting for peers" in _words(groups["0"])
 
     # exposed communication only before backward starts (e.g. a broadcast in forward) is not this finding's place
     def before_backward(r: dict) -> list:
