@@ -68,20 +68,21 @@ def record(lanes: dict[str, iv.Intervals], steps: Any, dp_gather: iv.Intervals |
     lo_all = np.asarray(steps["start_us"], dtype=np.float64)[analysed]
     hi_all = np.asarray(steps["end_us"], dtype=np.float64)[analysed]
     chosen = set(choose_steps(ids, np.asarray(steps["step_ms"], dtype=np.float64)[analysed]))
+    keep = np.array([int(x) in chosen for x in ids.tolist()], dtype=bool)
+    ids, lo_all, hi_all = ids[keep], lo_all[keep], hi_all[keep]
+    windows = iv.union(lo_all, hi_all)  # the lanes cut to the kept steps first: the rest is never looked at
     own: list[tuple[str, iv.Intervals]] = []
     taken = iv.EMPTY
     for name in COMPUTE_ORDER:
-        part = lanes.get(name, iv.EMPTY)
+        part = iv.intersect(lanes.get(name, iv.EMPTY), windows)
         own.append((name, iv.subtract(part, taken)))
         taken = iv.union_all(taken, part)
     if dp_gather is not None and len(dp_gather[0]):
-        own.append(("dp_gather", dp_gather))
+        own.append(("dp_gather", iv.intersect(dp_gather, windows)))
     for step, lo, hi in zip(ids.tolist(), lo_all.tolist(), hi_all.tolist(), strict=True):
-        if step not in chosen:
-            continue
-        window = (np.array([lo]), np.array([hi]))
-        for name, ivs in own:
-            s, e = _bounded(*iv.intersect(ivs, window))
+        for name, (starts, ends) in own:
+            first, last = np.searchsorted(ends, lo, side="right"), np.searchsorted(starts, hi, side="left")
+            s, e = _bounded(np.maximum(starts[first:last], lo), np.minimum(ends[first:last], hi))
             n = len(s)
             out["step"] += [int(step)] * n
             out["lane"] += [name] * n
