@@ -83,7 +83,9 @@ def analyze_run(
     path, attempt_note = _attempt_to_read(path)
     with without_gc():
         result = _analyze(path, steps, resolved, progress, traces_optional)
-        if over_time and steps is None and path.is_dir() and result.metrics is not None:
+        # a folder of foreign traces (no ranks/: no series, no capture files) has nothing over time: not imported
+        has_ranks = bool(result.captures) or (path / "ranks").is_dir()
+        if over_time and steps is None and path.is_dir() and result.metrics is not None and has_ranks:
             from ddpdoctor.metrics.overtime import analyze_over_time
 
             section = analyze_over_time(path, resolved, result.captures, result.metrics.run.get("world_size"))
@@ -214,10 +216,10 @@ def _verdict(
     """``ddpdoctor.flight``'s verdict over the dumps at ``path`` (a run directory's dumps/; without traces
     (``traced`` False) also a folder of torch's own dump files, or one such file), and notes on the dumps;
     (None, []) when there are none."""
-    from ddpdoctor import flight
-
     if traced and not (path / "dumps").is_dir():
         return None, []
+    from ddpdoctor import flight  # only where there may be dumps (start-up of a plain diagnose)
+
     try:
         found = flight.find_dumps(path)
     except TraceError as exc:

@@ -24,8 +24,9 @@ traced by an older ddpdoctor) get None and the reason in ``not_measured``.
 
 from __future__ import annotations
 
+import bisect
 import statistics
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ddpdoctor.metrics import catalog
@@ -125,18 +126,20 @@ def hostload_metrics(
         if busy is not None and host in job_cores:
             m["other_cpu_cores"] = max(0.0, busy - job_cores[host])
     waits = {r: m["cpu_wait_ms"] for r, m in own.items() if m["cpu_wait_ms"] is not None}
+    # the others' medians, each rank left out: sorted once (O(ranks log ranks), not a sort per rank)
+    wait_medians = _LeaveOneOutMedian(waits.values())
+    work_medians = _LeaveOneOutMedian(own[r]["loop_cpu_ms"] for r in waits)
     for row in ranks:
         rank = int(row["rank"])
         m = own[rank]
-        others = [w for r, w in waits.items() if r != rank]
+        others = len(waits) - (rank in waits)
         if m["cpu_wait_ms"] is not None and others:
-            typical = statistics.median(others)
+            typical = wait_medians.without(m["cpu_wait_ms"])
             m["cpu_wait_excess_ms"] = m["cpu_wait_ms"] - typical
-            work = [own[r]["loop_cpu_ms"] for r in waits if r != rank]
             m["cpu_starved"] = starved(
                 lateness_ms=row.get("wait_caused_ms"),
                 wait_excess_ms=m["cpu_wait_excess_ms"],
-                work_excess_ms=m["loop_cpu_ms"] - statistics.median(work),
+                work_excess_ms=m["loop_cpu_ms"] - work_medians.without(m["loop_cpu_ms"]),
                 got_ratio=m["cpu_got_ratio"],
             )
             lateness = row.get("wait_caused_ms")
@@ -146,6 +149,36 @@ def hostload_metrics(
     run = _run_level(ranks)
     reasons = _reasons(why, ranks, run)
     return run, reasons
+
+
+class _LeaveOneOutMedian:
+    """``statistics.median`` of ``values`` with one occurrence of a value left out, for each value in turn, from
+    one sort (a rank's "median of the other ranks" at 131,072 ranks is a sort per rank otherwise). The same
+    floats as ``statistics.median`` of the list without that value: the same middle element(s), the same
+    ``(a + b) / 2``. Falls back to that (a sort per call) where a value is NaN, which sorting does not order."""
+
+    def __init__(self, values: Iterable[Any]) -> None:
+        self.values = list(values)
+        self.nan = any(v != v for v in self.values)
+        self.sorted = self.values if self.nan else sorted(self.values)
+
+    def without(self, value: Any) -> Any:
+        if self.nan:
+            rest = list(self.values)
+            rest.remove(value)
+            return statistics.median(rest)
+        data = self.sorted
+        gone = bisect.bisect_left(data, value)  # every occurrence of value gives the same remaining list
+        n = len(data) - 1
+
+        def at(j: int) -> Any:
+            return data[j] if j < gone else data[j + 1]
+
+        if n == 0:
+            raise statistics.StatisticsError("no median for empty data")
+        if n % 2 == 1:
+            return at(n // 2)
+        return (at(n // 2 - 1) + at(n // 2)) / 2
 
 
 def starved(

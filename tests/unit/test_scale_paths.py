@@ -1,0 +1,38 @@
+"""Issue 29 item 2: the per-rank steps of the cross-rank analysis that were quadratic in ranks give the same
+values as the straightforward forms they replace."""
+
+from __future__ import annotations
+
+import random
+import statistics
+
+import pytest
+
+from ddpdoctor.metrics.hostload import _LeaveOneOutMedian
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 8, 33])
+def test_leave_one_out_median_equals_median_of_the_others(n: int) -> None:
+    rng = random.Random(n)
+    cases = [
+        [rng.uniform(0, 50) for _ in range(n)],
+        [float(rng.randint(0, 3)) for _ in range(n)],  # many ties
+        [rng.randint(0, 9) for _ in range(n)],  # ints, as statistics.median keeps them
+    ]
+    for values in cases:
+        medians = _LeaveOneOutMedian(values)
+        for i, v in enumerate(values):
+            expected = statistics.median(values[:i] + values[i + 1 :])
+            got = medians.without(v)
+            assert got == expected and type(got) is type(expected), (values, i)
+
+
+def test_leave_one_out_median_with_nan_falls_back() -> None:
+    values = [1.0, float("nan"), 3.0, 2.0]
+    medians = _LeaveOneOutMedian(values)
+    assert medians.without(1.0) == statistics.median([float("nan"), 3.0, 2.0])
+
+
+def test_leave_one_out_median_of_one_value_has_none() -> None:
+    with pytest.raises(statistics.StatisticsError):
+        _LeaveOneOutMedian([4.0]).without(4.0)
