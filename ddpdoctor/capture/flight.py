@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from ddpdoctor import rundir
 from ddpdoctor.capture.autostart import FR_VARIABLES
+from ddpdoctor.capture.phase import PHASE_WIDTH, STEP_WIDTH
 from ddpdoctor.runfile_types import FlightDump
 
 if TYPE_CHECKING:
@@ -193,7 +194,11 @@ def flight_records(backend: str | None, *, frames: bool = True) -> tuple[list[di
 # every thread's stack at that moment from its C signal handler: into dumps/rank<R>.fatal-<pid>.txt, opened at
 # start-up with one header line (rank, pid, the main thread's id); a file holding only the header is removed when
 # the rank ends normally. A user's own faulthandler (PYTHONFAULTHANDLER, -X faulthandler) is left in charge.
+# Its second line, ``ddpdoctor where {"step": N, "phase": "..."}`` (fixed width), is the step and phase the rank is
+# in: the file's first bytes are mapped into memory and the phase tracker stores them there as they change (no
+# system call; the kernel keeps the page for the file when the process dies), "unknown" where no tracker runs.
 FATAL_HEADER = "ddpdoctor fatal-signal record "
+FATAL_WHERE = "ddpdoctor where "
 _fatal: dict[str, Any] = {}
 
 
@@ -209,10 +214,12 @@ def arm_fatal(session: Session) -> Path | None:
     if _fatal or faulthandler.is_enabled() or not session.claimed:
         return None
     path = fatal_path(session.out, session.rank, os.getpid())
+    tracker = session.phase
+    tracked = bool(tracker._handles)  # the phase tracker is installed: it keeps the "where" line
     try:
         made = not path.parent.is_dir()
         path.parent.mkdir(parents=True, exist_ok=True)
-        f = open(path, "w", encoding="utf-8")  # noqa: SIM115 - faulthandler writes to it until the process ends
+        f = open(path, "w+", encoding="utf-8")  # noqa: SIM115 - faulthandler writes to it until the process ends
         header = {
             "rank": session.rank,
             "world_size": max(1, int(session.identity.world_size or 1)),
@@ -221,13 +228,43 @@ def arm_fatal(session: Session) -> Path | None:
             "main": threading.main_thread().ident,
             "started": time.time(),
         }
-        f.write(FATAL_HEADER + json.dumps(header) + "\n")
+        head = FATAL_HEADER + json.dumps(header) + "\n"
+        step = f"{tracker.step:{STEP_WIDTH}d}" if tracked else '"unknown"'.ljust(STEP_WIDTH)
+        phase = tracker.phase if tracked else "unknown"
+        where = f'{FATAL_WHERE}{{"step": {step}, "phase": "{phase:<{PHASE_WIDTH}}"}}\n'
+        f.write(head + where)
         f.flush()
         faulthandler.enable(file=f, all_threads=True)
     except (OSError, ValueError, RuntimeError):
         return None
-    _fatal.update(path=path, file=f, size=f.tell(), pid=os.getpid(), made_dir=made)
+    size = f.tell()
+    _fatal.update(path=path, file=f, size=size, pid=os.getpid(), made_dir=made)
+    if tracked:
+        _map_where(f, size, len(head.encode()) + len(FATAL_WHERE), tracker)
     return path
+
+
+def _map_where(f: Any, size: int, at: int, tracker: Any) -> None:
+    """Map the record's first ``size`` bytes and have ``tracker`` keep its step and phase in the "where" line (``at``:
+    where the line's JSON starts); a forked child (a DataLoader worker) lets go of it. Without it the line says the
+    step and phase of when the rank armed the record, which the reader cannot tell from the truth: so on any
+    failure the line is made to say "unknown"."""
+    import mmap
+
+    step_at = at + len('{"step": ')
+    phase_at = step_at + STEP_WIDTH + len(', "phase": "')
+    try:
+        mapped = mmap.mmap(f.fileno(), size)
+        view = memoryview(mapped)
+        if bytes(view[step_at - len('{"step": ') : step_at]) != b'{"step": ':
+            raise ValueError("the where line is not where it was written")
+        tracker.attach_where(view, step_at, phase_at)
+        _fatal["where"] = (mapped, view)
+        os.register_at_fork(after_in_child=lambda: tracker.attach_where(None, 0, 0))
+    except (OSError, ValueError, BufferError):
+        with contextlib.suppress(OSError, ValueError):
+            os.pwrite(f.fileno(), b'"unknown"'.ljust(STEP_WIDTH), step_at)
+            os.pwrite(f.fileno(), b"unknown".ljust(PHASE_WIDTH), phase_at)
 
 
 def remove_fatal() -> None:

@@ -258,9 +258,11 @@ class _Analysis:
         d = view.dump
         rank = view.rank
         # torch's own dump: no step, phase or stacks; a fatal-signal record: stacks only
-        foreign = d is not None and d.reason in ("torch", "fatal")
+        # a fatal-signal record: its "where" line, kept by the phase tracker to the signal (phase "unknown" without)
+        located = d is not None and d.reason == "fatal" and d.phase != "unknown"
+        foreign = d is not None and d.reason in ("torch", "fatal") and not located
         got = d.step if d is not None and not foreign else _int(view.status.get("steps"), -1)
-        if d is not None and d.reason == "fatal":
+        if d is not None and d.reason == "fatal" and not located:
             got = -1  # the rank file's step count is the one it last wrote, not the step the signal came in
         step = got if got >= 0 else None
         phase = d.phase if d is not None and not foreign else None
@@ -363,9 +365,7 @@ class _Analysis:
     def _all_ended_well(self) -> bool:
         """Every rank of the job is known to have ended with status ok and exit code 0 (manifest.json)."""
         statuses = [v.status for v in self.views.values()]
-        return bool(statuses) and all(
-            st.get("status") == "ok" and st.get("exit_code") in (0, None) for st in statuses
-        )
+        return bool(statuses) and all(st.get("status") == "ok" and st.get("exit_code") in (0, None) for st in statuses)
 
     def _verdict(
         self,
@@ -434,7 +434,8 @@ class _Analysis:
             sides.append(f"rank {r}: {issued}{at}, {lost}")
         word = {"size": "size", "op": "collective type"}[kind]
         summary = (
-            f"{word} mismatch at {ref.op} #{ref.seq_id} ({ref.pg}): " + "; ".join(sides)
+            f"{word} mismatch at {ref.op} #{ref.seq_id} ({ref.pg}): "
+            + "; ".join(sides)
             + " (gloo aborts a rank whose collective receives more data than its own tensor holds)"
         )
         self.evidence.append(summary)

@@ -22,7 +22,7 @@ import msgspec
 from ddpdoctor import rundir
 from ddpdoctor.errors import TraceError
 from ddpdoctor.flight.plain_pickle import loads_plain
-from ddpdoctor.runfile_types import FlightDump, FlightEntry, FlightRecord, Frame
+from ddpdoctor.runfile_types import MAX_STEP, FlightDump, FlightEntry, FlightRecord, Frame
 
 __all__ = ["DUMP_MAX_BYTES", "DumpSet", "find_dumps", "read_torch_dump"]
 
@@ -217,7 +217,7 @@ def read_fatal_record(path: Path) -> FlightDump | None:
     """``dumps/rank<R>.fatal-<pid>.txt`` as a FlightDump (reason "fatal": the signal as its exception, every thread's
     stack, no Flight Recorder buffer: the process ran no Python after the signal); None when the signal never came
     (the header alone). ValueError when it is not such a record."""
-    from ddpdoctor.capture.flight import FATAL_HEADER
+    from ddpdoctor.capture.flight import FATAL_HEADER, FATAL_WHERE
 
     text = rundir.read_regular(path, _FATAL_MAX_BYTES).decode("utf-8", "replace")
     first, _, body = text.partition("\n")
@@ -229,6 +229,10 @@ def read_fatal_record(path: Path) -> FlightDump | None:
         world = max(1, int(header.get("world_size") or 1))
     except (ValueError, TypeError, KeyError, AttributeError):
         raise ValueError("not a fatal-signal record (its header line is not ddpdoctor's)") from None
+    where: dict[str, Any] = {"phase": "unknown"}  # a record of an older ddpdoctor: no "where" line
+    if body.startswith(FATAL_WHERE):
+        line, _, body = body.partition("\n")
+        where = _where_line(line[len(FATAL_WHERE) :])
     if not body.strip():
         return None
     fatal = re.search(r"Fatal Python error: ([^\n]*)", body)
@@ -263,6 +267,7 @@ def read_fatal_record(path: Path) -> FlightDump | None:
         "host": str(header.get("host") or ""),
         "reason": "fatal",
         "time": mtime,
+        **where,
         "exception": {
             "type": signame,
             "message": f"Fatal Python error: {what} (the process was ended by the signal)",
@@ -275,6 +280,22 @@ def read_fatal_record(path: Path) -> FlightDump | None:
         return msgspec.convert(data, FlightDump)
     except msgspec.ValidationError as exc:
         raise ValueError(f"not a fatal-signal record ({exc})") from None
+
+
+def _where_line(text: str) -> dict[str, Any]:
+    """A fatal record's "where" line: ``{"step", "phase"}`` as the phase tracker last stored them; ``{"phase":
+    "unknown"}`` (the verdict then says the step is unknown) when it says "unknown" or cannot be read (a record of
+    an older ddpdoctor has no such line: the same)."""
+    from ddpdoctor.capture.phase import PHASES
+
+    try:
+        data = json.loads(text)
+        step, phase = data["step"], str(data["phase"]).strip()
+    except (ValueError, TypeError, KeyError):
+        return {"phase": "unknown"}
+    if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step < MAX_STEP or phase not in PHASES:
+        return {"phase": "unknown"}
+    return {"step": step, "phase": phase}
 
 
 def _why(exc: BaseException) -> str:

@@ -54,6 +54,8 @@ def health_metrics(
         elif st.state == "consequence":
             status[r] = "consequence"
         ranks.setdefault(r, {"rank": r, "steps": st.step, "reason": st.exception})
+        if st.step is not None:  # the dump's step: newer than any rank file's
+            ranks[r].update(steps=st.step, steps_final=True)
     kind = getattr(verdict, "kind", None)
     consequences = sorted(r for r, s in status.items() if s == "consequence")
     out: dict[str, Any] = dict.fromkeys(HEALTH_METRICS)
@@ -157,13 +159,19 @@ def health_metrics(
     elif crashed:
         culprits = tuple(crashed)
         first = culprits[0]
-        steps = ranks.get(first, {}).get("steps")
+        steps = _known_steps(ranks.get(first, {}))
         error = _error(first, ranks, states)
         where = _where(states.get(first))
-        before_first_step = all(not ranks.get(r, {}).get("steps") for r in ranks)
+        # before the first step: the culprit's count is known to be 0, and no rank recorded a step (a rank file's
+        # lower bound counts)
+        before_first_step = steps == 0 and all(not ranks.get(r, {}).get("steps") for r in ranks)
         verb = "failed" if before_first_step else "crashed"
         subject = _ranks_text(culprits) + (f" {verb}" if len(culprits) == 1 else f" {verb} (first: rank {first})")
-        when = " before its first step" if not steps else f" after {steps} step{'s' if steps != 1 else ''}"
+        if steps is None:
+            least = ranks.get(first, {}).get("steps")
+            when = f" at a step not recorded{f' (its rank file last recorded step {least})' if least else ''}"
+        else:
+            when = " before its first step" if not steps else f" after {steps} step{'s' if steps != 1 else ''}"
         out["health_summary"] = f"{subject}{when}: {error}" + (f", in {where}" if where else "") + also
         out["health_detail"] = consequence_text or out["health_summary"]
         if before_first_step:
@@ -190,7 +198,10 @@ def health_metrics(
     elif died:
         culprits = tuple(died)
         steps = ranks.get(died[0], {}).get("steps")
-        when = f" (its file last recorded step {steps})" if steps else " before its first step"
+        if steps:
+            when = f" (its file last recorded step {steps})"
+        else:  # a rank file never finished says nothing of the steps after it was written
+            when = " before its first step" if _known_steps(ranks.get(died[0], {})) == 0 else " (its step is unknown)"
         out["rank_died"] = True
         out["health_summary"] = (
             f"{_ranks_text(died)} died without an exception of its own{when}: killed (SIGKILL, the OOM killer) or"
@@ -245,6 +256,9 @@ def _rank_records(manifest: Mapping[str, Any], captures: Mapping[int, Mapping[st
             "reason": cap.get("error"),
             "steps": steps.get("count"),
             "exit_code": cap.get("exit_code"),
+            # a rank file still "running" was last written before the rank ended (killed, a fatal signal): its
+            # count is a lower bound, not the step the rank ended in
+            "steps_final": cap.get("status") not in (None, "running"),
         }
     for entry in manifest.get("ranks") or []:
         if not isinstance(entry, Mapping) or not isinstance(entry.get("rank"), int):
@@ -254,6 +268,13 @@ def _rank_records(manifest: Mapping[str, Any], captures: Mapping[int, Mapping[st
             if entry.get(key) is not None or key not in rec:
                 rec[key] = entry.get(key)
     return out
+
+
+def _known_steps(rec: Mapping[str, Any]) -> int | None:
+    """The steps a rank completed, where known: a dump's, a final rank file's, the manifest's; None for the count of
+    a rank file the rank never finished (a lower bound)."""
+    steps = rec.get("steps")
+    return steps if isinstance(steps, int) and rec.get("steps_final", True) else None
 
 
 def _classify(rec: Mapping[str, Any]) -> str:
@@ -286,13 +307,15 @@ def _rank_entry(rank: int, rec: Mapping[str, Any], status: str | None, state: An
         "rank": rank,
         "state": getattr(state, "state", None) or status or "unknown",
         "status": rec.get("status"),
-        "steps": rec.get("steps") if state is None or state.step is None else state.step,
+        "steps": _known_steps(rec) if state is None or state.step is None else state.step,
         "phase": getattr(state, "phase", None),
         "where": _where(state) or None,
         "collective": state.collective.describe() if getattr(state, "collective", None) is not None else None,
         "error": _short(_first_line(getattr(state, "exception", None) or rec.get("reason"))) or None,
         "exit_code": rec.get("exit_code"),
     }
+    if entry["steps"] is None and isinstance(rec.get("steps"), int):
+        entry["steps_at_least"] = rec["steps"]  # its rank file's count, last written before the rank ended
     if status == "consequence":
         entry["state"] = "consequence"
     return entry

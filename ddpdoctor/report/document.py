@@ -12,7 +12,8 @@ Shape (schema_version 1; keys are relied on by users, add but never rename)::
                         "run record", "summary", "detail", "advice", "culprits": [rank, ...], "waiting": [...],
                         "collective": {"pg", "seq_id", "op", "backend", "text", "issued_at"} | null,
                         "mismatches": [{"pg", "seq_id", "kind", "by_rank": {"0": "all_reduce [1] Float"}}],
-                        "ranks": [{"rank", "state", "status", "steps", "phase", "where", "collective", "error"}],
+                        "ranks": [{"rank", "state", "status", "steps", "steps_at_least"?, "phase", "where",
+                                   "collective", "error"}],
                         "evidence": [...], "notes": [...]}},   # only for a run that failed, hung or dumped
              "fsdp_units": [{"unit", "ranks", "param_bytes", "param_share", "allgather_calls", "allgather_ms",
                              "allgather_exposed_ms", "reduce_calls", "reduce_ms", "reduce_exposed_ms",
@@ -354,6 +355,9 @@ def health_lines(doc: dict[str, Any]) -> list[str]:
             n = r["steps"]
             phase = f", in {r['phase']}" if r.get("phase") and r.get("phase") != "outside" else ""
             where.append(f"after {n} step{'' if n == 1 else 's'}{phase}")
+        elif state != "failed_at_startup" and r.get("steps_at_least") is not None:  # a rank file never finished
+            n = r["steps_at_least"]
+            where.append("step unknown" + (f" (its rank file last recorded {n})" if n else ""))
         if r.get("collective"):
             where.append(f"in {r['collective']}")
         if r.get("where"):

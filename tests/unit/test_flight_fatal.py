@@ -78,7 +78,10 @@ def _peer_lost_it(seq: int) -> FlightDump:
                     profiling_name="gloo:all_reduce", state="completed", retired=True, input_sizes=[[16]],
                     input_dtypes=["Float"], time_created_ns=int((time.time() - 1) * 1e9))
     )  # fmt: skip
-    frames = [Frame(file="/src/train.py", line=14, name="main"), Frame(file="/src/train.py", line=12, name="sync_metric")]
+    frames = [
+        Frame(file="/src/train.py", line=14, name="main"),
+        Frame(file="/src/train.py", line=12, name="sync_metric"),
+    ]
     return FlightDump(
         rank=1, world_size=2, reason="exception", time=time.time(), step=5, phase="data",
         exception=DumpException(type="RuntimeError", message="Read error: Connection reset by peer", frames=frames),
@@ -119,3 +122,82 @@ def test_exit_dumps_of_a_job_that_ended_well_are_not_diagnosed(tmp_path):
     assert _verdict(tmp_path, ok, 2) == (None, [])
     failed = {"ranks": [{"rank": 0, "status": "failed", "exit_code": 1}, {"rank": 1, "status": "ok"}]}
     assert _verdict(tmp_path, failed, 2)[0] is not None
+
+
+IN_STEP = """
+import os, sys, types
+import torch
+from ddpdoctor.capture import flight
+from ddpdoctor.capture.phase import PhaseTracker
+
+tracker = PhaseTracker()
+tracker.install()
+session = types.SimpleNamespace(claimed=True, out=sys.argv[1], rank=1, identity=types.SimpleNamespace(world_size=2),
+                                phase=tracker)
+print(flight.arm_fatal(session), flush=True)
+
+class Aborts(torch.nn.Module):
+    def forward(self, x):
+        if STEP == 3:
+            os.abort()  # a fatal signal inside the 4th step's forward (3 steps completed)
+        return x
+
+model = torch.nn.Sequential(torch.nn.Linear(4, 1), Aborts())
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for STEP in range(5):
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    tracker.step_ended(STEP + 1)
+"""
+
+
+def test_a_fatal_record_says_the_step_and_phase_the_signal_came_in(tmp_path):
+    """The phase tracker keeps the record's "where" line (mapped memory) up to the signal: the step is the one the
+    rank was in, not the count its rank file last recorded (the false "after 0 steps" of a gloo abort at step 5)."""
+    script = tmp_path / "job.py"
+    script.write_text(IN_STEP)
+    run = subprocess.run([sys.executable, str(script), str(tmp_path)], timeout=120, capture_output=True, text=True)
+    assert run.returncode == -6, run.stderr
+    record = Path(run.stdout.strip())
+    assert record.parent == tmp_path / "dumps" and record.name.startswith("rank1.fatal-"), run.stdout
+    dump = read_fatal_record(record)
+    assert dump is not None and dump.exception.type == "SIGABRT"
+    assert (dump.step, dump.phase) == (3, "forward")
+    main = next(t for t in dump.threads if t.main)
+    abort_line = next(i for i, line in enumerate(IN_STEP.splitlines(), 1) if "os.abort()" in line)
+    assert main.frames[-1].name == "forward" and main.frames[-1].line == abort_line, main.frames
+    state = analyze({1: dump}, world_size=2, rank_status={1: {"status": "failed", "exit_code": -6}}).ranks[1]
+    assert (state.state, state.step, state.phase) == ("crashed", 3, "forward")
+
+
+def test_a_fatal_record_without_a_where_line_has_an_unknown_step_never_the_rank_files_count(tmp_path):
+    from ddpdoctor.metrics.health import health_metrics
+    from ddpdoctor.report.document import health_lines
+
+    dump = read_fatal_record(_fatal_record(tmp_path))  # a record as an older ddpdoctor wrote it: no "where" line
+    assert dump.phase == "unknown"
+    peer = _peer_lost_it(3)
+    status = {0: {"status": "failed", "exit_code": -6, "reason": "ended by SIGABRT"},
+              1: {"status": "failed", "exit_code": 1, "reason": "RuntimeError: Connection reset by peer"}}  # fmt: skip
+    own = read_fatal_record(_fatal_record(tmp_path / "own"))
+    own.threads[0].frames = [f for f in own.threads[0].frames if f.name != "all_reduce"]  # a crash, no collective
+    own.exception.frames = list(own.threads[0].frames)
+    verdict = analyze({0: own, 1: peer}, world_size=2, rank_status=status)
+    assert verdict.kind == "crash" and verdict.ranks[0].step is None and verdict.ranks[0].phase is None
+    # rank 0's rank file was last written before its first step (still "running": the signal ended the process)
+    captures = {
+        0: {"rank": 0, "status": "running", "steps": {"source": "none", "count": 0}},
+        1: {"rank": 1, "status": "failed", "steps": {"source": "optimizer", "count": 5}},
+    }
+    manifest = {"world_size": 2, "ranks": [{"rank": r, "steps": captures[r]["steps"]["count"], **status[r]}
+                                           for r in (0, 1)]}  # fmt: skip
+    health, doc = health_metrics(manifest, captures, verdict)
+    assert health["rank_crashed"] and not health["startup_failed"], health
+    assert "rank 0 crashed at a step not recorded:" in health["health_summary"], health["health_summary"]
+    assert "before its first step" not in health["health_summary"] and "0 steps" not in health["health_summary"]
+    entry = next(e for e in doc["ranks"] if e["rank"] == 0)
+    assert entry["steps"] is None and entry["steps_at_least"] == 0, entry
+    lines = health_lines({"run": {"health": doc}})
+    rank0 = next(line for line in lines if line.startswith("rank 0:"))
+    assert "step unknown" in rank0 and "after 0 steps" not in rank0, rank0
+    assert any(line.startswith("rank 1:") and "after 5 steps, in data" in line for line in lines), lines
