@@ -5,6 +5,7 @@ Everything that comes from a trace, a rule file or the file system is escaped wi
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any, TextIO
 
@@ -222,8 +223,10 @@ def _after_breakdown(result: Diagnosis, doc: dict[str, Any]) -> list[str]:
     times, shade = _step_time_series(result.metrics)
     out.append("<h2>Step time</h2>")
     if times:
-        top = max(y for s in times.values() for _, y in s)
-        out.append(svg.line_chart(times, y_max=top * 1.1 or 1.0, percent=False, unit="ms", shade=shade))
+        top = max(y for s in times.values() for _, y in s) * 1.05 or 1.0
+        magnitude = 10 ** math.floor(math.log10(top))
+        top = math.ceil(top / magnitude * 2) * magnitude / 2  # a round axis: 200 ms, not 170.8
+        out.append(svg.line_chart(times, y_max=top, percent=False, unit="ms", shade=shade))
         out.append(
             '<p class="note">Wall time of every step each rank recorded, in ms; the shaded steps were profiled '
             "(the ones analysed above).</p>"

@@ -112,6 +112,8 @@ def line_chart(
     for frac in (0.0, 0.5, 1.0):
         y = sy(frac * y_max)
         label = f"{frac * y_max * 100:.0f}%" if percent else f"{frac * y_max:,.4g}"
+        if unit and not percent and frac == 1.0:
+            label += f" {unit}"
         out.append(f'<line x1="{LABEL_W}" x2="{LABEL_W + plot_w}" y1="{y:.1f}" y2="{y:.1f}" class="grid"/>')
         out.append(f'<text x="{LABEL_W - 6}" y="{y + 4:.1f}" text-anchor="end">{label}</text>')
     if x_max == x_min:
