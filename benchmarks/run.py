@@ -13,7 +13,8 @@ summary files), gate-memory (peak RSS of baseline and gate of a 10,000-rank run 
 step-time cost of the Flight Recorder and phase tracking every traced rank has, vs the same loop without), dask
 (diagnose of 64 synthetic 50 MB ranks on a local Dask cluster of 2 workers vs in one process); gate-noise
 (the gate's false alarms on reruns of one job under load; only with --only, it takes minutes); gil (the GIL
-probe's cost on the step time of the rank it watches, quiet and beside 2 CPU burners; only with --only). Real GPU traces
+probe's cost on the step time of the rank it watches, quiet and beside 2 CPU burners; only with --only); series
+(the always-on step series' cost on a DDP loop's step vs the same loop bare, in the same run). Real GPU traces
 come from ../shared/traces (or $DDPDOCTOR_TRACES); measures that need them are skipped without them. Generated
 traces and runs are cached in benchmarks/.cache/. A MISS does not change the exit code (1 only when a benchmark
 errors)."""
@@ -40,6 +41,7 @@ import bench_hta  # noqa: E402
 import bench_large  # noqa: E402
 import bench_memory  # noqa: E402
 import bench_scale  # noqa: E402
+import bench_series  # noqa: E402
 import capture_overhead  # noqa: E402
 from bench_common import REPO, RESULTS, TRACES, Report, environment  # noqa: E402
 
@@ -57,6 +59,7 @@ BENCHMARKS = {
         bench_dask,
         bench_gate_noise,
         bench_gil,
+        bench_series,
     )
 }
 OPT_IN = {bench_gate_noise.NAME, bench_gil.NAME}  # minutes of training runs under load: only with --only

@@ -4,7 +4,7 @@ Each traced rank appends one JSON line per step to ``ranks/rank<R>.series.jsonl`
 to): the step's wall time, the time its main thread spent in each phase (``capture/phase.py``: data wait, forward,
 backward, optimizer), the memory of its device (CUDA allocated bytes from the counters ``capture/memory.py`` already
 reads at each step; the process RSS on CPU), and, for DDP modules, DDP's own timing of its backward's communication
-(its logging data, read only as often as costs at most 0.2% of the step time). Read back by :func:`read_series` /
+(its logging data, read only as often as costs at most 0.1% of the step time). Read back by :func:`read_series` /
 :func:`series_frames`; live numbers by :func:`summary` and the Prometheus endpoint (``ddpdoctor/export``).
 
 Cost per step: a few clock reads, one small dict and (on CPU) one ``pread`` of ``/proc/self/statm``; lines are
@@ -32,11 +32,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ddpdoctor.capture import ddp as ddp_capture
+
 VERSION = 1
 SUFFIX = ".series.jsonl"
 FLUSH_INTERVAL_S = 1.0
 # DDP's logging data costs ~0.1 ms a read: read it at most at a rate that keeps it under this share of step time
-DDP_READ_SHARE = 0.002
+DDP_READ_SHARE = 0.001
+RSS_INTERVAL_S = 0.05  # the process RSS (CPU) is read at most this often: ~5 us a read
 PHASE_FIELDS = ("data", "forward", "backward", "optimizer")
 DDP_FIELDS = ("ddp_forward_s", "ddp_backward_s", "ddp_comm_s", "ddp_overlap_s", "ddp_comm_start_t")
 ROW_FIELDS = (
@@ -83,21 +86,24 @@ class SeriesRecorder:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._closed = False
-        self.latest: dict[str, Any] | None = None  # the last step's row (summary(), the Prometheus endpoint)
+        self._raw: tuple | None = None  # the last step's values (``latest``: summary(), the Prometheus endpoint)
+        self.last_memory: tuple[int, int | None] | None = None  # the last (bytes, reserved bytes) measured
+        self._rss_t = -1.0  # time.monotonic() of the last RSS read
         self.steps = 0  # rows recorded
         self.wall_total_s = 0.0  # sum of wall_s over the rows
         self.error: str | None = None  # why the series stopped being written, once it did
+        self.writer_cpu_s = 0.0  # CPU time of the writer thread so far (benchmarks/bench_series.py)
         self.device = "cpu"
         self.capacity: int | None = None
         self._statm: int | None = None
         self._page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-        self._ddp_cost_s = 0.0  # the last read's cost
+        self._ddp_cost_s = 0.0  # the last read's CPU time
+        self._wall_floor = float("inf")  # the fastest step so far (s)
         self._ddp_since = 0  # steps since DDP's logging data was last read
         self._ddp_last_start: int | None = None
         self.last_ddp: list[Any] | None = None  # the last DDP timing read (see _ddp)
         self.exporter: Any = None  # ddpdoctor.export.prometheus.Exporter once asked for
         self._textfile: str | None = None
-        self.listeners: list[Any] = []  # called with each new row, on the training thread (keep them cheap)
 
     # ---- per step (training thread) ------------------------------------------------------------------------
     def step(self, iteration: int) -> None:
@@ -112,34 +118,35 @@ class SeriesRecorder:
             self._session.capture_errors.append(self.error)
 
     def _step(self, iteration: int) -> None:
+        # Only reads and one tuple here (the training thread): rounding and JSON happen in the writer thread.
         s = self._session
-        wall = round(s.clock.wall_ms[-1] / 1e3, 7) if iteration >= 1 and s.clock.wall_ms else None
-        row: dict[str, Any] = {"step": iteration, "t": round(time.time(), 4), "wall_s": wall}
-        spent = s.phase.last_spent if s.phase._handles else {}
-        for name in PHASE_FIELDS:
-            value = spent.get(name)
-            row[f"{name}_s"] = None if value is None or (iteration == 0 and name == "data") else round(value, 6)
-        row["mem_bytes"], row["mem_reserved_bytes"] = self._memory(iteration)
-        ddp = self._ddp(iteration, wall)
+        wall_ms = s.clock.wall_ms
+        wall = wall_ms[-1] / 1e3 if iteration >= 1 and wall_ms else None
+        spent = s.phase.last_spent if s.phase._handles else None
+        mem, reserved = self._memory(iteration)
+        if mem is not None:
+            self.last_memory = (mem, reserved)
+        self._ddp_since += 1
+        live = getattr(ddp_capture._instances, "data", ddp_capture._instances)  # the WeakSet's own set: no len()
+        ddp = self._ddp(iteration, wall) if live and wall is not None else None
         if ddp is not None:
-            row["ddp"] = ddp
             self.last_ddp = ddp
-        self.latest = row
+        raw = (iteration, time.time(), wall, spent, mem, reserved, ddp)
+        self._raw = raw
         self.steps += 1
         if wall is not None:
             self.wall_total_s += wall
-        line = json.dumps(row, separators=(",", ":"))
         with self._lock:
             if len(self._pending) < _MAX_PENDING:
-                self._pending.append(line)
+                self._pending.append(raw)
         if self._thread is None:
             self._start_exporters()
             self._start_thread()
-        for listener in self.listeners:
-            try:
-                listener(row)
-            except Exception:  # an exporter never breaks the training
-                pass
+
+    @property
+    def latest(self) -> dict[str, Any] | None:
+        """The last step's row (as written in the file), or None before the first step."""
+        return _row(self._raw) if self._raw is not None else None
 
     def _memory(self, iteration: int) -> tuple[int | None, int | None]:
         devices = getattr(self._session.memory, "_devices", None)
@@ -157,6 +164,10 @@ class SeriesRecorder:
         return self._rss(), None
 
     def _rss(self) -> int | None:
+        now = time.monotonic()
+        if now - self._rss_t < RSS_INTERVAL_S:
+            return None  # read at most every RSS_INTERVAL_S: a step in between has none
+        self._rss_t = now
         try:
             if self._statm is None:
                 self._statm = os.open("/proc/self/statm", os.O_RDONLY)
@@ -165,24 +176,22 @@ class SeriesRecorder:
         except (OSError, ValueError, IndexError):
             return None
 
-    def _ddp(self, iteration: int, wall: float | None) -> list[Any] | None:
-        from ddpdoctor.capture import ddp as ddp_capture
-
-        self._ddp_since += 1
-        if not ddp_capture._instances or wall is None:
-            return None
-        if self._ddp_cost_s > DDP_READ_SHARE * wall * self._ddp_since:
+    def _ddp(self, iteration: int, wall: float) -> list[Any] | None:
+        # The budget: a share of the fastest step seen (close to its CPU time, which a busy host does not
+        # inflate), against the last read's CPU time.
+        self._wall_floor = min(self._wall_floor, wall)
+        if self._ddp_cost_s > DDP_READ_SHARE * self._wall_floor * self._ddp_since:
             return None
         module = next(iter(list(ddp_capture._instances)), None)
         if module is None:
             return None
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
         try:
             data = module._get_ddp_logging_data()
         except Exception:
             return None
         finally:
-            self._ddp_cost_s = time.perf_counter() - t0
+            self._ddp_cost_s = time.thread_time() - t0
             self._ddp_since = 0
         comm = data.get("backward_comm_time")
         start = data.get("forward_compute_time_start")
@@ -243,8 +252,10 @@ class SeriesRecorder:
 
     def _run(self) -> None:
         while not self._stop.wait(FLUSH_INTERVAL_S):
+            c = time.thread_time()
             self.flush()
             self._write_textfile()
+            self.writer_cpu_s += time.thread_time() - c
 
     def flush(self) -> None:
         """Write the buffered lines (the header first, once). Never raises."""
@@ -252,9 +263,10 @@ class SeriesRecorder:
         if not s.claimed:
             return  # not known to be a rank yet: keep the lines
         with self._lock:
-            lines, self._pending = self._pending, []
-        if not lines:
+            raws, self._pending = self._pending, []
+        if not raws:
             return
+        lines = [_line(raw) for raw in raws]
         try:
             self._open(series_file(s.out, s.rank))
             if not self._header_written:
@@ -319,6 +331,52 @@ class SeriesRecorder:
     @property
     def path(self) -> Path | None:
         return self._path
+
+
+def _row(raw: tuple) -> dict[str, Any]:
+    """A step's values as its line in the file (seconds rounded to the microsecond)."""
+    iteration, t, wall, spent, mem, reserved, ddp = raw
+    row: dict[str, Any] = {"step": iteration, "t": round(t, 4), "wall_s": None if wall is None else round(wall, 7)}
+    for name in PHASE_FIELDS:
+        value = spent.get(name) if spent is not None else None
+        row[f"{name}_s"] = None if value is None or (iteration == 0 and name == "data") else round(value, 6)
+    row["mem_bytes"], row["mem_reserved_bytes"] = mem, reserved
+    if ddp is not None:
+        row["ddp"] = ddp
+    return row
+
+
+_LINE = (
+    '{"step":%d,"t":%.4f,"wall_s":%s,"data_s":%s,"forward_s":%s,"backward_s":%s,"optimizer_s":%s,'
+    '"mem_bytes":%s,"mem_reserved_bytes":%s'
+)
+
+
+def _line(raw: tuple) -> str:
+    """``json.dumps(_row(raw))``, in a fraction of its time (the writer thread's work per step)."""
+    iteration, t, wall, spent, mem, reserved, ddp = raw
+    if spent is None:
+        spent = {}
+    d, f, b, o = (
+        spent.get("data") if iteration else None,
+        spent.get("forward"),
+        spent.get("backward"),
+        spent.get("optimizer"),
+    )
+    text = _LINE % (
+        iteration,
+        t,
+        "null" if wall is None else f"{wall:.7f}",
+        "null" if d is None else f"{d:.6f}",
+        "null" if f is None else f"{f:.6f}",
+        "null" if b is None else f"{b:.6f}",
+        "null" if o is None else f"{o:.6f}",
+        "null" if mem is None else mem,
+        "null" if reserved is None else reserved,
+    )
+    if ddp is not None:
+        return text + ',"ddp":' + json.dumps(ddp, separators=(",", ":")) + "}"
+    return text + "}"
 
 
 def _host_memory() -> int | None:
@@ -466,10 +524,10 @@ def summary() -> dict[str, Any]:
             out[f"ddpdoctor/{name}"] = row[key]
     if rec.steps > 1 and rec.wall_total_s:
         out["ddpdoctor/mean_step_seconds"] = round(rec.wall_total_s / (rec.steps - 1), 6)
-    if row.get("mem_bytes") is not None:
-        out["ddpdoctor/memory_bytes"] = row["mem_bytes"]
-    if row.get("mem_reserved_bytes") is not None:
-        out["ddpdoctor/memory_reserved_bytes"] = row["mem_reserved_bytes"]
+    if rec.last_memory is not None:  # the last measured (on CPU the RSS is read at most every 50 ms)
+        out["ddpdoctor/memory_bytes"] = rec.last_memory[0]
+        if rec.last_memory[1] is not None:
+            out["ddpdoctor/memory_reserved_bytes"] = rec.last_memory[1]
     ddp = rec.last_ddp
     if ddp is not None and ddp[3] is not None:
         out["ddpdoctor/ddp_comm_seconds"] = ddp[3]

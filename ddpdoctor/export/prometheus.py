@@ -15,7 +15,8 @@ sets ``honor_labels``):
 ``ddpdoctor_phase_seconds{phase}``          gauge    the last step's time in ``data`` (waiting for the batch),
                                                      ``forward``, ``backward``, ``optimizer``
 ``ddpdoctor_ddp_comm_seconds``              gauge    DDP's backward communication time, a recent step's
-``ddpdoctor_memory_bytes{device}``          gauge    CUDA allocated bytes of the device (``cpu``: process RSS)
+``ddpdoctor_memory_bytes{device}``          gauge    CUDA allocated bytes of the device (``cpu``: process RSS),
+                                                     as last measured (the RSS at most every 50 ms)
 ``ddpdoctor_memory_reserved_bytes{device}``  gauge   CUDA reserved bytes
 ``ddpdoctor_memory_capacity_bytes{device}``  gauge   the device's memory (the host's on CPU)
 ``ddpdoctor_last_step_timestamp_seconds``   gauge    unix time the last step ended (a hang: ``time() - this`` grows)
@@ -118,15 +119,9 @@ class SeriesCollector:
             )
         )
         device = rec.device
-        out.append(gauge("ddpdoctor_memory_bytes", "Memory in use.", row.get("mem_bytes"), device=device))
-        out.append(
-            gauge(
-                "ddpdoctor_memory_reserved_bytes",
-                "CUDA reserved bytes.",
-                row.get("mem_reserved_bytes"),
-                device=device,
-            )
-        )
+        mem, reserved = rec.last_memory or (None, None)  # the last measured
+        out.append(gauge("ddpdoctor_memory_bytes", "Memory in use.", mem, device=device))
+        out.append(gauge("ddpdoctor_memory_reserved_bytes", "CUDA reserved bytes.", reserved, device=device))
         out.append(gauge("ddpdoctor_memory_capacity_bytes", "Device memory.", rec.capacity, device=device))
         yield from (m for m in out if m is not None)
 

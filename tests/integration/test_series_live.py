@@ -158,7 +158,8 @@ def test_prometheus_endpoint_of_each_rank_matches_its_series(job):
         for phase in ("data", "forward", "backward", "optimizer"):
             assert _one(fam, "ddpdoctor_phase_seconds", phase=phase).value == pytest.approx(row[f"{phase}_s"])
         mem = _one(fam, "ddpdoctor_memory_bytes", device="cpu")
-        assert mem.value == row["mem_bytes"] and mem.value > 10e6  # a process RSS
+        measured = [r["mem_bytes"] for s, r in sorted(rows.items()) if s <= n and r["mem_bytes"] is not None]
+        assert mem.value == measured[-1] and mem.value > 10e6  # a process RSS, as last read
         total = sum(r["wall_s"] for s, r in rows.items() if s <= n and r["wall_s"] is not None)
         assert _one(fam, "ddpdoctor_step_time_seconds").value == pytest.approx(total, rel=1e-6)
         assert 0 < _one(fam, "ddpdoctor_ddp_comm_seconds").value < 10
@@ -310,11 +311,13 @@ def test_series_covers_every_step_of_every_rank(finished):
         # microseconds apart at each step end, so per step they differ by that; the sum telescopes)
         walls = sum(r["wall_s"] for r in s.rows[1:])
         assert in_phases == pytest.approx(walls, abs=0.05)
-        assert all(r["mem_bytes"] > 10e6 for r in s.rows)
+        measured = [r for r in s.rows if r["mem_bytes"] is not None]  # the RSS: read at most every 50 ms
+        assert len(measured) >= len(s.rows) // 4 and all(r["mem_bytes"] > 10e6 for r in measured)
+        assert s.rows[0]["mem_bytes"] is not None
         ends = [r["t"] for r in s.rows]
         assert ends == sorted(ends)
         timed = [r for r in s.rows if r["ddp_comm_s"] is not None]
-        assert len(timed) >= count // 4  # read at a rate that keeps its cost small, still often
+        assert len(timed) >= 2  # read at a rate that keeps its cost under 0.1% of the step time
         for r in timed:  # DDP's timing lands on the step it timed: its backward's all-reduce began in that step
             before = s.rows[r["step"] - 1]["t"] if r["step"] else s.header["started_at"]
             assert before <= r["ddp_comm_start_t"] <= r["t"]
@@ -323,5 +326,5 @@ def test_series_covers_every_step_of_every_rank(finished):
     assert summary["ddpdoctor/rank"] == 0 and summary["ddpdoctor/step"] == last["step"]
     assert summary["ddpdoctor/step_seconds"] == last["wall_s"]
     assert summary["ddpdoctor/data_wait_seconds"] == last["data_s"]
-    assert summary["ddpdoctor/memory_bytes"] == last["mem_bytes"]
+    assert summary["ddpdoctor/memory_bytes"] == [r["mem_bytes"] for r in series[0].rows if r["mem_bytes"]][-1]
     assert summary["ddpdoctor/steps_recorded"] == len(series[0].rows)
