@@ -3,10 +3,12 @@ the traces kept.
 
 The schedule counts like torch.profiler's own (``--wait`` steps skipped, ``--warmup``, ``--active`` recorded), but
 a window starts every ``every_steps`` steps (window k begins at ``wait + k * every_steps``), or, with a duration,
-at the first step that ends ``every_s`` seconds or more after the previous window began. A duration is read from
-each rank's own clock at its step boundaries; the ranks of a DDP job leave every step together (its all-reduce),
-so they open a window at the same step, except when the boundary falls inside the few milliseconds by which they
-differ: then one rank's window starts a step later. Diagnosis pairs windows by their order, not their steps.
+at the first step that ends in a new ``every_s``-second slot of the wall clock (slots counted from the Unix epoch,
+so every rank of a node, and of nodes with synchronised clocks, has the same ones; the first window after
+``--wait`` whatever the slot). The ranks of a DDP job leave every step together (its all-reduce), so they open a
+window at the same step, except when a slot begins inside the few milliseconds by which their step ends differ:
+then one rank's window starts a step later, and only that window (the slots do not drift apart). Diagnosis pairs
+windows by their order, not their steps.
 
 ``--keep N``: once a rank has written a window beyond the newest N, its oldest trace is removed (and any gzip of it
 made later): the traces on disk stay within N windows per rank. The rank file lists the windows removed
@@ -16,6 +18,7 @@ made later): the traces on disk stay within N windows per rank. The rank file li
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import time
 from collections.abc import Callable
@@ -74,7 +77,7 @@ class EverySchedule:
         repeat: int,
         every_steps: int | None = None,
         every_s: float | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         if not (every_steps or every_s):
             raise ValueError("EverySchedule needs every_steps or every_s")
@@ -85,7 +88,7 @@ class EverySchedule:
         self._clock = clock
         self._decided: dict[int, Any] = {}
         self._window_start: int | None = None  # time-based: the step the current (or last) window began at
-        self._window_t = 0.0
+        self._slot = 0  # time-based: the clock's every_s slot the last window began in
         self._windows = 0
 
     def __call__(self, step: int) -> Any:
@@ -123,8 +126,9 @@ class EverySchedule:
         if self.repeat and self._windows >= self.repeat:
             return ProfilerAction.NONE
         now = self._clock()
-        if self._window_start is None or now - self._window_t >= (self.every_s or 0.0):
-            self._window_start, self._window_t = step, now
+        slot = math.floor(now / (self.every_s or 1.0))  # the same grid on every rank: no drift between them
+        if self._window_start is None or slot > self._slot:
+            self._window_start, self._slot = step, slot
             self._windows += 1
             return self._position(0)
         return ProfilerAction.NONE
@@ -141,8 +145,9 @@ def header(args: Any, first: int) -> str:
         k = args.every_steps
         when = f"a window every {k} steps: steps {first}-{last}, {first + k}-{last + k}, ..."
     elif args.every_s:
-        when = f"a window {describe(None, args.every_s)}: steps {first}-{last}, then the first step that ends " + (
-            f"{describe(None, args.every_s).removeprefix('every ')} after the previous window began"
+        when = (
+            f"a window {describe(None, args.every_s)}: steps {first}-{last}, then at the first step of each new "
+            f"{describe(None, args.every_s).removeprefix('every ')} of the clock"
         )
     else:
         when = f"windows back to back from step {first} ({args.repeat or 'until the end'} of them)"

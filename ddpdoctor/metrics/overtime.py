@@ -9,8 +9,8 @@ The pure part (:func:`findings_over_time`, :func:`trends`, :func:`over_time`) ta
 
 Nothing is said from too little data: fewer than :data:`MIN_WINDOWS` windows, or fewer than
 :data:`MIN_TREND_STEPS` steps of the series outside the profiled windows, is "not evaluated" with the reason.
-Windows are paired across ranks by their order (a rank whose time-based window began a step later is the same
-window). Steps inside a profiled window, the step that exports it and the first step are left out of the trends
+Windows are matched across ranks by their first step (a rank whose time-based window began a step later has the
+same window). Steps inside a profiled window, the step that exports it and the first step are left out of the trends
 (the profiler's own cost, ``compare.samples.disturbed_steps``).
 """
 
@@ -35,30 +35,31 @@ LEAK_MIN_SHARE = 0.02  # ... and 2% of the first quarter's
 
 # ---- windows ---------------------------------------------------------------------------------------------------
 def kept_windows(captures: Mapping[int, Mapping[str, Any]]) -> list[tuple[int, int]]:
-    """The profiled windows whose traces are kept, paired across ranks by order: [(first_step, last_step)]
-    (the earliest first and the latest last step of the ranks' window of that order)."""
-    per_rank: list[list[tuple[int, int]]] = []
-    for cap in captures.values():
+    """The profiled windows whose traces are kept, matched across ranks: [(first_step, last_step)], the earliest
+    first and the latest last step of the ranks' windows that began within one step of each other (a DDP rank is
+    at most a step ahead of another: a time-based window may begin a step later on one rank)."""
+    clusters: list[dict[str, Any]] = []
+    for rank, cap in captures.items():
         sched = cap.get("schedule") or {}
         active = int(sched.get("active") or 0) or None
         dropped = {(d.get("first_step"), d.get("last_step")) for d in sched.get("dropped") or [] if isinstance(d, dict)}
-        mine: list[tuple[int, int]] = []
         for rng in (cap.get("steps") or {}).get("profiled") or []:
             if not (isinstance(rng, (list, tuple)) and len(rng) == 2):
                 continue
             a, b = int(rng[0]), int(rng[1])
             step = active or (b - a + 1)
             for lo in range(a, b + 1, step):  # windows back to back are one range: cut it into windows
-                mine.append((lo, min(lo + step - 1, b)))
-        per_rank.append([w for w in mine if w not in dropped])
-    if not per_rank:
-        return []
-    n = max(len(w) for w in per_rank)
-    out = []
-    for i in range(n):
-        have = [w[i] for w in per_rank if i < len(w)]
-        out.append((min(a for a, _ in have), max(b for _, b in have)))
-    return out
+                w = (lo, min(lo + step - 1, b))
+                if w in dropped:
+                    continue
+                near = [c for c in clusters if abs(c["first0"] - w[0]) <= 1 and rank not in c["ranks"]]
+                if near:
+                    c = min(near, key=lambda c: abs(c["first0"] - w[0]))
+                    c["ranks"].add(rank)
+                    c["first"], c["last"] = min(c["first"], w[0]), max(c["last"], w[1])
+                else:
+                    clusters.append({"first0": w[0], "first": w[0], "last": w[1], "ranks": {rank}})
+    return sorted((c["first"], c["last"]) for c in clusters)
 
 
 def findings_over_time(
@@ -326,18 +327,21 @@ def _memory(series: Mapping[int, Any], clean: set[int]) -> dict[str, Any]:
 
 
 def _device_memory(key: str, g: dict[str, Any], clean: set[int]) -> dict[str, Any]:
-    field = "mem_bytes"
+    # The RSS is read at most every 50 ms (capture/series.py): a step without it has its rank's last reading
+    # (from a clean step), so the ranks of a host add up at every step.
     total: dict[int, float] = {}
     count: dict[int, int] = {}
     for rows in g["rows"]:
+        last: float | None = None
         for r in rows:
-            v = (
-                r.get("mem_reserved_bytes")
-                if not g["cpu"] and r.get("mem_reserved_bytes") is not None
-                else r.get(field)
-            )
-            if r.get("step") in clean and isinstance(v, Real) and math.isfinite(v):
-                total[r["step"]] = total.get(r["step"], 0.0) + float(v)
+            if r.get("step") not in clean:
+                continue
+            v = r.get("mem_reserved_bytes") if not g["cpu"] and r.get("mem_reserved_bytes") is not None else None
+            v = r.get("mem_bytes") if v is None else v
+            if isinstance(v, Real) and math.isfinite(v):
+                last = float(v)
+            if last is not None:
+                total[r["step"]] = total.get(r["step"], 0.0) + last
                 count[r["step"]] = count.get(r["step"], 0) + 1
     n_ranks = len(g["rows"])
     steps = np.array(sorted(k for k in total if count[k] == n_ranks), dtype=np.int64)
@@ -456,23 +460,27 @@ def analyze_over_time(
     reason = None
     if len(windows) >= MIN_WINDOWS:
         try:
-            per_window = _diagnose_windows(path, windows, rules)
+            windows, per_window = _diagnose_windows(path, windows, rules)
         except Exception as exc:  # the run's own diagnosis stands; this section says why it has no windows
             reason = f"the windows could not be read one by one: {type(exc).__name__}: {exc}"
     return over_time(windows, per_window, series, captures, world_size=world_size, window_reason=reason)
 
 
-def _diagnose_windows(path: Path, windows: Sequence[tuple[int, int]], rules: Sequence[Any]) -> list[list[dict]]:
+def _diagnose_windows(
+    path: Path, windows: Sequence[tuple[int, int]], rules: Sequence[Any]
+) -> tuple[list[tuple[int, int]], list[list[dict]]]:
+    """The windows with steps in their traces, and each one's findings (a window none of whose steps could be
+    analysed is left out, not counted as one without findings)."""
     from ddpdoctor.diagnosis import evaluate
     from ddpdoctor.load import load
     from ddpdoctor.metrics.analysis import analyze
 
     run = load(path, use_summaries=False, summarize=False)  # every window's events, decoded once
-    out = []
+    kept, out = [], []
     for lo, hi in windows:
         metrics = analyze(run, steps=(lo, hi))
         if not metrics.run.get("steps_analyzed"):
-            out.append([])
             continue
+        kept.append((lo, hi))
         out.append([f.to_json() for f in evaluate(rules, metrics).findings])
-    return out
+    return kept, out

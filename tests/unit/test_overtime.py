@@ -28,15 +28,15 @@ def test_every_steps_opens_a_window_every_n_steps_after_wait():
     assert _actions(EverySchedule(wait=2, warmup=1, active=3, repeat=2, every_steps=6), 20) == "..wrrS..wrrS" + "." * 8
 
 
-def test_every_seconds_waits_for_the_duration_and_asks_the_clock_once_per_step():
+def test_every_seconds_opens_a_window_in_each_slot_of_the_clock_and_decides_each_step_once():
     now = [0.0]
     sched = EverySchedule(wait=1, warmup=0, active=2, repeat=0, every_s=10.0, clock=lambda: now[0])
     seen = []
     for step in range(12):
-        now[0] = step * 3.0  # 3 s per step: a window begins at 0 s (step 1), then the first step >= 10 s later
+        now[0] = step * 3.0  # 3 s per step: the first window at step 1 (3 s), then the first step of each 10 s slot
         seen.append(sched(step))
         assert sched(step) == seen[-1]  # asked again (the host-load recorder asks ahead): the same answer
-    assert _actions(lambda i: seen[i], 12) == ".rS..rS..rS."
+    assert _actions(lambda i: seen[i], 12) == ".rS.rS.rS.rS"
 
 
 def test_every_shorter_than_a_window_is_refused():
@@ -70,7 +70,7 @@ def test_trace_refuses_every_shorter_than_its_window_in_one_line():
     assert parse_own([]).repeat == 1
 
 
-def test_kept_windows_cut_back_to_back_ranges_drop_removed_ones_and_pair_ranks_by_order():
+def test_kept_windows_cut_back_to_back_ranges_drop_removed_ones_and_match_ranks_by_first_step():
     caps = {
         0: {
             "steps": {"profiled": [[3, 10], [23, 30], [43, 50], [63, 66]]},
@@ -81,6 +81,12 @@ def test_kept_windows_cut_back_to_back_ranges_drop_removed_ones_and_pair_ranks_b
     assert overtime.kept_windows(caps) == [(23, 31), (43, 51), (63, 67)]
     merged = {0: {"steps": {"profiled": [[3, 18]]}, "schedule": {"active": 8}}}
     assert overtime.kept_windows(merged) == [(3, 10), (11, 18)]
+    # time-based windows: rank 1 a step late in one window, and one window more at the end
+    t = {
+        0: {"steps": {"profiled": [[3, 6], [18, 21], [40, 43]]}, "schedule": {"active": 4}},
+        1: {"steps": {"profiled": [[3, 6], [19, 22], [40, 43], [60, 61]]}, "schedule": {"active": 4}},
+    }
+    assert overtime.kept_windows(t) == [(3, 6), (18, 22), (40, 43), (60, 61)]
 
 
 WINDOWS = [(3, 10), (23, 30), (43, 50), (63, 70)]
@@ -212,3 +218,17 @@ def test_the_section_joins_the_jump_to_the_finding_that_started_in_that_gap():
     md = report.markdown_lines(doc)
     assert md[0] == "## Over time" and any("rank-straggler: rank 1" in line for line in md)
     assert "<li>" in report.html_items(doc) and report.lines({"run": {}}) == []
+
+
+def test_steps_without_an_rss_reading_take_their_ranks_last_one():
+    n = 200
+    leak = 2 * 2**20
+    series = _series([20.0] * n, [300 * 2**20 + leak * i for i in range(n)])
+    for rank, s in series.items():  # the RSS is read at most every 50 ms: each rank has it on other steps
+        for r in s.rows:
+            if (r["step"] + rank) % 3:
+                r["mem_bytes"] = None
+    out = overtime.trends(series, CAPS)["memory"]
+    (dev,) = out["devices"]
+    assert dev["steps"] >= n - 5 and out["leak"] is True
+    assert dev["bytes_per_1000_steps"] == pytest.approx(2 * leak * 1000, rel=0.05)
