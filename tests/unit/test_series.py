@@ -257,3 +257,24 @@ def test_thread_safe_appends_while_flushing(tmp_path):
     rec.close()
     rows = read_rank_series(series.series_file(tmp_path, 3)).rows
     assert [r["step"] for r in rows] == list(range(2000))
+
+
+def test_a_taken_metrics_port_is_a_warning_and_the_series_goes_on(tmp_path, capsys):
+    pytest.importorskip("prometheus_client")
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        s = _fake_session(tmp_path)
+        s.identity.local_rank = 0
+        s.config.extra = {"metrics_port": ["127.0.0.1", port]}
+        rec = SeriesRecorder(s)
+        s.series = rec
+        rec.step(0)
+        rec.step(1)
+        rec.close()
+    assert len(s.capture_errors) == 1 and f"the metrics endpoint 127.0.0.1:{port} not started" in s.capture_errors[0]
+    assert f"ddpdoctor: warning: rank 3: the metrics endpoint 127.0.0.1:{port} not started" in capsys.readouterr().err
+    assert [r["step"] for r in read_rank_series(series.series_file(tmp_path, 3)).rows] == [0, 1]
