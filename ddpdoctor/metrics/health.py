@@ -181,6 +181,14 @@ def health_metrics(
                     entry["state"] = "failed_at_startup"
             out["health_advice"] = _startup_advice(error, ranks)
             doc["kind"] = "startup"
+            if getattr(verdict, "collective", None) is None:
+                made = any((cap or {}).get("backend") for cap in (captures or {}).values())
+                doc["notes"].append(
+                    "collective: unknown: "
+                    + ("no rank left a dump of its Flight Recorder" if verdict is None else "no dump holds one")
+                    + "; the job failed before its first step"
+                    + ("" if made else ", before any process group was made (no rank recorded a backend)")
+                )
         else:
             out["rank_crashed"] = True
             out["health_advice"] = (

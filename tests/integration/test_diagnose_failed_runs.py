@@ -20,6 +20,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 # timing rules that a wait for a dead or stuck peer would otherwise fire
 TIMING_RULES = {"poor-comm-compute-overlap", "rank-straggler", "low-collective-bandwidth", "ddp-bucket-size-mismatch"}
 HEALTH_RULES = {"rank-crashed", "job-failed-at-startup", "collective-hang", "collective-mismatch", "rank-died"}
+HANG_JOB = REPO / "tests" / "integration" / "hang_job.py"
 
 CRASH = """
 import time
@@ -79,8 +80,9 @@ def test_a_crash_inside_the_window_leads_with_the_crashed_rank(crashed):
     assert (first["name"], first["severity"], first["ranks"]) == ("rank-crashed", "error", [1])
     assert "rank 1 crashed" in first["message"] and "RuntimeError: bad batch at step 11" in first["message"]
     assert "rank 0 failed as a consequence" in first["message"]
-    if (crashed / "dumps").is_dir():  # the rank's exception dump gives the user-code frame
-        assert "train_step (crash2.py:14)" in first["message"]
+    assert "train_step (crash2.py:14)" in first["message"]  # the user-code frame, from the rank's exception dump
+    # it raised after its 12th optimizer step (loop index 11): 12 steps completed, from its dump
+    assert "rank 1 crashed after 12 steps" in first["message"], first["message"]
     names = {f["name"] for f in report["findings"]}
     assert names & HEALTH_RULES == {"rank-crashed"}
     # rank 0's wait for its dead peer (the cut step: ~1 s) is in no timing metric and no timing finding; what is
@@ -92,7 +94,11 @@ def test_a_crash_inside_the_window_leads_with_the_crashed_rank(crashed):
     assert cut and "profiled step(s) 12" in cut[0], report["run"]["notes"]
     health = report["run"]["health"]
     assert health["kind"] == "crash" and health["culprits"] == [1]
-    assert {r["rank"]: r["state"] for r in health["ranks"]}[0] == "consequence"
+    by_rank = {r["rank"]: r for r in health["ranks"]}
+    assert by_rank[0]["state"] == "consequence", by_rank
+    # the collective rank 0 lost its peer in: DDP's gradient all-reduce, from rank 0's own dump
+    assert (by_rank[0]["collective"] or "").startswith("all_reduce #"), by_rank[0]
+    assert by_rank[1]["steps"] == 12 and by_rank[1]["collective"] is None, by_rank[1]  # it raised in its own code
 
 
 def test_every_format_leads_with_the_crash(crashed):
@@ -117,6 +123,14 @@ def test_a_one_process_run_that_failed_at_start_up_is_an_error(tmp_path):
     first = report["findings"][0]
     assert (first["name"], first["severity"], first["ranks"]) == ("job-failed-at-startup", "error", [0])
     assert "RANK expected, but not set" in first["message"] and "--nproc-per-node" in first["recommendation"]
+    # no collective was ever issued: the report says the collective is unknown and why, and names no timing
+    health = report["run"]["health"]
+    assert health["kind"] == "startup" and health["culprits"] == [0] and health["collective"] is None, health
+    assert any(
+        n.startswith("collective: unknown: no rank left a dump") and "before any process group was made" in n
+        for n in health["notes"]
+    ), health["notes"]
+    assert not {f["name"] for f in report["findings"]} & TIMING_RULES
     assert run_cli("diagnose", str(out), "--fail-on", "info").returncode == 1
     assert run_cli("diagnose", str(out), "--fail-on", "error").returncode == 1
     assert run_cli("diagnose", str(out)).returncode == 0  # --fail-on is off by default
@@ -154,7 +168,7 @@ def test_a_hang_before_the_window_is_diagnosed_without_a_trace(tmp_path):
     env = {"STEPS": "40", "STUCK_RANK": "1", "STUCK_STEP": "3", "SLEEP_MS": "10"}
     traced = run_cli(
         "trace", "--out", str(out), "--wait", "30", "--warmup", "1", "--active", "3", "--hang-timeout", "5",
-        "--standalone", "--nproc-per-node", "2", str(REPO / "tests" / "integration" / "hang_job.py"),
+        "--standalone", "--nproc-per-node", "2", str(HANG_JOB),
         env=env, timeout=150,
     )  # fmt: skip
     assert traced.returncode != 0
@@ -167,8 +181,11 @@ def test_a_hang_before_the_window_is_diagnosed_without_a_trace(tmp_path):
     assert "no trace files" not in result.stderr
     first = report["findings"][0]
     assert (first["name"], first["severity"], first["ranks"]) == ("collective-hang", "error", [1])
-    assert "read_shard (hang_job.py:" in first["message"]
+    stuck = next(i for i, line in enumerate(HANG_JOB.read_text().splitlines(), 1) if "time.sleep(0.1)" in line)
+    assert f"read_shard (hang_job.py:{stuck})" in first["message"], first["message"]
     assert "rank 0 waits in all_reduce #" in first["message"] and "(default_pg)" in first["message"]
+    health = report["run"]["health"]
+    assert health["culprits"] == [1] and health["waiting"] == [0] and health["collective"]["op"] == "all_reduce"
     assert not {f["name"] for f in report["findings"]} & TIMING_RULES
     assert any("no trace was recorded" in n for n in report["run"]["notes"])
 
@@ -219,4 +236,12 @@ def test_a_folder_of_torch_own_flight_recorder_dumps_is_diagnosed(tmp_path):
     assert (first["name"], first["severity"]) == ("collective-mismatch", "error")
     assert "all_reduce" in first["message"] and "broadcast" in first["message"]
     assert "rank 0" in first["message"] and "rank 1" in first["message"]
+    # the user-code frame of each side, from the frames torch's pickle dump holds
+    line = next(i for i, text in enumerate(FOREIGN.splitlines(), 1) if "dist.all_reduce(torch.ones(1)" in text)
+    assert f"metric_sync (desync.py:{line})" in first["message"], first["message"]
+    health = report["run"]["health"]
+    assert health["kind"] == "desync" and health["culprits"] == [0, 1], health
+    # the three all_reduces before it are #1-#3 (torch's sequence ids start at 1)
+    assert health["collective"]["seq_id"] == 4 and "collective #4 (default_pg)" in first["message"], health
+    assert not {f["name"] for f in report["findings"]} & TIMING_RULES  # no trace: no timing claim at all
     assert any("torch's own Flight Recorder dumps" in n for n in report["run"]["notes"])
