@@ -410,10 +410,10 @@ def read_rank_series(path: Path, rank: int | None = None) -> RankSeries:
         m = re.match(r"rank(\d+)", Path(path).name)
         rank = int(m.group(1)) if m else -1
     out = RankSeries(rank=rank, path=Path(path))
+    from ddpdoctor import rundir
+
     try:
-        with open(path, "rb") as f:
-            if not os.path.isfile(f.name):
-                return out
+        with rundir.open_regular(path) as f:  # never a FIFO or a device (nor waited on)
             raw = f.read()
     except OSError:
         return out

@@ -79,9 +79,7 @@ class SeriesEvents:
 
     def _sync_rank(self, rank: int, path: Path) -> int:
         try:
-            with open(path, "rb") as f:
-                if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                    return 0
+            with rundir.open_regular(path) as f:  # never a FIFO or a device (nor waited on)
                 state = self._ranks.get(rank)
                 f.seek(state.offset if state else 0)
                 data = f.read()

@@ -278,3 +278,33 @@ def test_a_taken_metrics_port_is_a_warning_and_the_series_goes_on(tmp_path, caps
     assert len(s.capture_errors) == 1 and f"the metrics endpoint 127.0.0.1:{port} not started" in s.capture_errors[0]
     assert f"ddpdoctor: warning: rank 3: the metrics endpoint 127.0.0.1:{port} not started" in capsys.readouterr().err
     assert [r["step"] for r in read_rank_series(series.series_file(tmp_path, 3)).rows] == [0, 1]
+
+
+def test_a_fifo_in_place_of_a_series_file_is_not_read(tmp_path):
+    (tmp_path / "ranks").mkdir()
+    os.mkfifo(tmp_path / "ranks" / "rank0.series.jsonl")  # opening it for reading would block
+    s = read_series(tmp_path)[0]
+    assert s.rows == [] and s.header == {}
+
+
+def test_live_events_follow_a_growing_file_line_by_line(tmp_path):
+    pytest.importorskip("tensorboard")
+    from ddpdoctor.tensorboard.live import SeriesEvents
+
+    path = tmp_path / "ranks" / "rank0.series.jsonl"
+    first = json.dumps(HEADER) + "\n" + json.dumps(_row(0, 1.0, None)) + "\n" + json.dumps(_row(1, 2.0, 0.5))
+    _write(path, [first[:-5]])  # the second row cut short: not read yet
+    live = SeriesEvents(tmp_path, tmp_path)
+    assert live.sync() == 1
+    with open(path, "a") as f:
+        f.write(first[-5:] + "\n" + json.dumps(_row(2, 3.0, 0.25)) + "\n")
+    assert live.sync() == 2 and live.sync() == 0
+    live.stop()
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (events,) = list((tmp_path / "tensorboard" / "rank0").glob("events.out.tfevents.*.series"))
+    acc = EventAccumulator(str(events))
+    acc.Reload()
+    steps = [(e.step, round(e.value, 3)) for e in acc.Scalars("series/step_ms")]
+    assert steps == [(1, 500.0), (2, 250.0)]
+    assert [e.step for e in acc.Scalars("series/memory_bytes")] == [0, 1, 2]
