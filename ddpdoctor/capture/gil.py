@@ -22,9 +22,12 @@ from typing import Any
 # and made the verdict vary between runs of one job). A 1 ms poll missed most of the contention of four threads
 # running tiny ops (0.03 vs 0.17 measured on the same run), 100 µs did not.
 _POLL_US, _SAMPLE_US, _SLEEP_US = 100, 10_000, 1_000
-# A thread that got at least this share of the CPU time the job's threads used in a step (and one clock tick) made
-# progress in it: on a busy host a process may get a fraction of a core, so the share is of what it got.
-_ACTIVE_SHARE = 0.1
+# A thread that ran (on a CPU, ns from schedstat) at least this share of what the job's busiest thread ran in a step,
+# and at least _MIN_RUN_S, had work in it: a share of the busiest thread, not of the total nor of the wall time, holds
+# whatever share of the host the process gets and however many threads share the work; the main thread that only
+# waits for a pool and steps the optimizer runs 5-10% of its worker (measured, loaded 2-core host).
+_ACTIVE_SHARE = 0.25
+_MIN_RUN_S = 0.001
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
@@ -33,27 +36,83 @@ def _job_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if not t.name.startswith("ddpdoctor")]
 
 
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
 def _cpu_seconds(native_id: int | None) -> float | None:
-    """User + system CPU time of one thread of this process (Linux), None where unknown."""
+    """User + system CPU time of one thread of this process (Linux, clock ticks), None where unknown."""
     if native_id is None:
         return None
+    text = _read(f"/proc/self/task/{native_id}/stat")
     try:
-        with open(f"/proc/self/task/{native_id}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
+        fields = text.rsplit(")", 1)[1].split()  # type: ignore[union-attr]
         return (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime (fields 14 and 15 of stat)
-    except (OSError, IndexError, ValueError):
+    except (AttributeError, IndexError, ValueError):
         return None
+
+
+def _thread_times(native_id: int) -> tuple[float, float, int] | None:
+    """(seconds on a CPU, seconds runnable but waiting for a CPU, voluntary switches) of one thread of this process:
+    ``/proc/self/task/<tid>/schedstat`` (ns) and the ``voluntary_ctxt_switches`` of its ``status``; a thread that
+    blocks (on the GIL's futex, a lock, I/O) switches voluntarily, one the host preempts waits in the run queue.
+    Where schedstat is absent, the clock-tick CPU time of ``stat`` and no run-queue wait; None where unknown."""
+    base = f"/proc/self/task/{native_id}"
+    sched = _read(f"{base}/schedstat")
+    status = _read(f"{base}/status")
+    voluntary = -1
+    for line in (status or "").splitlines():
+        if line.startswith("voluntary_ctxt_switches:"):
+            voluntary = int(line.split()[1])
+            break
+    try:
+        run_ns, delay_ns = (int(v) for v in sched.split()[:2])  # type: ignore[union-attr]
+        return run_ns / 1e9, delay_ns / 1e9, voluntary
+    except (AttributeError, ValueError):
+        seconds = _cpu_seconds(native_id)
+        return None if seconds is None else (seconds, 0.0, voluntary)
 
 
 def _native_threads() -> int | None:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("Threads:"):
-                    return int(line.split()[1])
-    except OSError:
-        return None
+    text = _read("/proc/self/status")
+    for line in (text or "").splitlines():
+        if line.startswith("Threads:"):
+            return int(line.split()[1])
     return None
+
+
+_DERIVED = ("active_threads", "cpu_cores", "runnable_cores", "cpu_share", "blocked_share", "switches")
+
+
+def _step_values(
+    now: dict[int, tuple[float, float, int]], before: dict[int, tuple[float, float, int]], elapsed: float
+) -> tuple[Any, ...]:
+    """The ``_DERIVED`` values of one step from the job's threads' times at its end and at its start (a thread new
+    since then ran only since then); Nones where nothing was measured."""
+    if elapsed <= 0 or not now:
+        return (None,) * len(_DERIVED)
+    run, busy, switches = {}, {}, {}
+    for tid, (cpu, delay, vol) in now.items():
+        cpu0, delay0, vol0 = before.get(tid, (0.0, 0.0, vol if vol < 0 else 0))
+        run[tid], busy[tid] = max(cpu - cpu0, 0.0), max(cpu - cpu0 + delay - delay0, 0.0)
+        switches[tid] = vol - vol0 if vol >= 0 and vol0 >= 0 else None
+    total_run, total_busy = sum(run.values()), sum(busy.values())
+    floor = max(_MIN_RUN_S, _ACTIVE_SHARE * max(run.values()))
+    active = [tid for tid in now if run[tid] >= floor]
+    blocked = sum(max(elapsed - busy[tid], 0.0) for tid in active)
+    counted = [switches[tid] for tid in active]
+    return (
+        len(active),
+        round(total_run / elapsed, 3),
+        round(total_busy / elapsed, 3),
+        round(total_run / total_busy, 3) if total_busy > 0 else None,
+        round(blocked / (elapsed * len(active)), 3) if active else None,
+        sum(counted) if active and all(c is not None for c in counted) else None,  # type: ignore[misc]
+    )
 
 
 class GilProbe:
@@ -66,10 +125,14 @@ class GilProbe:
             "threads": [],
             "native_threads": [],
             "job_threads": [],  # the job's Python threads alive (ddpdoctor's excluded)
-            "active_threads": [],  # of them, those that used the CPU for over 10% of the step
+            "active_threads": [],  # of them, those running or runnable for over 10% of what they all were
             "cpu_cores": [],  # their CPU time together / the step's wall time
+            "runnable_cores": [],  # their time running or waiting for a CPU together / wall time
+            "cpu_share": [],  # their CPU time / their time running or waiting for a CPU (what the host gave them)
+            "blocked_share": [],  # of the active threads' wall time, the share they were blocked (not runnable)
+            "switches": [],  # voluntary context switches of the active threads (each a block: GIL, lock, I/O)
         }
-        self._cpu: dict[int, float] = {}
+        self._times: dict[int, tuple[float, float, int]] = {}
         self._wall: float | None = None
         if not enabled:
             self.reason = "disabled with --no-gil"
@@ -98,7 +161,7 @@ class GilProbe:
             sleeping_interval_micros=_SLEEP_US,
         )
         self._knocker.start()
-        self._cpu, self._wall = self._thread_cpu(), time.monotonic()
+        self._times, self._wall = self._thread_times(), time.monotonic()
 
     def sample(self, step: int) -> None:
         if self._knocker is None:
@@ -107,27 +170,20 @@ class GilProbe:
         self.series["contention"].append(round(float(self._knocker.contention_metric), 4))
         self.series["threads"].append(threading.active_count())
         self.series["native_threads"].append(_native_threads())
-        cpu, wall = self._thread_cpu(), time.monotonic()
+        times, wall = self._thread_times(), time.monotonic()
         elapsed = wall - self._wall if self._wall is not None else 0.0
-        used = {tid: cpu[tid] - self._cpu.get(tid, 0.0) for tid in cpu}  # a new thread ran only since then
-        self.series["job_threads"].append(len(cpu) or None)
-        if elapsed > 0 and used:
-            floor = max(1.0 / _TICK, _ACTIVE_SHARE * sum(used.values()))
-            self.series["active_threads"].append(sum(1 for u in used.values() if u >= floor))
-            self.series["cpu_cores"].append(round(sum(used.values()) / elapsed, 3))
-        else:
-            self.series["active_threads"].append(None)
-            self.series["cpu_cores"].append(None)
-        self._cpu, self._wall = cpu, wall
+        self.series["job_threads"].append(len(times) or None)
+        for key, value in zip(_DERIVED, _step_values(times, self._times, elapsed), strict=True):
+            self.series[key].append(value)
+        self._times, self._wall = times, wall
         self._knocker.reset_contention_metric()
 
     @staticmethod
-    def _thread_cpu() -> dict[int, float]:
+    def _thread_times() -> dict[int, tuple[float, float, int]]:
         out = {}
         for t in _job_threads():
-            seconds = _cpu_seconds(t.native_id)
-            if t.native_id is not None and seconds is not None:
-                out[t.native_id] = seconds
+            if t.native_id is not None and (times := _thread_times(t.native_id)) is not None:
+                out[t.native_id] = times
         return out
 
     def stop(self) -> None:

@@ -118,8 +118,18 @@ def ddp_timers(capture: dict[str, Any] | None) -> dict[str, Any]:
     return out
 
 
+# A GIL probe reading at or below this (the rule's default threshold) is no evidence either way when other processes
+# kept the host busy (at least HOST_BUSY_CORES of its CPUs) while two or more of the job's threads had work: the
+# probe's own thread then gets 1-8% of the CPU time it is runnable for, and its readings of one GIL-bound job range
+# from 0.02 to 0.6 between steps (measured: 4 threads of samples/gil_small_ops.py on a 2-core host at load 8-15).
+GIL_READABLE = 0.2
+HOST_BUSY_CORES = 0.5
+
+
 def thread_metrics(capture: dict[str, Any] | None, ranks_on_host: int | None) -> dict[str, Any]:
-    """``gil_contention`` (mean over steps, 0-1), ``threads`` (max), ``cpu_count``, ``intra_op_threads``,
+    """``gil_contention`` (mean over steps, 0-1; None where a low reading on a busy host cannot decide, see
+    ``GIL_READABLE`` and ``gil_reasons``), ``threads`` (max), ``active_python_threads``, ``python_cpu_cores`` and
+    ``python_cpu_share`` (median step), ``gil_host_other_cores``, ``cpu_count``, ``intra_op_threads``,
     ``local_world_size``."""
     capture = capture or {}
     gil = (capture.get("gil") or {}).get("per_step") or {}
@@ -127,19 +137,77 @@ def thread_metrics(capture: dict[str, Any] | None, ranks_on_host: int | None) ->
     threads = [t for t in gil.get("threads") or [] if isinstance(t, (int, float))]
     active = [t for t in gil.get("active_threads") or [] if isinstance(t, (int, float))]
     cores = [c for c in gil.get("cpu_cores") or [] if isinstance(c, (int, float))]
+    shares = [c for c in gil.get("cpu_share") or [] if isinstance(c, (int, float))]
+    mean = sum(contention) / len(contention) if contention else None
+    working = _quantile(active, 0.5) if active else None
+    others = _other_cores(capture) if contention else None
+    unreadable = (
+        mean is not None
+        and mean <= GIL_READABLE
+        and working is not None
+        and working >= 2
+        and others is not None
+        and others >= HOST_BUSY_CORES
+    )
     info = capture.get("threads") or {}
     return {
-        "gil_contention": sum(contention) / len(contention) if contention else None,
+        "gil_contention": None if unreadable else mean,
         "gil_contention_spread": _quantile(contention, 0.9) - _quantile(contention, 0.1) if contention else None,
         "threads": max(threads) if threads else None,
-        "active_python_threads": _quantile(active, 0.5) if active else None,
+        "active_python_threads": working,
         "python_cpu_cores": _quantile(cores, 0.5) if cores else None,
+        "python_cpu_share": _quantile(shares, 0.5) if shares else None,
+        "gil_host_other_cores": others,
         # CPUs the process may run on (taskset, cgroup cpusets), else all the host has
         "cpu_count": next((info[k] for k in ("affinity_cpus", "cpu_count") if isinstance(info.get(k), int)), None),
         "intra_op_threads": info.get("torch_intra_op_threads")
         if isinstance(info.get("torch_intra_op_threads"), int)
         else None,
         "local_world_size": ranks_on_host,
+    }
+
+
+def _other_cores(capture: dict[str, Any]) -> float | None:
+    """CPUs of the host busy with other processes than this one in the profiled windows (``hostload.windows``:
+    the host's busy share of its CPU time, in CPUs, less this process's CPU time per second), None unrecorded."""
+    windows = [w for w in (capture.get("hostload") or {}).get("windows") or [] if isinstance(w, dict)]
+    try:
+        wall = sum(float(w["wall_s"]) for w in windows)
+        total = sum(float(w["host_total_s"]) for w in windows)
+        busy = sum(float(w["host_busy_s"]) for w in windows)
+        own = sum(float(w["cpu_s"]) for w in windows)
+        cpus = int(windows[-1]["host_cpus"])
+    except (KeyError, TypeError, ValueError, IndexError):
+        return None
+    if wall <= 0 or total <= 0 or cpus <= 0:
+        return None
+    return max(cpus * busy / total - own / wall, 0.0)
+
+
+def gil_reasons(ranks: list[dict[str, Any]]) -> dict[str, str]:
+    """``not_measured`` reason for ``gil_contention`` where every rank without it had a low reading on a busy host
+    with two or more of the job's threads at work (see ``GIL_READABLE``), with the numbers."""
+    missing = [r for r in ranks if r.get("gil_contention") is None]
+    busy = [
+        r
+        for r in missing
+        if isinstance(r.get("gil_host_other_cores"), (int, float))
+        and r["gil_host_other_cores"] >= HOST_BUSY_CORES
+        and isinstance(r.get("active_python_threads"), (int, float))
+        and r["active_python_threads"] >= 2
+    ]
+    if not busy or len(busy) < len(missing):
+        return {}
+    r = max(busy, key=lambda r: r["gil_host_other_cores"])
+    share = r.get("python_cpu_share")
+    got = f", the job's threads got {100 * share:.0f}% of the CPU time they were runnable for" if share else ""
+    return {
+        "gil_contention": (
+            f"the host was too busy to tell: other processes used {r['gil_host_other_cores']:.1f} CPUs"
+            f" (rank {r.get('rank')}){got}; with {r['active_python_threads']:.0f} of the job's Python threads at"
+            f" work, a GIL probe reading of {100 * GIL_READABLE:.0f}% or less is no evidence either way (the probe's"
+            " own thread is starved of CPU)"
+        )
     }
 
 

@@ -171,7 +171,13 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "timed_comm": ("overlap_ratio", "busbw_gbps", "algbw_gbps"),
     "slow_ranks": ("last_arrival_share", "last_arrival_p_value", "slow_rank", "wait_caused_ms"),
     # the GIL probe's view of the job's own Python threads (ddpdoctor.capture.gil)
-    "gil_threads": ("active_python_threads", "python_cpu_cores", "gil_contention_spread"),
+    "gil_threads": (
+        "active_python_threads",
+        "python_cpu_cores",
+        "python_cpu_share",
+        "gil_host_other_cores",
+        "gil_contention_spread",
+    ),
     "parallelism": (
         "collectives_per_step",
         "tp_collectives_per_step",
@@ -238,6 +244,8 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "ddp_reported_overlap_ratio",
     ),
 }
+
+
 def group(name: str) -> tuple[str, ...]:
     return GROUPS[name]
 

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from ddpdoctor.metrics import catalog
+from ddpdoctor.metrics.capture import gil_reasons
 from ddpdoctor.metrics.parallelism import detect_parallelism
 
 # Per-rank metrics that need every peer: a rank's own collective time mixes transfer and waiting otherwise.
@@ -48,6 +49,7 @@ def run_evidence(
             reasons[name] = undecidable_straggler
     reasons.update(_memory_reasons(run_metrics, devices, summaries))
     reasons.update(_older_summaries(summaries))
+    reasons.update(gil_reasons(ranks))  # the host starved the GIL probe (metrics/capture.py)
     calls = max((r.get("collectives_per_step") or 0.0 for r in ranks), default=0.0)
     if calls > 0 and all(r.get("overlap_ratio") is None for r in ranks):
         untimed = (

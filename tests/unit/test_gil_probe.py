@@ -66,3 +66,80 @@ def test_thread_metrics_take_the_median_step_and_the_spread() -> None:
     # a capture from before these were recorded: unknown, not zero
     old = thread_metrics({"gil": {"per_step": {"contention": [0.4], "threads": [3]}}}, None)
     assert old["active_python_threads"] is None and old["python_cpu_cores"] is None
+
+
+# ------------------------------------------------------------------------------------------ a busy host (issue 25)
+def test_threads_with_work_are_counted_against_the_busiest_one_in_ns():
+    from ddpdoctor.capture.gil import _step_values
+
+    # (seconds on a CPU, seconds waiting for one, voluntary switches) at a step's start and end: the main thread
+    # waits for its one worker and steps the optimizer (1.2 ms, 8% of the worker's 15 ms), on a host that kept
+    # both waiting for a CPU for longer than they ran; a third thread ran 0.5 ms
+    before = {1: (1.0, 1.0, 10), 2: (2.0, 2.0, 0), 3: (0.5, 0.0, 5)}
+    after = {1: (1.0012, 1.03, 22), 2: (2.015, 2.09, 0), 3: (0.5005, 0.0, 6)}
+    active, cores, runnable, share, blocked, switches = _step_values(after, before, 0.2)
+    assert active == 1
+    assert cores == pytest.approx((0.0012 + 0.015 + 0.0005) / 0.2, abs=1e-3)
+    assert share == pytest.approx(0.0167 / (0.0167 + 0.12), abs=1e-3)
+    assert runnable == pytest.approx((0.0167 + 0.12) / 0.2, abs=1e-3)
+    assert blocked == pytest.approx((0.2 - 0.105) / 0.2, abs=1e-3) and switches == 0
+    # four workers at 10-15 ms each: all four have work, the waiting main thread does not
+    before4 = {t: (0.0, 0.0, 0) for t in range(5)}
+    after4 = {0: (0.0012, 0.01, 12), 1: (0.015, 0.1, 40), 2: (0.010, 0.1, 40), 3: (0.012, 0.1, 40), 4: (0.004, 0.1, 9)}
+    assert _step_values(after4, before4, 0.2)[0] == 4
+    assert _step_values({}, before4, 0.2) == (None,) * 6 and _step_values(after4, before4, 0.0)[0] is None
+
+
+def _capture(contention: list[float], active: list[int], other_cores: float | None) -> dict:
+    hostload = None
+    if other_cores is not None:  # this process used 0.3 CPUs of 2 for 1 s; the host was busy for the rest
+        busy = (0.3 + other_cores) / 2 * 2.0
+        window = {"wall_s": 1.0, "host_total_s": 2.0, "host_busy_s": busy, "cpu_s": 0.3, "host_cpus": 2}
+        hostload = {"windows": [window]}
+    n = len(contention)
+    gil = {"contention": contention, "threads": [6] * n, "active_threads": active, "cpu_cores": [0.3] * n}
+    return {"gil": {"per_step": {**gil, "cpu_share": [0.2] * n}}, "hostload": hostload}
+
+
+def test_a_low_reading_on_a_busy_host_with_threads_at_work_cannot_decide():
+    from ddpdoctor.metrics.capture import gil_reasons
+
+    starved = thread_metrics(_capture([0.05, 0.1, 0.02], [4, 4, 4], 1.4), None)
+    assert starved["gil_contention"] is None and starved["gil_host_other_cores"] == pytest.approx(1.4)
+    assert starved["active_python_threads"] == 4 and starved["python_cpu_share"] == pytest.approx(0.2)
+    why = gil_reasons([{"rank": 0, **starved}])["gil_contention"]
+    assert why.startswith("the host was too busy to tell: other processes used 1.4 CPUs (rank 0), the job's")
+    assert "got 20% of the CPU time" in why and "with 4 of the job's Python threads at work" in why
+    # the same reading on a quiet host, a high reading on a busy one, one thread at work: each is evidence
+    assert thread_metrics(_capture([0.05, 0.1, 0.02], [4, 4, 4], 0.1), None)["gil_contention"] == pytest.approx(
+        0.17 / 3
+    )
+    assert thread_metrics(_capture([0.5, 0.4, 0.3], [4, 4, 4], 1.4), None)["gil_contention"] == pytest.approx(0.4)
+    one = thread_metrics(_capture([0.05, 0.1, 0.02], [1, 1, 1], 1.4), None)
+    assert one["gil_contention"] == pytest.approx(0.17 / 3) and gil_reasons([{"rank": 0, **one}]) == {}
+    # a rank without a reading for another reason (--no-gil) gets no host reason
+    assert gil_reasons([{"rank": 0, **starved}, {"rank": 1, "gil_contention": None}]) == {}
+
+
+def test_the_rule_says_not_evaluated_on_a_busy_host_and_passes_one_thread_at_work():
+    from types import SimpleNamespace
+
+    from ddpdoctor.diagnosis.engine import evaluate
+    from ddpdoctor.diagnosis.rules import load_rules
+    from ddpdoctor.metrics.capture import gil_reasons
+
+    rule = [r for r in load_rules() if r.name == "gil-contention"]
+
+    def verdict(capture: dict):
+        ranks = [{"rank": 0, **thread_metrics(capture, None)}]
+        run = {"mode": "single", "world_size": 1, "not_measured": gil_reasons(ranks)}
+        return evaluate(rule, SimpleNamespace(run=run, ranks=ranks))
+
+    busy = verdict(_capture([0.05, 0.1, 0.02], [4, 4, 4], 1.4))
+    assert not busy.findings and not busy.passed
+    assert "the host was too busy to tell" in busy.not_evaluated[0].reason
+    one = verdict(_capture([0.6, 0.5, 0.7], [1, 1, 1], 1.4))  # a busy host inflates the reading: one thread
+    assert not one.findings and one.passed == ("gil-contention",)
+    assert "active_python_threads = 1 < 2" in one.passed_reasons[0].reason
+    fired = verdict(_capture([0.5, 0.4, 0.3], [4, 4, 4], 1.4))
+    assert [f.name for f in fired.findings] == ["gil-contention"]
