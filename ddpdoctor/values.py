@@ -14,6 +14,9 @@ from ddpdoctor.ranklist import RankRanges
 
 def clean_value(value: Any) -> Any:
     """A Python scalar for ``value``: numpy scalars unwrapped, NaN/inf/pandas NA as None; others unchanged."""
+    t = type(value)
+    if t is float:  # nearly every metric: a plain float (the rule engine reads millions of them at scale)
+        return value if value - value == 0.0 else None  # inf - inf and nan - nan are nan
     if value is None or isinstance(value, (bool, int, str)):
         return value
     if hasattr(value, "item") and not isinstance(value, (bytes, bytearray)):

@@ -249,8 +249,9 @@ class Values:
 
 def _lift(fn: Any) -> Any:
     def op(*args: Any) -> Any:
-        if any(a is None for a in args):
-            return None
+        for a in args:  # a loop, not any(): called for every operator of every rank's condition
+            if a is None:
+                return None
         return fn(*args)
 
     return op
