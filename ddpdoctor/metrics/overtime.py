@@ -11,7 +11,7 @@ Nothing is said from too little data: fewer than :data:`MIN_WINDOWS` windows, or
 :data:`MIN_TREND_STEPS` steps of the series outside the profiled windows, is "not evaluated" with the reason.
 Windows are matched across ranks by their first step (a rank whose time-based window began a step later has the
 same window). Steps inside a profiled window, the step that exports it and the first step are left out of the trends
-(the profiler's own cost, ``compare.samples.disturbed_steps``).
+(the profiler's own cost, ``metrics.profiled_steps.disturbed_steps``).
 """
 
 from __future__ import annotations
@@ -210,7 +210,7 @@ def trends(
 
 def _clean_steps(series: Mapping[int, Any], captures: Mapping[int, Mapping[str, Any]]) -> set[int]:
     """Steps of the series that every rank has, outside the profiler's windows and the first step."""
-    from ddpdoctor.compare.samples import disturbed_steps
+    from ddpdoctor.metrics.profiled_steps import disturbed_steps
 
     steps: set[int] | None = None
     for s in series.values():

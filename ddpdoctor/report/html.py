@@ -11,7 +11,7 @@ from typing import Any, TextIO
 
 from ddpdoctor.diagnosis.findings import Diagnosis, format_ranks
 from ddpdoctor.metrics import catalog
-from ddpdoctor.report import fmt, fsdp_units, palette, svg, timeline
+from ddpdoctor.report import fmt, fsdp_units, over_time, palette, svg, timeline
 from ddpdoctor.report.document import (
     RANK_STATUS_TITLE,
     build,
@@ -179,6 +179,9 @@ def _body(result: Diagnosis) -> list[str]:
     elif table is not None:
         out += _breakdown_html(doc, *_with_gpu_util(result, table[1], table[2]))
     out += fsdp_units.html_parts(doc)
+    over = over_time.html_items(doc)
+    if over:
+        out.append(over)
     out += _after_breakdown(result, doc)
     return out
 

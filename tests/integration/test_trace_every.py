@@ -139,12 +139,15 @@ def test_a_moving_straggler_is_said_to_move_and_a_steady_job_has_no_drift_or_lea
 
 
 @pytest.mark.timeout(600)
-def test_the_section_in_text_and_markdown(halfway):
+def test_the_section_in_text_markdown_and_html(halfway):
     out, _, _ = halfway
     text = run_cli("diagnose", str(out), timeout=120)
     assert text.returncode == 0 and "Over time" in text.stdout and "rank-straggler: rank 1 in" in text.stdout
     md = run_cli("diagnose", str(out), "--format", "markdown", timeout=120)
     assert md.returncode == 0 and "## Over time" in md.stdout and "per 1,000 steps" in md.stdout
+    page = run_cli("diagnose", str(out), "--format", "html", timeout=120)
+    assert page.returncode == 0 and '<ul class="over-time">' in page.stdout
+    assert "rank-straggler: rank 1 in" in page.stdout
 
 
 @pytest.mark.timeout(60)
