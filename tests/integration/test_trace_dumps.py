@@ -17,7 +17,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from helpers import REPO, read_json
+from helpers import REPO, read_json, run_cli
 
 from ddpdoctor.runfile_types import FlightDump
 
@@ -147,6 +147,13 @@ def test_sigusr1_dumps_a_running_job_which_then_finishes_normally(tmp_path):
     for r in (0, 1):  # nothing lost: every step counted, the profiled window written
         capture = read_json(out / "ranks" / f"rank{r}.json")
         assert capture["steps"]["count"] == 40 and capture["trace_files"], capture["steps"]
+    # diagnose finds no failure in it: no culprit, no error finding made of the dumps
+    diagnosed = run_cli("diagnose", str(out), "--format", "json", timeout=120)
+    assert diagnosed.returncode == 0 and "Traceback" not in diagnosed.stderr, diagnosed.stderr
+    report = json.loads(diagnosed.stdout)
+    assert not [f["name"] for f in report["findings"] if f["severity"] == "error"], report["findings"]
+    health = report["run"].get("health")
+    assert health is None or (health["kind"] == "ok" and health["culprits"] == []), health
 
 
 def test_sigterm_dumps_every_rank_before_it_ends(tmp_path):

@@ -46,6 +46,11 @@ def _diagnosed(out: Path) -> dict:
     return report
 
 
+def _line(text: str) -> int:
+    """The line of hang_job.py that holds ``text`` (1-based)."""
+    return next(i for i, line in enumerate(Path(JOB).read_text().splitlines(), 1) if text in line)
+
+
 def _dumps(out: Path, reason: str) -> dict[int, dict]:
     """The ranks' dumps of ``reason`` ("hang", "on_demand"; a stopped rank also dumps on the signal), by rank."""
     found = {}
@@ -75,7 +80,8 @@ def test_rank_stuck_in_its_data_function_is_named_the_cause(tmp_path):
     assert by_rank[1]["status"] == "hung" and by_rank[0]["consequence_of"] == [1]
     first = _diagnosed(out)["findings"][0]
     assert (first["name"], first["ranks"]) == ("collective-hang", [1]), first
-    assert "read_shard (hang_job.py:" in first["message"] and "rank 0 waits in all_reduce #" in first["message"]
+    assert f"read_shard (hang_job.py:{_line('time.sleep(0.1)')})" in first["message"], first["message"]
+    assert "rank 0 waits in all_reduce #" in first["message"] and "(default_pg)" in first["message"], first["message"]
 
 
 def test_different_collectives_are_a_desync_not_a_hung_rank(tmp_path):
@@ -92,8 +98,11 @@ def test_different_collectives_are_a_desync_not_a_hung_rank(tmp_path):
     first = report["findings"][0]
     assert (first["name"], first["severity"]) == ("collective-mismatch", "error"), first
     assert "all_reduce" in first["message"] and "broadcast" in first["message"], first["message"]
-    assert "hang_job.py:" in first["message"], first["message"]  # where each side was issued
+    # where each side was issued: the user-code frame of each
+    assert f"main (hang_job.py:{_line('dist.all_reduce(torch.ones(1))')})" in first["message"], first["message"]
+    assert f"main (hang_job.py:{_line('dist.broadcast(torch.ones(4), src=1)')})" in first["message"], first["message"]
     assert report["run"]["health"]["culprits"] == [0, 1]
+    assert report["run"]["health"]["collective"]["op"] in ("all_reduce", "broadcast"), report["run"]["health"]
 
 
 def test_default_timeout_never_stops_a_healthy_job_with_a_slow_step(tmp_path):
