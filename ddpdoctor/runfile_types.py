@@ -92,6 +92,10 @@ class GilSeries(msgspec.Struct, forbid_unknown_fields=False):
     job_threads: list[Count | None] = []
     active_threads: list[Count | None] = []
     cpu_cores: list[Finite | None] = []
+    runnable_cores: list[Finite | None] = []
+    cpu_share: list[Finite | None] = []
+    blocked_share: list[Finite | None] = []
+    switches: list[Count | None] = []
 
 
 class GilRecord(msgspec.Struct, forbid_unknown_fields=False):
