@@ -218,7 +218,7 @@ def test_fails_at_or_above_threshold(fail_on, fails):
 def fake_analyze(monkeypatch):
     calls = []
 
-    def analyze_run(path, *, steps=None, rules=None, progress=None, traces_optional=False):
+    def analyze_run(path, *, steps=None, rules=None, progress=None, traces_optional=False, over_time=False):
         calls.append((path, steps))
         if not Path(path).exists():
             raise diagnose_cmd.UsageError(f"{path}: no such file or directory")
