@@ -22,6 +22,13 @@ def lines(doc: dict[str, Any]) -> list[str]:
         return []
     out: list[str] = []
     found = ot.get("findings") or {}
+    step_time, memory = ot.get("step_time") or {}, ot.get("memory") or {}
+    if not any(part.get("evaluated") for part in (found, step_time, memory)):
+        # a short run (one window, a few steps): one line, not three "not evaluated" in every report
+        return [
+            f"not evaluated: {found.get('reason')}; {step_time.get('reason')} "
+            "(a long run traced with `--every` has them)"
+        ]
     if found.get("evaluated"):
         n = found.get("windows")
         steps = found.get("window_steps") or []
