@@ -119,7 +119,7 @@ def test_trace_without_nccl_kernels_has_no_overlap_verdict(traces_dir: Path) -> 
 
 
 def test_megatron_tensor_parallel_two_slow_ranks(traces_dir: Path) -> None:
-    metrics, findings, reasons, _ = _diagnose(str(traces_dir), "astra-sim/megatron_tp8_a100_8ranks")
+    metrics, findings, reasons, passed = _diagnose(str(traces_dir), "astra-sim/megatron_tp8_a100_8ranks")
     f = findings["rank-straggler"]
     assert f.ranks == (0, 6)  # HTA idle: 37.38% and 34.43%; every other rank 0.53-10.79%
     share = {r["rank"]: r["last_arrival_share"] for r in metrics.ranks}
@@ -132,6 +132,10 @@ def test_megatron_tensor_parallel_two_slow_ranks(traces_dir: Path) -> None:
     for rule in DDP_ONLY:  # no DDP advice for a tensor-parallel job
         assert "tensor parallel (tp)" in reasons[rule], rule
     assert "no [memory] events" in reasons["gpu0-oom-risk"]  # README: no [memory] events
+    # bandwidth from the last peer's arrival to the end (issue 26 item 3): the same on every rank, waiting left out
+    busbw = {round(r["busbw_gbps"], 1) for r in metrics.ranks}
+    assert busbw == {189.9}, busbw
+    assert "low-collective-bandwidth" in passed
 
 
 def test_mi300_one_rank_of_eight(traces_dir: Path) -> None:
