@@ -279,9 +279,9 @@ def finish_run(
         man = manifest_mod.build(
             out, mode=mode, command=command, config=config.schedule_dict(), launch=launch_form(out, launch or mode)
         )
-        _name_untraced(man, _untraced)
         if launch == "command":
             _name_command_without_ranks(out, man, command)
+        _name_untraced(man, _untraced)  # a process the hook could not reach (python -I): the more exact cause
         if judge is not None and judge.stopped:
             apply_verdict(man, judge.verdict, judge.how)
         manifest_mod.write(out, man)
