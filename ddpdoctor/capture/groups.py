@@ -29,7 +29,7 @@ from ddpdoctor import rundir
 
 _AGREE_S = 30.0
 _KEY = "ddpdoctor/group"
-_RANK_FILE = re.compile(r"^rank\d+(\.summary)?\.json$")
+_RANK_FILE = re.compile(r"^rank\d+(\.summary\.json|\.json|\.series\.jsonl)$")  # rank file, summary, step series
 
 
 @dataclass(frozen=True)
@@ -179,10 +179,10 @@ def settle(out: Path, groups: list[dict[str, Any]]) -> bool:
 
 
 def _move_files(source: Path, dest: Path) -> None:
-    """Rename the rank files and traces of the layout in ``source`` into ``dest`` (a name taken there stays)."""
+    """Rename the rank files, summaries, step series and traces of the layout in ``source`` into ``dest`` (a name taken there stays)."""
     (dest / rundir.RANKS_DIR).mkdir(parents=True, exist_ok=True)
     names = [
-        (rundir.RANKS_DIR, p.name) for p in (source / rundir.RANKS_DIR).glob("rank*.json") if _RANK_FILE.match(p.name)
+        (rundir.RANKS_DIR, p.name) for p in (source / rundir.RANKS_DIR).glob("rank*") if _RANK_FILE.match(p.name)
     ]
     names += [("", p.name) for p in source.glob("rank*") if rundir.TRACE_FILE_RE.match(p.name)]
     for folder, name in names:

@@ -9,6 +9,7 @@ from ddpdoctor.values import clean_value
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f\x80-\x9f]")
 _MD_SPECIAL = re.compile(r"([\\`*_\[\]|~])")
+_CODE_SPAN = re.compile(r"`([^`\n]+)`")
 
 
 def plain(value: Any) -> str:
@@ -29,6 +30,12 @@ def esc(value: Any) -> str:
     import html
 
     return html.escape(plain(value), quote=True)
+
+
+def esc_code(value: Any) -> str:
+    """``value`` escaped for HTML, with the `code spans` that rule messages, reasons and report lines use shown as
+    ``<code>``."""
+    return _CODE_SPAN.sub(r"<code>\1</code>", esc(value))
 
 
 def ms(value: Any, digits: int = 1) -> str:

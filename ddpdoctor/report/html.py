@@ -6,7 +6,6 @@ Everything that comes from a trace, a rule file or the file system is escaped wi
 from __future__ import annotations
 
 import math
-import re
 from typing import Any, TextIO
 
 from ddpdoctor.diagnosis.findings import Diagnosis, format_ranks
@@ -36,7 +35,6 @@ _BREAKDOWN = (
 )
 
 
-_CODE_SPAN = re.compile(r"`([^`\n]+)`")
 # Collective table columns: heading, and the tooltip for the ones a heading alone does not explain.
 _COLLECTIVE_COLUMNS = {
     "rank": ("rank", None),
@@ -51,7 +49,7 @@ _COLLECTIVE_COLUMNS = {
 
 def _text(value: Any) -> str:
     """``value`` escaped for HTML, with the `code spans` that rule messages and reasons use shown as code."""
-    return _CODE_SPAN.sub(r"<code>\1</code>", fmt.esc(value))
+    return fmt.esc_code(value)
 
 
 def _finding_html(i: int, f: Any) -> str:

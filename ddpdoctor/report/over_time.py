@@ -71,9 +71,9 @@ def markdown_lines(doc: dict[str, Any]) -> list[str]:
 
 
 def html_items(doc: dict[str, Any]) -> str:
-    """The section as an HTML fragment (``<h2>`` and a list), escaped; "" without a record. For helper C's page."""
+    """The section as an HTML fragment (``<h2>`` and a list), escaped, `code spans` as code; "" without a record."""
     body = lines(doc)
     if not body:
         return ""
-    items = "".join(f"<li>{fmt.esc(line.strip())}</li>" for line in body)
+    items = "".join(f"<li>{fmt.esc_code(line.strip())}</li>" for line in body)
     return f'<h2>{TITLE}</h2><ul class="over-time">{items}</ul>'

@@ -137,6 +137,9 @@ def _assert_training_at_top(out: Path) -> None:
         assert (out / name).is_file()
     on_disk = sorted(p.name for p in out.glob("rank*.pt.trace.json*"))
     assert on_disk == sorted(n for d in ranks.values() for n in d["trace_files"])  # no other group's trace here
+    for rank in ranks:  # the training's step series (one line per step) came with it
+        lines = (out / "ranks" / f"rank{rank}.series.jsonl").read_text().splitlines()
+        assert [json.loads(line).get("step") for line in lines[1:]] == list(range(25)), (rank, len(lines))
 
 
 def _diagnosed(out: Path) -> dict:
