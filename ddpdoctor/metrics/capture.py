@@ -124,13 +124,24 @@ def ddp_timers(capture: dict[str, Any] | None) -> dict[str, Any]:
 # from 0.02 to 0.6 between steps (measured: 4 threads of samples/gil_small_ops.py on a 2-core host at load 8-15).
 GIL_READABLE = 0.2
 HOST_BUSY_CORES = 0.5
+# The job's own threads starve the probe the same way when they are runnable for more CPU time than the host has:
+# below this share of their runnable time on a CPU (``python_cpu_share``, median step) a low reading cannot decide
+# either. Measured on a quiet 2-core host: the 4 small-op threads of samples/gil_small_ops.py (0.45-0.5x the speed
+# of serial) got 0.48-0.58 of it and read 0.09-0.13; the same work on one thread got 0.89-0.998.
+THREADS_STARVED_SHARE = 0.8
+# A reading above GIL_READABLE cannot decide either when the job's threads with work used this many CPU cores or
+# more between them (the rule's ``max_cores``): GIL-bound threads take turns on about one core, so they also ran
+# native code in parallel, and how much of their time the GIL cost is not in the data. Measured: the 4 threads of
+# samples/gil_small_ops.py (0.72x the speed of the same work done serially) used 1.1-1.6 cores of a quiet 2-core
+# host with probe readings of 0.09-0.22; threads in large matmuls and sleeps read 0.02-0.15 at 0.7 cores.
+PARALLEL_CORES = 1.3
 
 
 def thread_metrics(capture: dict[str, Any] | None, ranks_on_host: int | None) -> dict[str, Any]:
-    """``gil_contention`` (mean over steps, 0-1; None where a low reading on a busy host cannot decide, see
-    ``GIL_READABLE`` and ``gil_reasons``), ``threads`` (max), ``active_python_threads``, ``python_cpu_cores`` and
-    ``python_cpu_share`` (median step), ``gil_host_other_cores``, ``cpu_count``, ``intra_op_threads``,
-    ``local_world_size``."""
+    """``gil_contention`` (mean over steps, 0-1; None where the reading cannot decide: low on a busy host or high
+    from threads that ran in parallel, see ``GIL_READABLE``, ``PARALLEL_CORES`` and ``gil_reasons``), ``threads``
+    (max), ``active_python_threads``, ``python_cpu_cores`` and ``python_cpu_share`` (median step),
+    ``gil_host_other_cores``, ``cpu_count``, ``intra_op_threads``, ``local_world_size``."""
     capture = capture or {}
     gil = (capture.get("gil") or {}).get("per_step") or {}
     contention = [c for c in gil.get("contention") or [] if isinstance(c, (int, float))]
@@ -141,22 +152,23 @@ def thread_metrics(capture: dict[str, Any] | None, ranks_on_host: int | None) ->
     mean = sum(contention) / len(contention) if contention else None
     working = _quantile(active, 0.5) if active else None
     others = _other_cores(capture) if contention else None
-    unreadable = (
-        mean is not None
-        and mean <= GIL_READABLE
-        and working is not None
-        and working >= 2
-        and others is not None
-        and others >= HOST_BUSY_CORES
-    )
+    median_cores = _quantile(cores, 0.5) if cores else None
+    at_work = mean is not None and working is not None and working >= 2
+    share = _quantile(shares, 0.5) if shares else None
+    host_busy = others is not None and others >= HOST_BUSY_CORES
+    oversubscribed = share is not None and share < THREADS_STARVED_SHARE
+    starved = at_work and mean <= GIL_READABLE and (host_busy or oversubscribed)
+    parallel = at_work and mean > GIL_READABLE and median_cores is not None and median_cores >= PARALLEL_CORES
+    unreadable = starved or parallel
     info = capture.get("threads") or {}
     return {
         "gil_contention": None if unreadable else mean,
+        "gil_probe_reading": mean,
         "gil_contention_spread": _quantile(contention, 0.9) - _quantile(contention, 0.1) if contention else None,
         "threads": max(threads) if threads else None,
         "active_python_threads": working,
-        "python_cpu_cores": _quantile(cores, 0.5) if cores else None,
-        "python_cpu_share": _quantile(shares, 0.5) if shares else None,
+        "python_cpu_cores": median_cores,
+        "python_cpu_share": share,
         "gil_host_other_cores": others,
         # CPUs the process may run on (taskset, cgroup cpusets), else all the host has
         "cpu_count": next((info[k] for k in ("affinity_cpus", "cpu_count") if isinstance(info.get(k), int)), None),
@@ -185,30 +197,49 @@ def _other_cores(capture: dict[str, Any]) -> float | None:
 
 
 def gil_reasons(ranks: list[dict[str, Any]]) -> dict[str, str]:
-    """``not_measured`` reason for ``gil_contention`` where every rank without it had a low reading on a busy host
-    with two or more of the job's threads at work (see ``GIL_READABLE``), with the numbers."""
+    """``not_measured`` reason for ``gil_contention`` where every rank without it had two or more of the job's
+    threads at work and a probe reading that cannot decide, with the numbers: a low one while the CPUs were
+    oversubscribed (other processes used ``HOST_BUSY_CORES`` or more, or the job's threads got less than
+    ``THREADS_STARVED_SHARE`` of their runnable time), or a high one from threads that used ``PARALLEL_CORES`` or
+    more."""
     missing = [r for r in ranks if r.get("gil_contention") is None]
-    busy = [
-        r
-        for r in missing
-        if isinstance(r.get("gil_host_other_cores"), (int, float))
-        and r["gil_host_other_cores"] >= HOST_BUSY_CORES
-        and isinstance(r.get("active_python_threads"), (int, float))
-        and r["active_python_threads"] >= 2
-    ]
-    if not busy or len(busy) < len(missing):
+    why: dict[str, tuple[float, str]] = {}
+    for r in missing:
+        reading, threads = r.get("gil_probe_reading"), r.get("active_python_threads")
+        if not (_number(reading) and _number(threads) and threads >= 2):
+            return {}  # not measured for another reason (--no-gil, an old summary): no reason to give
+        cores, share, others = r.get("python_cpu_cores"), r.get("python_cpu_share"), r.get("gil_host_other_cores")
+        rank = r.get("rank")
+        if reading > GIL_READABLE and _number(cores) and cores >= PARALLEL_CORES:
+            text = (
+                f"the evidence conflicts on rank {rank}: the GIL probe read {100 * reading:.0f}% contention, but the"
+                f" job's {threads:.0f} Python threads at work used {cores:.2f} CPU cores between them, so they also"
+                " ran native code in parallel; how much of their time the GIL cost is not in the data (time the"
+                " threads against the same work done serially)"
+            )
+            why.setdefault("parallel", (cores, text))
+            why["parallel"] = max(why["parallel"], (cores, text))
+        elif reading <= GIL_READABLE and (
+            (_number(others) and others >= HOST_BUSY_CORES) or (_number(share) and share < THREADS_STARVED_SHARE)
+        ):
+            busy = f"other processes used {others:.1f} CPUs and " if _number(others) and others >= 0.05 else ""
+            got = f"got {100 * share:.0f}% of the CPU time they were runnable for" if _number(share) else "waited"
+            text = (
+                f"the CPUs were too busy to tell on rank {rank}: {busy}the job's {threads:.0f} Python threads at work"
+                f" {got}; the GIL probe's own thread is starved likewise, and its reading of {100 * reading:.0f}%"
+                f" ({100 * GIL_READABLE:.0f}% or less) is no evidence either way"
+            )
+            key = -share if _number(share) else 0.0
+            why["starved"] = max(why.get("starved", (key, text)), (key, text))
+        else:
+            return {}
+    if not why:
         return {}
-    r = max(busy, key=lambda r: r["gil_host_other_cores"])
-    share = r.get("python_cpu_share")
-    got = f", the job's threads got {100 * share:.0f}% of the CPU time they were runnable for" if share else ""
-    return {
-        "gil_contention": (
-            f"the host was too busy to tell: other processes used {r['gil_host_other_cores']:.1f} CPUs"
-            f" (rank {r.get('rank')}){got}; with {r['active_python_threads']:.0f} of the job's Python threads at"
-            f" work, a GIL probe reading of {100 * GIL_READABLE:.0f}% or less is no evidence either way (the probe's"
-            " own thread is starved of CPU)"
-        )
-    }
+    return {"gil_contention": "; ".join(text for _, text in (why[k] for k in ("starved", "parallel") if k in why))}
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _quantile(values: list[float], q: float) -> float:

@@ -177,6 +177,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "python_cpu_share",
         "gil_host_other_cores",
         "gil_contention_spread",
+        "gil_probe_reading",
     ),
     "parallelism": (
         "collectives_per_step",

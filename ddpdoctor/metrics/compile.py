@@ -2,9 +2,9 @@
 
 - ``Torch-Compiled Region: F/C``: one call of compiled frame F in its C-th compiled version (dynamo's compile id).
   ``compiled_regions``: the distinct F/C called in the analysed steps; ``compiled_region_calls``: calls per step.
-- ``CompiledFunction``: one call of an AOT-compiled graph (aot_eager, inductor; the eager backend has none). DDPOptimizer
-  splits a DDP model's graph at DDP's buckets, so that a bucket's all-reduce can start before the whole backward is
-  done: ``compiled_graphs_per_region`` is graphs per compiled-region call (the splits; 1 = not split).
+- ``CompiledFunction``: one call of an AOT-compiled graph (aot_eager, inductor; the eager backend has none).
+  DDPOptimizer splits a DDP model's graph at DDP's buckets, so that a bucket's all-reduce can start before the whole
+  backward is done: ``compiled_graphs_per_region`` is graphs per compiled-region call (the splits; 1 = not split).
 - Compiling shows as ``... (dynamo_timed)`` ranges (``_compile.compile_inner`` for a frame, ``backward._backward_impl``
   for its lazy backward). ``compile_ms``: the union of those ranges per step; ``compile_recompiles``: compiles in the
   analysed steps (``_compile.compile_inner``), or where torch records no such range, the analysed steps after the
@@ -110,7 +110,8 @@ def compile_note(ranks: list[dict[str, Any]], ddp_buckets: int | None = None) ->
             text += f" (DDPOptimizer's split of the graph at bucket_cap_mb boundaries; DDP has {buckets} bucket(s))"
     recompiles = rank.get("compile_recompiles") or 0
     if recompiles:
-        text += f"; {recompiles} recompile(s) in the analysed steps, {rank.get('compile_ms') or 0:.1f} ms per step compiling"
+        compiling = rank.get("compile_ms") or 0
+        text += f"; {recompiles} recompile(s) in the analysed steps, {compiling:.1f} ms per step compiling"
     else:
         text += "; no recompile in the analysed steps"
     return text

@@ -16,7 +16,8 @@ collectives (``wait_caused_ms``: the others' wait for it per step) is **starved*
 A rank that sleeps or computes more each step stays a straggler on a loaded host: its extra time is not run-queue
 wait. ``late_own_ms`` is the part of its lateness its extra run-queue wait does not explain (the lateness less
 that wait): where it is large (the rules' thresholds), the rank is a straggler of its own even when the host
-starved it too (a rank that sleeps 100 ms a step and also waits 250 ms for a CPU). The ``--steps`` range of ``diagnose`` does not narrow these: they cover the profiled windows.
+starved it too (a rank that sleeps 100 ms a step and also waits 250 ms for a CPU). The ``--steps`` range of
+``diagnose`` does not narrow these: they cover the profiled windows.
 
 Pure functions of the capture dicts; no trace needed. Runs without the record (foreign traces, not Linux, runs
 traced by an older ddpdoctor) get None and the reason in ``not_measured``.

@@ -90,26 +90,28 @@ def test_threads_with_work_are_counted_against_the_busiest_one_in_ns():
     assert _step_values({}, before4, 0.2) == (None,) * 6 and _step_values(after4, before4, 0.0)[0] is None
 
 
-def _capture(contention: list[float], active: list[int], other_cores: float | None) -> dict:
+def _capture(
+    contention: list[float], active: list[int], other_cores: float | None, cores: float = 0.3, share: float = 0.95
+) -> dict:
     hostload = None
     if other_cores is not None:  # this process used 0.3 CPUs of 2 for 1 s; the host was busy for the rest
         busy = (0.3 + other_cores) / 2 * 2.0
         window = {"wall_s": 1.0, "host_total_s": 2.0, "host_busy_s": busy, "cpu_s": 0.3, "host_cpus": 2}
         hostload = {"windows": [window]}
     n = len(contention)
-    gil = {"contention": contention, "threads": [6] * n, "active_threads": active, "cpu_cores": [0.3] * n}
-    return {"gil": {"per_step": {**gil, "cpu_share": [0.2] * n}}, "hostload": hostload}
+    gil = {"contention": contention, "threads": [6] * n, "active_threads": active, "cpu_cores": [cores] * n}
+    return {"gil": {"per_step": {**gil, "cpu_share": [share] * n}}, "hostload": hostload}
 
 
 def test_a_low_reading_on_a_busy_host_with_threads_at_work_cannot_decide():
     from ddpdoctor.metrics.capture import gil_reasons
 
-    starved = thread_metrics(_capture([0.05, 0.1, 0.02], [4, 4, 4], 1.4), None)
+    starved = thread_metrics(_capture([0.05, 0.1, 0.02], [4, 4, 4], 1.4, share=0.2), None)
     assert starved["gil_contention"] is None and starved["gil_host_other_cores"] == pytest.approx(1.4)
     assert starved["active_python_threads"] == 4 and starved["python_cpu_share"] == pytest.approx(0.2)
     why = gil_reasons([{"rank": 0, **starved}])["gil_contention"]
-    assert why.startswith("the host was too busy to tell: other processes used 1.4 CPUs (rank 0), the job's")
-    assert "got 20% of the CPU time" in why and "with 4 of the job's Python threads at work" in why
+    assert why.startswith("the CPUs were too busy to tell on rank 0: other processes used 1.4 CPUs and the job's 4")
+    assert "got 20% of the CPU time" in why and "its reading of 6% (20% or less) is no evidence" in why
     # the same reading on a quiet host, a high reading on a busy one, one thread at work: each is evidence
     assert thread_metrics(_capture([0.05, 0.1, 0.02], [4, 4, 4], 0.1), None)["gil_contention"] == pytest.approx(
         0.17 / 3
@@ -117,8 +119,37 @@ def test_a_low_reading_on_a_busy_host_with_threads_at_work_cannot_decide():
     assert thread_metrics(_capture([0.5, 0.4, 0.3], [4, 4, 4], 1.4), None)["gil_contention"] == pytest.approx(0.4)
     one = thread_metrics(_capture([0.05, 0.1, 0.02], [1, 1, 1], 1.4), None)
     assert one["gil_contention"] == pytest.approx(0.17 / 3) and gil_reasons([{"rank": 0, **one}]) == {}
+    # a quiet host whose CPUs the job's own threads oversubscribe (4 runnable threads on 2 cores): starved as well
+    own = thread_metrics(_capture([0.09, 0.13, 0.12], [4, 4, 4], 0.0, cores=1.15, share=0.5), None)
+    assert own["gil_contention"] is None and own["gil_probe_reading"] == pytest.approx(0.34 / 3)
+    why = gil_reasons([{"rank": 0, **own}])["gil_contention"]
+    assert why.startswith("the CPUs were too busy to tell on rank 0: the job's 4 Python threads at work got 50% of")
+    assert "other processes" not in why
     # a rank without a reading for another reason (--no-gil) gets no host reason
     assert gil_reasons([{"rank": 0, **starved}, {"rank": 1, "gil_contention": None}]) == {}
+
+
+def test_a_high_reading_from_threads_that_ran_in_parallel_cannot_decide():
+    """The probe read contention, but the threads used 1.63 cores of a quiet host (CI's run of the 4-thread small-op
+    sample): they took turns on the GIL and ran native code in parallel; the data does not say which cost more."""
+    from ddpdoctor.metrics.capture import gil_reasons
+
+    mixed = thread_metrics(_capture([0.2, 0.25, 0.2], [4, 4, 4], 0.0, cores=1.63), None)
+    assert mixed["gil_contention"] is None and mixed["python_cpu_cores"] == pytest.approx(1.63)
+    why = gil_reasons([{"rank": 0, **mixed}])["gil_contention"]
+    assert why.startswith("the evidence conflicts on rank 0: the GIL probe read 22% contention, but the job's 4")
+    assert "used 1.63 CPU cores between them" in why and "too busy" not in why
+    # the same reading from threads that took turns (about one core), or a low one from parallel threads: evidence
+    turns = thread_metrics(_capture([0.2, 0.25, 0.2], [4, 4, 4], 0.0, cores=1.0), None)
+    assert turns["gil_contention"] == pytest.approx(0.65 / 3)
+    assert thread_metrics(_capture([0.05, 0.1, 0.02], [4, 4, 4], 0.0, cores=1.6), None)["gil_contention"] < 0.1
+    # one thread at work: nothing contends, whatever the cores
+    one = thread_metrics(_capture([0.4, 0.4, 0.4], [1, 1, 1], 0.0, cores=1.6), None)
+    assert one["gil_contention"] == pytest.approx(0.4) and gil_reasons([{"rank": 0, **one}]) == {}
+    # one rank busy-host, one rank parallel: both reasons, each with its rank
+    starved = thread_metrics(_capture([0.05, 0.1, 0.02], [4, 4, 4], 1.4, share=0.2), None)
+    both = gil_reasons([{"rank": 0, **starved}, {"rank": 1, **mixed}])["gil_contention"]
+    assert "too busy to tell on rank 0" in both and "conflicts on rank 1" in both
 
 
 def test_the_rule_says_not_evaluated_on_a_busy_host_and_passes_one_thread_at_work():
@@ -137,7 +168,10 @@ def test_the_rule_says_not_evaluated_on_a_busy_host_and_passes_one_thread_at_wor
 
     busy = verdict(_capture([0.05, 0.1, 0.02], [4, 4, 4], 1.4))
     assert not busy.findings and not busy.passed
-    assert "the host was too busy to tell" in busy.not_evaluated[0].reason
+    assert "the CPUs were too busy to tell on rank 0" in busy.not_evaluated[0].reason
+    mixed = verdict(_capture([0.25, 0.2, 0.25], [4, 4, 4], 0.0, cores=1.63))  # took turns and ran in parallel
+    assert not mixed.findings and not mixed.passed
+    assert "the evidence conflicts on rank 0: the GIL probe read 23%" in mixed.not_evaluated[0].reason
     one = verdict(_capture([0.6, 0.5, 0.7], [1, 1, 1], 1.4))  # a busy host inflates the reading: one thread
     assert not one.findings and one.passed == ("gil-contention",)
     assert "active_python_threads = 1 < 2" in one.passed_reasons[0].reason
