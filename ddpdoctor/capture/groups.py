@@ -179,7 +179,8 @@ def settle(out: Path, groups: list[dict[str, Any]]) -> bool:
 
 
 def _move_files(source: Path, dest: Path) -> None:
-    """Rename the rank files, summaries, step series and traces of the layout in ``source`` into ``dest`` (a name taken there stays)."""
+    """Rename the rank files, summaries, step series and traces of the layout in ``source`` into ``dest`` (a name
+    taken there stays)."""
     (dest / rundir.RANKS_DIR).mkdir(parents=True, exist_ok=True)
     names = [
         (rundir.RANKS_DIR, p.name) for p in (source / rundir.RANKS_DIR).glob("rank*") if _RANK_FILE.match(p.name)

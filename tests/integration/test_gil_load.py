@@ -6,7 +6,8 @@ threads with work are counted from their own CPU time in ns, as a share of the b
 cannot make the waiting main thread look like a second worker). The threaded job fires, or the rule says it cannot
 tell and why: where the CPUs were oversubscribed (by other processes, or by the job's own threads: four runnable
 threads on two cores) and the probe read low (a starved probe under-reads), or where the probe read high but the
-threads also ran in parallel (1.3 cores or more): it never passes. Each job is traced once per module (8 steps, 4 profiled, 60 small ops a piece).
+threads also ran in parallel (1.3 cores or more): it never passes. Each job is traced once per module (8 steps, 4
+profiled, 60 small ops a piece).
 """
 
 from __future__ import annotations
