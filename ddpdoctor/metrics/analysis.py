@@ -84,7 +84,8 @@ def analyze(run: Run, steps: tuple[int, int | None] | None = None, verdict: Any 
     compiled = compile_note(ranks)  # torch.compile's facts: regions, graphs per call, recompiles (metrics/compile.py)
     if compiled:
         run_metrics["notes"] = [*run_metrics.get("notes", run.notes), compiled]
-    host_run, why_host = hostload_metrics(run.capture, ranks)  # after the waits: it weighs them (hostload.py)
+    work = {s["rank"]: s.get("op_work") for s in summaries}  # the same ops as the others? (metrics/same_work.py)
+    host_run, why_host = hostload_metrics(run.capture, ranks, work)  # after the waits: it weighs them (hostload.py)
     run_metrics.update(host_run)
     run_metrics["not_measured"] = {**run_metrics.get("not_measured", {}), **why_setup, **why_host}
     units = run_units(summaries)  # FSDP2: the per-unit table, shown by the reports (not a metric)

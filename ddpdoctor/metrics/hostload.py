@@ -16,7 +16,18 @@ collectives (``wait_caused_ms``: the others' wait for it per step) is **starved*
 A rank that sleeps or computes more each step stays a straggler on a loaded host: its extra time is not run-queue
 wait. ``late_own_ms`` is the part of its lateness its extra run-queue wait does not explain (the lateness less
 that wait): where it is large (the rules' thresholds), the rank is a straggler of its own even when the host
-starved it too (a rank that sleeps 100 ms a step and also waits 250 ms for a CPU). The ``--steps`` range of
+starved it too (a rank that sleeps 100 ms a step and also waits 250 ms for a CPU).
+
+A rank can be late on a busy host without waiting for a CPU: it ran, but slower (ranks, their communication
+threads and the profiler sharing too few cores, their caches and memory bandwidth): its extra time is CPU time,
+as that of a rank with more work. The CPU ops of the ranks' traces tell them apart (``ddpdoctor.metrics.same_work``):
+a rank is ``same_work_slower`` when the ranks share one host with more runnable threads than CPUs
+(``host_runnable_per_cpu`` >= ``OVERSUBSCRIBED``), it ran the ops the others ran (``extra_ops_ms``, the time of
+its ops beyond theirs, under ``SAME_OPS_SHARE`` of its lateness), those ops were slower (``ops_slower_ms`` at least
+``SLOWER_OPS_SHARE`` of it), and its extra CPU time and run-queue wait explain its lateness (what they leave is not
+large by rank-straggler's own test, ``OWN_MS``/``OWN_STEP_SHARE``/``OWN_SHARE``). Where every slow rank is,
+``slow_rank_cause_known`` is None: a slower rank cannot be told from a slower share of the host, and
+rank-straggler is not evaluated. The ``--steps`` range of
 ``diagnose`` does not narrow these: they cover the profiled windows.
 
 Pure functions of the capture dicts; no trace needed. Runs without the record (foreign traces, not Linux, runs
@@ -31,6 +42,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ddpdoctor.metrics import catalog
+from ddpdoctor.metrics.same_work import compare
 
 HOSTLOAD_RANK_METRICS = catalog.names("rank", "hostload")
 HOSTLOAD_RUN_METRICS = catalog.names("run", "hostload")
@@ -42,6 +54,15 @@ STARVED_SHARE = 0.5
 # hypervisor took this share of the host's CPU time (steal).
 CONTENDED_WAIT_SHARE = 0.1
 CONTENDED_STEAL_SHARE = 0.05
+
+# Same work, slower (module docstring): more runnable threads per CPU than this on a host all ranks share; ops only
+# the rank ran under SAME_OPS_SHARE of its lateness, the ops all ran slower by SLOWER_OPS_SHARE of it or more; the
+# lateness its extra CPU time and wait leave is "its own" when over all three of rank-straggler's min_own_ms,
+# min_own_share (of the step) and own_share (of the lateness): the same numbers (tests/unit/test_same_work.py).
+OVERSUBSCRIBED = 1.0
+SAME_OPS_SHARE = 0.2
+SLOWER_OPS_SHARE = 0.2
+OWN_MS, OWN_STEP_SHARE, OWN_SHARE = 2.0, 0.05, 0.2
 
 NOT_RECORDED = "the host's load was not recorded (only `ddpdoctor trace` runs on Linux record it)"
 
@@ -100,10 +121,13 @@ def rank_hostload(capture: Mapping[str, Any] | None) -> tuple[dict[str, Any], st
 
 
 def hostload_metrics(
-    captures: Mapping[int, Mapping[str, Any]], ranks: list[dict[str, Any]]
+    captures: Mapping[int, Mapping[str, Any]],
+    ranks: list[dict[str, Any]],
+    work: Mapping[int, Mapping[str, Any] | None] | None = None,
 ) -> tuple[dict[str, Any], dict[str, str]]:
     """Fill every rank's host-load metrics in ``ranks`` (rows of ``RunMetrics.ranks``, with ``wait_caused_ms``
-    from the cross-rank matching) and return the run-level ones and the reasons for what is missing."""
+    from the cross-rank matching) and return the run-level ones and the reasons for what is missing. ``work``:
+    each rank's CPU ops per step (``same_work.op_work``), where its trace has them."""
     why: dict[int, str] = {}
     own: dict[int, dict[str, Any]] = {}
     for row in ranks:
@@ -147,9 +171,102 @@ def hostload_metrics(
             if lateness is not None:
                 m["late_own_ms"] = max(0.0, lateness - max(0.0, m["cpu_wait_excess_ms"]))
         row.update(m)
+    _same_work(captures, ranks, work or {}, work_medians)
     run = _run_level(ranks)
     reasons = _reasons(why, ranks, run)
+    run["slow_rank_cause_known"], doubt = cause_known(ranks)
+    run["slow_ranks_same_work"] = doubt is not None
+    reasons.pop("slow_rank_cause_known", None)
+    reasons.pop("slow_ranks_same_work", None)
+    if doubt:
+        reasons["slow_rank_cause_known"] = doubt
     return run, reasons
+
+
+def _same_work(
+    captures: Mapping[int, Mapping[str, Any]],
+    ranks: list[dict[str, Any]],
+    work: Mapping[int, Mapping[str, Any] | None],
+    work_medians: _LeaveOneOutMedian,
+) -> None:
+    """``extra_ops_ms``, ``ops_slower_ms`` and ``same_work_slower`` of every rank (module docstring)."""
+    hosts = {(captures.get(int(r["rank"])) or {}).get("hostname") for r in ranks}
+    shared = len(ranks) >= 2 and len(hosts) == 1 and None not in hosts  # every rank on one host
+    steps = [r["step_ms_median"] for r in ranks if r.get("step_ms_median")]
+    step_ms = sum(steps) / len(steps) if steps else None
+    for row in ranks:
+        rank = int(row["rank"])
+        mine = work.get(rank)
+        others = [w for r, w in work.items() if r != rank and w]
+        if not mine or not others or len(others) < len(ranks) - 1:
+            continue
+        row["extra_ops_ms"], row["ops_slower_ms"] = compare(mine, others)
+        if row.get("loop_cpu_ms") is None or row.get("cpu_wait_excess_ms") is None or not step_ms:
+            continue
+        row["same_work_slower"] = same_work_slower(
+            lateness_ms=row.get("wait_caused_ms"),
+            extra_ops_ms=row["extra_ops_ms"],
+            ops_slower_ms=row["ops_slower_ms"],
+            cpu_excess_ms=row["loop_cpu_ms"] - work_medians.without(row["loop_cpu_ms"]),
+            wait_excess_ms=row["cpu_wait_excess_ms"],
+            step_ms=step_ms,
+            runnable_per_cpu=row.get("host_runnable_per_cpu") if shared else None,
+        )
+
+
+def same_work_slower(
+    *,
+    lateness_ms: float | None,
+    extra_ops_ms: float,
+    ops_slower_ms: float,
+    cpu_excess_ms: float,
+    wait_excess_ms: float,
+    step_ms: float,
+    runnable_per_cpu: float | None,
+) -> bool | None:
+    """Whether a rank's lateness (the others' wait for it per step) is the same work run slower on an
+    oversubscribed host the ranks share (module docstring). ``runnable_per_cpu``: None when the ranks do not all
+    share the host (False then: ranks of several hosts run on CPUs of their own). None when its lateness is
+    unknown."""
+    if lateness_ms is None:
+        return None
+    if lateness_ms <= 0 or runnable_per_cpu is None or runnable_per_cpu < OVERSUBSCRIBED:
+        return False
+    if extra_ops_ms >= SAME_OPS_SHARE * lateness_ms or ops_slower_ms < SLOWER_OPS_SHARE * lateness_ms:
+        return False
+    left = lateness_ms - max(0.0, cpu_excess_ms) - max(0.0, wait_excess_ms)
+    own = left > OWN_MS and left / step_ms > OWN_STEP_SHARE and left >= OWN_SHARE * lateness_ms
+    return not own
+
+
+def cause_known(ranks: list[dict[str, Any]]) -> tuple[bool | None, str | None]:
+    """``slow_rank_cause_known``: True, or None and why when every slow rank is ``same_work_slower`` and one of
+    them at least is not ``cpu_starved`` (a starved rank's cause is known: rank-starved-of-cpu names it)."""
+    slow = [r for r in ranks if r.get("slow_rank")]
+    if not slow or not all(r.get("same_work_slower") for r in slow) or all(r.get("cpu_starved") for r in slow):
+        return True, None
+    step = [r["step_ms_median"] for r in ranks if r.get("step_ms_median")]
+    step_ms = sum(step) / len(step) if step else float("nan")
+    said = []
+    for r in slow:
+        others = [o["loop_cpu_ms"] for o in ranks if o is not r and o.get("loop_cpu_ms") is not None]
+        more = r["loop_cpu_ms"] - statistics.median(others) if others else float("nan")
+        said.append(
+            f"rank {r['rank']} arrived last at {100 * (r.get('last_arrival_share') or 0):.0f}% of the matched"
+            f" collectives (p = {r.get('last_arrival_p_value') or 0:.1g}) and the others waited"
+            f" {r['wait_caused_ms']:.1f} ms per step for it ({100 * r['wait_caused_ms'] / step_ms:.0f}% of a"
+            f" {step_ms:.1f} ms step), but it ran the same CPU ops as they did ({r['extra_ops_ms']:.1f} ms per step"
+            f" in ops only it ran), {r['ops_slower_ms']:.1f} ms per step slower, and its extra CPU time"
+            f" ({more:+.1f} ms per step: {r['loop_cpu_ms']:.1f} ms) and run-queue wait"
+            f" ({r['cpu_wait_excess_ms']:+.1f} ms per step against the others) explain its lateness, with"
+            f" {r['host_runnable_per_cpu']:.1f} runnable threads"
+            " per CPU on the host all ranks share"
+        )
+    return None, (
+        "; ".join(said) + ": the same work ran slower on an oversubscribed host, which cannot be told from a slower"
+        " rank (which rank's threads lose the contended cores is chance); trace with a CPU core per rank and its"
+        " threads (fewer ranks per host, or OMP_NUM_THREADS and taskset) to decide"
+    )
 
 
 class _LeaveOneOutMedian:

@@ -14,7 +14,8 @@ Layout (``schema_version`` 1)::
      "exposed_comm": {"start_us": [...], "end_us": [...]}  # communication not hidden by computation, analysed steps
      "devices":     [{"device", "peak_allocated_bytes", "peak_reserved_bytes", "capacity_bytes"}],
      "fsdp_units":  {column: [...]},  # FSDP2 units: unit, param_bytes, ..., reduce_exposed_ms (metrics/fsdp.py)
-     "timeline":    {column: [...]}}  # step, lane, start_us, end_us of a few analysed steps (metrics/timeline.py)
+     "timeline":    {column: [...]},  # step, lane, start_us, end_us of a few analysed steps (metrics/timeline.py)
+     "op_work":     {name: [ops, top-level ops, top-level ms] per analysed step} | None  # (metrics/same_work.py)}
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from ddpdoctor.metrics.dp import dp_intervals, dp_per_step, dp_rank_metrics
 from ddpdoctor.metrics.fsdp import fsdp_rank
 from ddpdoctor.metrics.memory import device_rows, memory_metrics, own_device
 from ddpdoctor.metrics.parallelism import parallelism_evidence
+from ddpdoctor.metrics.same_work import op_work
 from ddpdoctor.metrics.setup import compute_device
 from ddpdoctor.metrics.steps import step_windows
 from ddpdoctor.table import Codes, Table, cumcount, group_ids
@@ -121,6 +123,7 @@ def summarize_rank(
             "devices": devices,
             "fsdp_units": fsdp_units,
             "timeline": timeline.record(lanes, steps, gather),  # a few steps' phase intervals (metrics/timeline.py)
+            "op_work": op_work(rt, analysed),  # CPU ops per step by name: same work as the others? (same_work.py)
         }
     )
 

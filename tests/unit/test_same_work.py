@@ -1,0 +1,133 @@
+"""The same work run slower on an oversubscribed shared host vs. a rank that does more or waits on its own
+(ddpdoctor.metrics.same_work and hostload.same_work_slower): the numbers are those of real traces of
+tests/integration/straggler_job.py and samples/ddp_train.py on a 2-CPU machine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import tomllib
+from test_hostload import _captures, _window
+
+from ddpdoctor.metrics import hostload
+from ddpdoctor.metrics.same_work import compare
+
+RULE = Path(__file__).resolve().parents[2] / "rules" / "rank-straggler.toml"
+
+# {name: [ops, top-level ops, top-level ms] per step}
+BALANCED = {"aten::linear": [25.0, 5.0, 1.5], "AddmmBackward0": [25.0, 5.0, 2.0], "aten::add_": [10.0, 10.0, 0.5]}
+
+
+def _scaled(work: dict, factor: float) -> dict:
+    return {n: [c, t, ms * factor] for n, (c, t, ms) in work.items()}
+
+
+def test_extra_ops_are_work_only_that_rank_does_and_the_same_ops_slower_are_not() -> None:
+    extra = {**BALANCED, "aten::matmul": [40.0, 20.0, 14.0], "aten::tanh": [20.0, 20.0, 1.5]}
+    assert compare(extra, [BALANCED]) == pytest.approx((15.5, 0.0))
+    more, slower = compare(_scaled(BALANCED, 1.5), [BALANCED])
+    assert more == 0.0 and slower == pytest.approx(2.0)  # 4 ms of ops, each 50% slower
+    assert compare(BALANCED, [_scaled(BALANCED, 1.5)])[1] == pytest.approx(-2.0)
+
+
+def _verdict(**kw) -> bool | None:
+    args = dict(
+        lateness_ms=2.7,
+        extra_ops_ms=0.0,
+        ops_slower_ms=1.0,
+        cpu_excess_ms=2.6,
+        wait_excess_ms=0.1,
+        step_ms=24.7,
+        runnable_per_cpu=3.5,
+    )
+    return hostload.same_work_slower(**{**args, **kw})
+
+
+def test_the_same_work_slower_on_an_oversubscribed_shared_host_is_not_the_ranks() -> None:
+    # CI's false straggler: rank 0 2.7 ms late of a 24.7 ms step, its CPU time 2.6 ms more, the same ops slower
+    assert _verdict() is True
+    assert _verdict(lateness_ms=6.4, step_ms=26.9, cpu_excess_ms=5.5, wait_excess_ms=0.6, ops_slower_ms=2.5) is True
+
+
+@pytest.mark.parametrize(
+    "changed",
+    [
+        {"cpu_excess_ms": 0.1, "wait_excess_ms": 0.2, "ops_slower_ms": 0.36, "lateness_ms": 5.1},  # sleeps
+        {"extra_ops_ms": 15.4, "cpu_excess_ms": 14.0, "lateness_ms": 13.6, "ops_slower_ms": -1.6},  # extra matmuls
+        {"ops_slower_ms": 0.1},  # pure Python work between the same ops: its CPU time, not the ops, grew
+        {"runnable_per_cpu": None},  # the ranks are on several hosts
+        {"runnable_per_cpu": 0.6},  # fewer runnable threads than CPUs
+        # sleeps 100 ms and waits 250 ms for a CPU: what the wait leaves is its own
+        {"lateness_ms": 350.0, "cpu_excess_ms": 0.0, "wait_excess_ms": 250.0, "ops_slower_ms": 200.0, "step_ms": 400},
+    ],
+)
+def test_a_rank_that_does_more_or_waits_on_its_own_is_still_its_own(changed) -> None:
+    assert _verdict(**changed) is False
+
+
+def test_unknown_lateness_is_not_guessed() -> None:
+    assert _verdict(lateness_ms=None) is None
+
+
+def test_the_own_lateness_test_is_rank_stragglers() -> None:
+    params = tomllib.loads(RULE.read_text())["params"]
+    assert (hostload.OWN_MS, hostload.OWN_STEP_SHARE, hostload.OWN_SHARE) == (
+        params["min_own_ms"],
+        params["min_own_share"],
+        params["own_share"],
+    )
+
+
+def _run(slow_work: dict, *, host_b: str = "node-a"):
+    """Two ranks on a busy host, rank 0 2.7 ms per step late with 26 ms more CPU time in 10 steps."""
+    captures = _captures(_window(0.116, 0.02, runnable=7.0), _window(0.090, 0.02, runnable=7.0))
+    captures[1]["hostname"] = host_b
+    rows = [
+        {
+            "rank": r,
+            "wait_caused_ms": w,
+            "slow_rank": r == 0,
+            "step_ms_median": 24.7,
+            "last_arrival_share": s,
+            "last_arrival_p_value": p,
+        }
+        for r, w, s, p in ((0, 2.7, 0.9, 0.004), (1, 0.2, 0.1, 1.0))
+    ]
+    run, why = hostload.hostload_metrics(captures, rows, {0: slow_work, 1: BALANCED})
+    return run, why, rows
+
+
+def test_a_run_whose_only_slow_rank_ran_the_same_work_slower_is_not_evaluated() -> None:
+    run, why, rows = _run(_scaled(BALANCED, 1.4))
+    assert rows[0]["same_work_slower"] is True and rows[1]["same_work_slower"] is False
+    assert run["slow_ranks_same_work"] is True and run["slow_rank_cause_known"] is None
+    assert "rank 0 arrived last at 90% of the matched collectives" in why["slow_rank_cause_known"]
+    assert "0.0 ms per step in ops only it ran" in why["slow_rank_cause_known"]
+    assert "+2.6 ms per step" in why["slow_rank_cause_known"]
+    # on two hosts, or with an extra op of its own, it is the rank's: the rule decides as before
+    run, _, rows = _run(_scaled(BALANCED, 1.4), host_b="node-b")
+    assert rows[0]["same_work_slower"] is False and run["slow_rank_cause_known"] is True
+    run, _, rows = _run({**_scaled(BALANCED, 1.4), "aten::mm": [4.0, 4.0, 2.0]})
+    assert rows[0]["same_work_slower"] is False and run["slow_ranks_same_work"] is False
+
+
+def test_the_rule_is_not_evaluated_with_the_numbers_or_fires_as_before() -> None:
+    from test_hostload import _four_ranks
+
+    from ddpdoctor.diagnosis import evaluate, load_rules
+
+    doubt = _four_ranks(same_work_slower=True)
+    doubt.run = {
+        **doubt.run,
+        "slow_ranks_same_work": True,
+        "slow_rank_cause_known": None,
+        "not_measured": {**doubt.run.get("not_measured", {}), "slow_rank_cause_known": "rank 2 ... 3.5 runnable"},
+    }
+    result = evaluate(load_rules(), doubt)
+    assert "rank-straggler" not in {f.name for f in result.findings}
+    reason = {n.name: n.reason for n in result.not_evaluated}["rank-straggler"]
+    assert "rank 2 ... 3.5 runnable" in reason
+    plain = _four_ranks(same_work_slower=False)
+    plain.run = {**plain.run, "slow_ranks_same_work": False, "slow_rank_cause_known": True}
+    assert {f.name: f.ranks for f in evaluate(load_rules(), plain).findings}["rank-straggler"] == (2,)
