@@ -47,9 +47,9 @@ def op_work(rt: RankTrace, analysed: Table) -> dict[str, list[float]] | None:
         return None
     ops = rt.tables.ops
     cpu = ops[ops["cat"].isin(["cpu_op"]) & ~ops["name"].matches(COMM_NAME)]
-    counts: dict[str, list[float]] = {}
-    n = len(steps)
-    names = cpu["name"].categories
+    names = list(cpu["name"].categories)
+    k = len(names) + 1  # the last slot: ops without a name (code -1)
+    count, top_count, top_ms = np.zeros(k), np.zeros(k), np.zeros(k)
     for lo, hi, tid, span in zip(
         steps["ts_us"].tolist(), steps["end_us"].tolist(), steps["tid"].tolist(), steps["span"].tolist(), strict=True
     ):
@@ -60,16 +60,15 @@ def op_work(rt: RankTrace, analysed: Table) -> dict[str, list[float]] | None:
         ts, dur = part["ts_us"].astype(np.float64), part["dur_us"].astype(np.float64)
         order = np.lexsort((-dur, ts))
         ts, dur, codes = ts[order], dur[order], part["name"].codes[order]
-        ends = ts + dur
-        reach = np.maximum.accumulate(ends)
+        codes = np.where(codes >= 0, codes, k - 1)
+        reach = np.maximum.accumulate(ts + dur)
         top = np.r_[True, ts[1:] >= reach[:-1]]  # not inside an earlier op
-        for code, is_top, d in zip(codes.tolist(), top.tolist(), dur.tolist(), strict=True):
-            row = counts.setdefault(names[code] if code >= 0 else "?", [0.0, 0.0, 0.0])
-            row[0] += 1
-            if is_top:
-                row[1] += 1
-                row[2] += d / 1e3
-    return {name: [c / n, t / n, ms / n] for name, (c, t, ms) in counts.items()}
+        count += np.bincount(codes, minlength=k)
+        top_count += np.bincount(codes[top], minlength=k)
+        top_ms += np.bincount(codes[top], weights=dur[top] / 1e3, minlength=k)
+    n = len(steps)
+    labels = [*names, "?"]
+    return {labels[i]: [count[i] / n, top_count[i] / n, top_ms[i] / n] for i in np.flatnonzero(count).tolist()}
 
 
 def compare(mine: Mapping[str, Any], others: list[Mapping[str, Any]]) -> tuple[float, float]:

@@ -4,16 +4,13 @@ tests/integration/straggler_job.py and samples/ddp_train.py on a 2-CPU machine."
 
 from __future__ import annotations
 
-from pathlib import Path
+import json
 
 import pytest
-import tomllib
 from test_hostload import _captures, _window
 
 from ddpdoctor.metrics import hostload
 from ddpdoctor.metrics.same_work import compare
-
-RULE = Path(__file__).resolve().parents[2] / "rules" / "rank-straggler.toml"
 
 # {name: [ops, top-level ops, top-level ms] per step}
 BALANCED = {"aten::linear": [25.0, 5.0, 1.5], "AddmmBackward0": [25.0, 5.0, 2.0], "aten::add_": [10.0, 10.0, 0.5]}
@@ -71,7 +68,9 @@ def test_unknown_lateness_is_not_guessed() -> None:
 
 
 def test_the_own_lateness_test_is_rank_stragglers() -> None:
-    params = tomllib.loads(RULE.read_text())["params"]
+    from ddpdoctor.diagnosis import load_rules
+
+    params = next(r for r in load_rules() if r.name == "rank-straggler").params
     assert (hostload.OWN_MS, hostload.OWN_STEP_SHARE, hostload.OWN_SHARE) == (
         params["min_own_ms"],
         params["min_own_share"],
@@ -131,3 +130,46 @@ def test_the_rule_is_not_evaluated_with_the_numbers_or_fires_as_before() -> None
     plain = _four_ranks(same_work_slower=False)
     plain.run = {**plain.run, "slow_ranks_same_work": False, "slow_rank_cause_known": True}
     assert {f.name: f.ranks for f in evaluate(load_rules(), plain).findings}["rank-straggler"] == (2,)
+
+
+def _op(name: str, ts: float, dur: float, tid: int = 7) -> dict:
+    return {"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur}
+
+
+def test_op_work_counts_the_training_threads_ops_per_step_top_level_and_nested(tmp_path) -> None:
+    from ddpdoctor.load import load
+    from ddpdoctor.metrics.summary import summarize_rank
+
+    events = []
+    for step in range(2):
+        t0 = 1000.0 * step
+        events.append(
+            {
+                "ph": "X",
+                "cat": "user_annotation",
+                "name": f"ProfilerStep#{step}",
+                "pid": 1,
+                "tid": 7,
+                "ts": t0,
+                "dur": 900.0,
+            }
+        )
+        events += [
+            _op("aten::linear", t0 + 10, 100.0),  # top level, with two ops inside
+            _op("aten::t", t0 + 20, 5.0),
+            _op("aten::addmm", t0 + 30, 60.0),
+            _op("aten::add_", t0 + 200, 10.0),
+            _op("c10d::allreduce_", t0 + 300, 400.0),  # a collective: waiting, left out
+            _op("aten::mm", t0 + 100, 50.0, tid=8),  # another thread: not the training loop's
+        ]
+    events.append(_op("aten::mm", 950.0, 20.0))  # between the steps
+    trace = {"traceEvents": events, "distributedInfo": {"backend": "gloo", "rank": 0, "world_size": 1}}
+    (tmp_path / "rank0.pt.trace.json").write_text(json.dumps(trace))
+    run = load(tmp_path)
+    work = summarize_rank(run.ranks[0])["op_work"]
+    assert work == {
+        "aten::linear": [1.0, 1.0, pytest.approx(0.1)],
+        "aten::t": [1.0, 0.0, 0.0],
+        "aten::addmm": [1.0, 0.0, 0.0],
+        "aten::add_": [1.0, 1.0, pytest.approx(0.01)],
+    }
