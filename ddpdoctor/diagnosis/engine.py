@@ -353,8 +353,8 @@ _Decider = tuple[str, str, Any, "type | None", "ast.expr | None", Any]
 
 def _explain(node: ast.expr, values: Values) -> tuple[Any, list[_Decider]]:
     """The truth of ``node`` (True, False or None, as the rule engine decides it) and, when it is false, the parts
-    that made it so: in ``a and b`` the false parts, in ``a or b`` every part; a comparison's sides are evaluated
-    once."""
+    that made it so: in ``a and b`` the false parts, in ``a or b`` every part, in ``a if t else b`` those of the
+    branch taken; a comparison's sides are evaluated once."""
     if isinstance(node, ast.BoolOp):
         unknown, false, out = False, False, []
         for part in node.values:
@@ -371,6 +371,9 @@ def _explain(node: ast.expr, values: Values) -> tuple[Any, list[_Decider]]:
         if isinstance(node.op, ast.And):
             return (None if unknown else True), []
         return (None, []) if unknown else (False, out)
+    if isinstance(node, ast.IfExp):  # `a if test else b`: the branch the test took decides
+        test = _node_value(node.test, values)
+        return (None, []) if test is None else _explain(node.body if test else node.orelse, values)
     if isinstance(node, ast.Compare) and len(node.ops) == 1 and type(node.ops[0]) in _NEGATED:
         left, right, op = node.left, node.comparators[0], type(node.ops[0])
         lv, rv = _node_value(left, values), _node_value(right, values)
