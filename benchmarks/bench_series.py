@@ -8,6 +8,13 @@ alternating, so that what the machine does hits both alike. Compared: the median
 10th-percentile step time, in CPU time of the whole process (the writer thread's work included) and in wall time;
 and, with little noise, the CPU time of the recorder's call at each step end plus its writer thread's per step, as
 a share of the bare step's CPU time.
+
+The per-window cost (``--every``, issue 28 item 2), in the same benchmark run: the same 2-rank DDP job
+(torchrun + gloo, this file with ``--job``) traced by ``ddpdoctor trace`` with the series only (``--wait`` beyond its
+last step: no profiled window) and with ``--every EVERY`` (a window of ``--warmup 2 --active 5`` every EVERY steps),
+alternating, REPS times each. Compared: the training loop's time (the first step's end to the last one's, from the
+series files, the slowest rank), the difference per window and per profiled step, and the traces written per
+window (MB on disk, both ranks).
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from types import SimpleNamespace
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 NAME = "series"
+WARMUP, ACTIVE = 2, 5  # each window of the per-window measure: --warmup 2 --active 5
 WIDTH = 512  # the model: Linear(WIDTH, WIDTH), ReLU, Linear(WIDTH, 10) on a batch of 64; a ~5 ms CPU step
 
 
@@ -116,6 +124,112 @@ def _child(blocks: int, steps: int, width: int) -> dict:
     return out
 
 
+def _job(steps: int, width: int) -> None:
+    """A rank of the traced job of the per-window measure: ``steps`` DDP steps of the model of ``_child``."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.ReLU(), torch.nn.Linear(width, 10)))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x = torch.randn(64, width)
+    for _ in range(steps):
+        model(x).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+    del model, opt
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _traced(out: Path, steps: int, width: int, every: int | None) -> dict:
+    """One ``ddpdoctor trace`` of the job: its loop time (s), windows taken and their traces' bytes."""
+    from ddpdoctor.capture.series import read_series
+
+    window = ["--every", str(every), "--wait", "5"] if every else ["--wait", str(steps + 100)]  # no window
+    cmd = [sys.executable, "-m", "ddpdoctor", "trace", "--out", str(out), *window]
+    cmd += ["--warmup", str(WARMUP), "--active", str(ACTIVE)]
+    cmd += ["-q", "--standalone", "--nproc-per-node", "2", __file__, "--job", str(steps), str(width)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    t = time.perf_counter()
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    wall = time.perf_counter() - t
+    if done.returncode != 0:
+        raise RuntimeError(f"ddpdoctor trace of the job failed: {done.stderr.strip()[-300:]}")
+    series = read_series(out)
+    if sorted(series) != [0, 1] or any(len(s.rows) != steps for s in series.values()):
+        raise RuntimeError(f"the series of {out} does not hold {steps} steps per rank")
+    loop = max(s.rows[-1]["t"] - s.rows[0]["t"] for s in series.values())
+    traces = sorted(out.glob("rank*.pt.trace.json*"))
+    windows = {r: sum(p.name.startswith(f"rank{r}.") for p in traces) for r in (0, 1)}
+    if windows[0] != windows[1]:
+        raise RuntimeError(f"the ranks took different numbers of windows: {windows}")
+    # the job's step: the slowest rank's (they leave each step together, through DDP's all-reduce)
+    walls = [max(s.rows[k]["wall_s"] for s in series.values()) for k in range(1, steps)]
+    # each window's steps: its warm-up and recorded steps (the rank file's steps.profiled, numbered as the series'
+    # steps), and the 2 after it, where its trace is exported
+    spans = []
+    for first, last in json.loads((out / "ranks" / "rank0.json").read_text())["steps"]["profiled"] if every else []:
+        spans.append(range(max(1, first - WARMUP), min(steps, last + 3)))
+    inside = {k for span in spans for k in span}
+    outside = [w for k, w in enumerate(walls, start=1) if k not in inside]
+    base = statistics.median(outside)
+    return {
+        "loop_s": loop,
+        "wall_s": wall,
+        "windows": windows[0],
+        "trace_bytes": sum(p.stat().st_size for p in traces),
+        "step_s": base,
+        # what each window's steps took beyond as many of this run's steps outside every window
+        "excess_s": [sum(walls[k - 1] for k in span) - len(span) * base for span in spans],
+        "span_steps": [len(span) for span in spans],
+    }
+
+
+def measure_windows(steps: int, every: int, reps: int, width: int = WIDTH) -> dict:
+    """The job traced with the series only and with ``--every every``, alternating, ``reps`` times each."""
+    runs: dict[str, list[dict]] = {"series": [], "every": []}
+    with tempfile.TemporaryDirectory(prefix="bench-window-") as tmp:
+        for rep in range(reps):
+            for kind in ("series", "every") if rep % 2 == 0 else ("every", "series"):
+                out = Path(tmp) / f"{kind}{rep}"
+                runs[kind].append(_traced(out, steps, width, every if kind == "every" else None))
+    windows = runs["every"][0]["windows"]
+    if windows == 0 or any(r["windows"] != windows for r in runs["every"]) or any(r["windows"] for r in runs["series"]):
+        raise RuntimeError(f"windows taken: {[r['windows'] for k in runs for r in runs[k]]}")
+    loop_series = statistics.median(r["loop_s"] for r in runs["series"])
+    loop_every = statistics.median(r["loop_s"] for r in runs["every"])
+    excess = [e for r in runs["every"] for e in r["excess_s"]]
+    per_window = statistics.median(excess)
+    step_series = statistics.median(r["step_s"] for r in runs["series"])
+    step_every = statistics.median(r["step_s"] for r in runs["every"])
+    return {
+        "steps": steps,
+        "every": every,
+        "reps": reps,
+        "windows": windows,
+        "profiled_steps_per_window": WARMUP + ACTIVE,
+        "per_window_s": per_window,
+        "per_window_iqr_s": statistics.quantiles(excess, n=4)[::2] if len(excess) > 1 else [per_window] * 2,
+        "per_profiled_step_ms": per_window / (WARMUP + ACTIVE) * 1e3,
+        "window_in_steps": per_window / step_series,
+        "window_mb": statistics.median(r["trace_bytes"] for r in runs["every"]) / windows / 1e6,
+        "step_series_ms": step_series * 1e3,
+        "step_every_ms": step_every * 1e3,
+        "every_share": per_window / (every * step_series),
+        "loop_series_s": loop_series,
+        "loop_every_s": loop_every,
+        "loop_ratio": loop_every / loop_series,
+        "job_wall_series_s": statistics.median(r["wall_s"] for r in runs["series"]),
+        "job_wall_every_s": statistics.median(r["wall_s"] for r in runs["every"]),
+        "loop_s": {k: [round(r["loop_s"], 3) for r in v] for k, v in runs.items()},
+        "excess_s": [round(e, 4) for e in excess],
+    }
+
+
 def measure(blocks: int, steps: int, width: int) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, __file__, "--child", str(blocks), str(steps), str(width)]
@@ -167,9 +281,47 @@ def run(report, quick: bool) -> None:
         **r,
     )
 
+    steps, every, reps = (300, 100, 2) if quick else (600, 100, 3)
+    w = measure_windows(steps, every, reps)
+    lo, hi = w["per_window_iqr_s"]
+    report.add(
+        "series-window-cost",
+        w["per_window_s"] * 1e3,
+        unit="ms",
+        note=(
+            f"each window (--warmup {WARMUP} --active {ACTIVE}: {w['profiled_steps_per_window']} profiled steps) "
+            f"added {w['per_window_s'] * 1e3:.0f} ms to the job (quartiles {lo * 1e3:.0f}-{hi * 1e3:.0f} ms over "
+            f"{len(w['excess_s'])} windows; its steps and the 2 after it vs as many of the same run's other steps), "
+            f"{w['per_profiled_step_ms']:.1f} ms per profiled step, {w['window_in_steps']:.1f}x a step of the series-"
+            f"only run ({w['step_series_ms']:.2f} ms)"
+        ),
+        **w,
+    )
+    report.add(
+        "series-window-disk",
+        w["window_mb"],
+        unit="MB/window",
+        note="the traces of one window, both ranks (gzip; this job's 2-layer model: a larger model writes more)",
+        **w,
+    )
+    report.add(
+        f"series-every-{every}-cost",
+        1 + w["every_share"],
+        note=(
+            f"a window every {every} steps: the job's time with its windows vs the series only, from the per-window "
+            f"cost ({w['windows']} windows in {steps} steps; the loops themselves took {w['loop_every_s']:.2f} s vs "
+            f"{w['loop_series_s']:.2f} s, medians of {reps} runs each: run-to-run noise of a loaded host "
+            f"{min(w['loop_s']['series']):.2f}-{max(w['loop_s']['series']):.2f} s; the steps outside the windows "
+            f"{w['step_every_ms']:.2f} ms vs {w['step_series_ms']:.2f} ms with the series only)"
+        ),
+        **w,
+    )
+
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         print(json.dumps(_child(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))))
+    elif len(sys.argv) > 1 and sys.argv[1] == "--job":
+        _job(int(sys.argv[2]), int(sys.argv[3]))
     else:
-        print(json.dumps(measure(4, 100, WIDTH), indent=1))
+        print(json.dumps({"always-on": measure(4, 100, WIDTH), "per-window": measure_windows(300, 100, 2)}, indent=1))

@@ -14,10 +14,11 @@ step-time cost of the Flight Recorder and phase tracking every traced rank has, 
 (diagnose of 64 synthetic 50 MB ranks on a local Dask cluster of 2 workers vs in one process); gate-noise
 (the gate's false alarms on reruns of one job under load; only with --only, it takes minutes); gil (the GIL
 probe's cost on the step time of the rank it watches, quiet and beside 2 CPU burners; only with --only); series
-(the always-on step series' cost on a DDP loop's step vs the same loop bare, in the same run). Real GPU traces
-come from ../shared/traces (or $DDPDOCTOR_TRACES); measures that need them are skipped without them. Generated
-traces and runs are cached in benchmarks/.cache/. A MISS does not change the exit code (1 only when a benchmark
-errors)."""
+(the always-on step series' cost on a DDP loop's step vs the same loop bare, in the same run, and what each
+`--every` window adds to a traced 2-rank job vs the series only: time per window and per profiled step, MB on disk).
+Real GPU traces come from ../shared/traces (or $DDPDOCTOR_TRACES); measures that need them are skipped without
+them. Generated traces and runs are cached in benchmarks/.cache/. A MISS does not change the exit code (1 only when
+a benchmark errors)."""
 
 from __future__ import annotations
 

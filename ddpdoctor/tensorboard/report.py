@@ -23,6 +23,12 @@ the tables the charts draw added:
 - ``health_title``, ``health_lines``: how a job that failed, hung or crashed ended (or, after an on-demand dump,
   where its ranks were), one line each as the text report shows them, then the run's notes; no lines for a run
   that ended well.
+- ``series``: the always-on step series (``capture/series.py``) as written so far, or null for a run without one:
+  ``ranks`` (per rank: ``steps`` recorded, ``last_step``, ``last_step_ms``, ``memory_bytes`` as last read,
+  ``stride``) and ``rows`` (``rank, step, step_ms, data_wait_ms, memory_bytes``): every step, or for a long run the
+  slowest step of each ``stride`` consecutive ones with the largest memory read among them (at most
+  ``SERIES_POINTS`` + 1 per rank, the last step always in).
+- ``running``: a rank of the run is still running (the dashboard then reloads the report by itself).
 """
 
 from __future__ import annotations
@@ -44,6 +50,9 @@ DEFAULT_RULES: RuleOptions | Sequence[Any] | None = None
 # Parts of a step that do not overlap one another, in the order they are stacked (DataParallel's stages
 # before "other", which is what is left).
 STACK_ORDER = catalog.group("breakdown")[:-1] + catalog.group("dp_stages") + catalog.group("breakdown")[-1:]
+# The step-time chart of a long run's series: at most this many points per rank (a 2-rank run of a million steps
+# would otherwise send 2 million rows at each reload).
+SERIES_POINTS = 600
 
 
 def records(frame: Any) -> list[dict[str, Any]]:
@@ -107,6 +116,61 @@ def _timeline(analysis: Analysis) -> dict[str, Any] | None:
     return timeline.tree(lazy.get([r for f in findings for r in f.ranks or []]), findings)
 
 
+def _ms(seconds: Any) -> float | None:
+    return seconds * 1e3 if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) else None
+
+
+def _series(run_dir: Path) -> dict[str, Any] | None:
+    """The always-on series of ``run_dir`` as the dashboard draws it (module docstring), None without one."""
+    from ddpdoctor.capture.series import read_series
+    from ddpdoctor.errors import DDPDoctorError
+
+    try:
+        series = read_series(run_dir)
+    except (DDPDoctorError, OSError):
+        return None
+    if not series:
+        return None
+    ranks, rows = [], []
+    for rank, s in series.items():
+        measured = [r["mem_bytes"] for r in s.rows if r["mem_bytes"] is not None]
+        last = s.rows[-1] if s.rows else {}
+        stride = max(1, -(-len(s.rows) // SERIES_POINTS))
+        ranks.append(
+            {
+                "rank": rank,
+                "steps": len(s.rows),
+                "last_step": last.get("step"),
+                "last_step_ms": _ms(last.get("wall_s")),
+                "memory_bytes": measured[-1] if measured else None,
+                "stride": stride,
+            }
+        )
+        body = s.rows[:-1]  # the last step is a point of its own: where the rank is now
+        for chunk in [body[i : i + stride] for i in range(0, len(body), stride)] + [s.rows[-1:]]:
+            if not chunk:
+                continue
+            slowest = max(chunk, key=lambda r: r["wall_s"] if r["wall_s"] is not None else -1.0)
+            mems = [r["mem_bytes"] for r in chunk if r["mem_bytes"] is not None]
+            rows.append(
+                {
+                    "rank": rank,
+                    "step": slowest["step"],
+                    "step_ms": _ms(slowest["wall_s"]),
+                    "data_wait_ms": _ms(slowest["data_s"]),
+                    "memory_bytes": max(mems) if mems else None,
+                }
+            )
+    return jsonable({"ranks": ranks, "rows": rows})
+
+
+def _running(doc: dict[str, Any]) -> bool:
+    """A rank of the run is still running (``run.health``: its rank file says so and its process is alive)."""
+    health = doc["run"].get("health")
+    entries = health.get("ranks") if isinstance(health, dict) else None
+    return any(isinstance(e, dict) and e.get("state") == "running" for e in entries or [])
+
+
 def analyze_for_dashboard(run_dir: Path, rules: RuleOptions | Sequence[Any] | None = None) -> Analysis:
     """The run through the one pipeline, traces optional; a run with nothing to read yet is an Analysis that says
     so (the dashboard still shows why it is empty)."""
@@ -161,6 +225,8 @@ def build_report(
     from ddpdoctor.report.document import health_lines, health_title, override_lines
 
     doc["timeline"] = _timeline(analysis)
+    doc["series"] = _series(Path(run_dir))
+    doc["running"] = _running(doc)
     doc["phase_colors"] = dict(palette.PHASES)
     doc["rank_table"] = _rank_table(doc)
     doc["override_lines"] = override_lines(doc)

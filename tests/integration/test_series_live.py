@@ -1,7 +1,8 @@
 """The always-on series of a real 2-rank job (torchrun + gloo), one job for every test here: while it runs, its
 Prometheus endpoints (127.0.0.1, port + local rank) and node_exporter textfiles agree with the series files,
-`diagnose` reads what is written, `view` shows the series as scalars that grow; once it ended, the series covers
-every step the ranks counted, with the rank files' own step times, and ``ddpdoctor.summary()`` gave the last row."""
+`diagnose` reads what is written, `view` shows the series as scalars that grow and its dashboard, in headless
+Chromium, the steps recorded so far (and all of them once the job ended); once it ended, the series covers every step
+the ranks counted, with the rank files' own step times, and ``ddpdoctor.summary()`` gave the last row."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from helpers import REPO, read_json, run_cli
+from helpers import CHROMIUM, REPO, chromium, read_json, run_cli
 
 from ddpdoctor.capture.series import read_series
 
@@ -57,7 +58,9 @@ class Job:
         self.textfiles = root / "textfiles"
         self.textfiles.mkdir()
         self.port = _free_base_port()
-        env = {**os.environ, "STOP_FILE": str(self.stop_file), "SLEEP_MS": "20", "PYTHONUNBUFFERED": "1"}
+        # MAX_STEPS: far more steps than the tests take (~30 ms each); the job ends when finish() asks
+        env = {**os.environ, "STOP_FILE": str(self.stop_file), "SLEEP_MS": "20", "MAX_STEPS": "20000"}
+        env["PYTHONUNBUFFERED"] = "1"
         cmd = [sys.executable, "-m", "ddpdoctor", "trace", "--out", str(self.out), *FAST, "-q"]
         cmd += ["--metrics-port", str(self.port), "--metrics-textfile", str(self.textfiles)]
         cmd += ["--standalone", "--nproc-per-node", "2", str(SCRIPT)]
@@ -289,6 +292,77 @@ def test_view_shows_the_series_as_scalars_that_follow_the_job(job, tmp_path):
         assert view.scalars("tensorboard/rank0", "series/memory_bytes")
     finally:
         view.stop()
+
+
+def _counts(run_dir: Path) -> dict[int, int]:
+    """Steps in each rank's series file now (the rows of steps 0..n-1)."""
+    return {rank: len(s.rows) for rank, s in read_series(run_dir).items()}
+
+
+def _fmt_ms(v: float) -> str:
+    """The dashboard's fmtMs (ddpdoctor/tensorboard/static/dom.js)."""
+    return f"{v:.0f} ms" if v >= 100 else f"{v:.1f} ms" if v >= 10 else f"{v:.2f} ms"
+
+
+def _series_table(dom: str) -> dict[int, tuple[int, list[str]]]:
+    """The dashboard's table of the steps recorded: rank -> (data-steps, the row's cells as shown)."""
+    found = {}
+    for rank, steps, cells in re.findall(r'<tr data-rank="(\d+)" data-steps="(\d+)">(.*?)</tr>', dom):
+        found[int(rank)] = (int(steps), re.findall(r"<td>(.*?)</td>", cells))
+    return found
+
+
+@pytest.mark.timeout(500)
+@pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium is not installed")
+def test_dashboard_in_chromium_shows_the_steps_so_far_then_all(job, tmp_path, request):
+    view = _View(job.out, tmp_path / "dashboard-view.log")
+    page = f"{view.url}data/plugin/ddpdoctor/dashboard.html?run=."
+    try:
+        assert view.url.startswith("http://127.0.0.1:")
+        before = _counts(job.out)
+        assert job.proc.poll() is None and len(before) == 2
+        # 40 s of the page's own clock (virtual time: it runs ahead while the page waits on nothing): its reloads
+        # every 15 s while the job runs, each a new report of what the ranks wrote by then
+        dom = chromium(
+            tmp_path / "profile", "--window-size=1400,1000", "--virtual-time-budget=40000", "--dump-dom", page
+        )
+        after = _counts(job.out)
+        assert job.proc.poll() is None, "the job ended before the page was read: not a live view"
+        assert 'data-state="ready"' in dom, dom[-3000:]
+        assert int(re.search(r'data-loads="(\d+)"', dom).group(1)) >= 2  # it reloaded itself while the job ran
+        assert "Step time (live)" in dom and "the job is running: this page reloads every 15 s" in dom
+        shown = _series_table(dom)
+        assert sorted(shown) == [0, 1], dom[-3000:]
+        series = read_series(job.out)
+        for rank, (steps, cells) in shown.items():
+            # what the ranks had written when the page was last built: between the two reads of the files
+            assert 0 < before[rank] <= steps <= after[rank], (rank, before, steps, after)
+            row = series[rank].rows[steps - 1]  # steps 0..n-1: the last one shown is the row n-1
+            assert cells[:4] == [f"rank {rank}", str(steps), str(row["step"]), _fmt_ms(row["wall_s"] * 1e3)], cells
+        # the chart draws every step so far (one point per step below 600 steps, one per bucket above)
+        chart = dom[dom.index('data-section="step-time"') :]
+        polylines = re.findall(r'<polyline points="([^"]*)"[^>]*data-series="rank 0"', chart)
+        assert polylines and len(polylines[0].split()) >= min(shown[0][0] - 1, 300)
+
+        finished = request.getfixturevalue("finished")  # the job stopped (the tests after this one read it)
+        total = _counts(job.out)
+        assert all(total[r] > shown[r][0] for r in (0, 1)), (total, shown)  # it went on after the page was read
+        dom = chromium(tmp_path / "profile", "--window-size=1400,1000", "--dump-dom", page)
+        assert finished.proc.returncode == 0 and 'data-state="ready"' in dom, dom[-3000:]
+        assert "Step time (live)" not in dom and "reloads every" not in dom
+        series = read_series(job.out)
+        for rank, (steps, cells) in _series_table(dom).items():
+            last = series[rank].rows[-1]
+            assert steps == total[rank] and cells[:4] == [
+                f"rank {rank}",
+                str(steps),
+                str(last["step"]),
+                _fmt_ms(last["wall_s"] * 1e3),
+            ]
+    finally:
+        view.stop()
+        if job.proc.poll() is None:
+            job.kill()
 
 
 @pytest.mark.timeout(300)

@@ -58,14 +58,43 @@ function dashboard(report) {
     .filter(Boolean);
 }
 
-async function show(root, content, run) {
-  root.dataset.state = "loading";
-  content.replaceChildren(el("p", { class: "empty" }, "Loading…"));
+// What a reload keeps of the page a reader is looking at: the open <details>, the step chosen in the timeline and
+// the scroll position.
+function rebuild(content, parts) {
+  const open = [...content.querySelectorAll("details")].map((d) => d.open);
+  const checked = [...content.querySelectorAll('input[type="radio"]')].findIndex((r) => r.checked);
+  const y = window.scrollY;
+  content.replaceChildren(...parts);
+  content.querySelectorAll("details").forEach((d, i) => { if (open[i]) d.open = true; });
+  const radios = content.querySelectorAll('input[type="radio"]');
+  if (checked >= 0 && radios[checked]) radios[checked].checked = true;
+  window.scrollTo(0, y);
+}
+
+let shown = 0; // the latest show(): a reload of a run no longer shown is dropped
+let timer = null;
+
+async function show(root, content, run, reload = false) {
+  const mine = ++shown;
+  clearTimeout(timer);
+  if (!reload) {
+    root.dataset.state = "loading";
+    content.replaceChildren(el("p", { class: "empty" }, "Loading…"));
+  }
   try {
     const report = await getJSON("report", { run });
-    content.replaceChildren(...dashboard(report));
+    if (mine !== shown) return;
+    rebuild(content, dashboard(report));
     root.dataset.state = "ready";
+    root.dataset.loads = String(Number(root.dataset.loads || 0) + 1);
+    // a run in progress: its series and findings grow; reload them while a rank runs
+    if (report.running) timer = setTimeout(() => show(root, content, run, true), sections.REFRESH_S * 1000);
   } catch (err) {
+    if (mine !== shown) return;
+    if (reload) {  // keep what is shown; try again later
+      timer = setTimeout(() => show(root, content, run, true), sections.REFRESH_S * 1000);
+      return;
+    }
     content.replaceChildren(el("p", { class: "error" }, `Could not load run ${run}: ${err.message}`));
     root.dataset.state = "error";
   }

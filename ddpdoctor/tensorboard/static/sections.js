@@ -10,6 +10,8 @@ const PART_LABELS = {
   dp_backward_reduce_ms: "DP backward reduce",
 };
 
+// While a rank runs, the dashboard reloads its report this often (index.js).
+export const REFRESH_S = 15;
 const rankLabel = (r) => `rank ${r}`;
 const ranksOf = (rows) => [...new Set(rows.map((r) => r.rank))].sort((a, b) => a - b);
 
@@ -131,14 +133,32 @@ export function timeline(report) {
 }
 
 export function stepTimes(report) {
-  const rows = (report.steps || []).filter((r) => isNum(r.step_ms));
-  if (!rows.length) return section("step-time", "Step time", null, note("No step times were recorded."));
+  const live = report.series && report.series.ranks.length ? report.series : null;
+  // every step from the always-on series (written as the job goes), else the steps of the rank files
+  const rows = ((live || {}).rows || report.steps || []).filter((r) => isNum(r.step_ms));
+  const profiled = (report.steps || []).filter((r) => r.profiled).map((r) => r.step);
+  const counts = live ? table(["rank", "steps recorded", "last step", "last step time", "memory (last read)"],
+    live.ranks.map((r) => [rankLabel(r.rank), fmtNum(r.steps), isNum(r.last_step) ? String(r.last_step) : "–",
+      fmtMs(r.last_step_ms), fmtBytes(r.memory_bytes)])) : null;
+  if (counts) {
+    counts.setAttribute("data-table", "series");
+    counts.querySelectorAll("tbody tr").forEach((tr, i) => {
+      tr.setAttribute("data-rank", live.ranks[i].rank);
+      tr.setAttribute("data-steps", live.ranks[i].steps);
+    });
+  }
+  if (!rows.length) return section("step-time", "Step time", null, counts, note("No step times were recorded yet."));
   const byRank = groupBy(rows, "rank");
   const series = ranksOf(rows).map((r, k) => ({ name: rankLabel(r), color: color(k),
     points: byRank.get(r).map((row) => [row.step, row.step_ms]) }));
-  const profiled = rows.filter((r) => r.profiled).map((r) => r.step);
   const shade = profiled.length ? [Math.min(...profiled), Math.max(...profiled)] : null;
-  return section("step-time", "Step time", "Wall time of every step; the shaded steps were profiled.",
+  const stride = live ? Math.max(...live.ranks.map((r) => r.stride)) : 1;
+  const soFar = report.running ? ` so far (the job is running: this page reloads every ${REFRESH_S} s)` : "";
+  const thinned = stride > 1 ? `; one point per ${stride} steps, the slowest of them` : "";
+  const explain = live
+    ? `Wall time of every step each rank recorded${soFar}, from its always-on series${thinned}; the shaded steps were profiled.`
+    : "Wall time of every step; the shaded steps were profiled.";
+  return section("step-time", report.running ? "Step time (live)" : "Step time", explain, counts,
     figure("step-time", "ms per step", lineChart({ series, fmt: fmtMs, shade, shadeLabel: "profiled steps" }),
       series.map((s) => [s.name, s.color])));
 }
