@@ -624,6 +624,8 @@ def _read_summary(path: str, shared: _SharedGroups) -> tuple[dict[str, Any] | No
     except (OSError, msgspec.MsgspecError, ValueError, RecursionError):
         return _read_checked(Path(path), RankSummary)
     data = {name: getattr(wire, name) for name in wire.__struct_fields__}
+    if data.get("op_work") is msgspec.UNSET:  # a summary from before it: absent, as the checked reader reads it
+        del data["op_work"]
     data["devices"] = [msgspec.structs.asdict(d) for d in wire.devices]
     if wire.distributed_info is not None:
         info = wire.distributed_info

@@ -329,8 +329,15 @@ class RankSummary(msgspec.Struct, forbid_unknown_fields=False):
     # a few analysed steps' phase intervals (ddpdoctor.metrics.timeline: step, lane, start_us, end_us); None: a
     # capture from before the timeline
     timeline: dict[str, list[Number | str]] | None = None
+    # CPU ops per analysed step by name: [ops, top-level ops, top-level ms] (ddpdoctor.metrics.same_work); None: a
+    # capture from before it, or no steps
+    op_work: dict[str, list[Number]] | None = None
 
     def __post_init__(self) -> None:
+        if self.op_work and not all(
+            len(v) == 3 and all(_plain_value(x, text=False) for x in v) for v in self.op_work.values()
+        ):
+            raise ValueError("op_work holds a row that is not 3 finite numbers")
         for table in ("per_step", "collectives", "fsdp_units", "exposed_comm", "timeline"):
             lengths = {len(column) for column in (getattr(self, table) or {}).values()}
             if len(lengths) > 1:
@@ -354,6 +361,9 @@ class RankSummary(msgspec.Struct, forbid_unknown_fields=False):
 _WireNumber = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)] | float
 
 
+_OpRow = Annotated[list[_WireNumber], msgspec.Meta(min_length=3, max_length=3)]  # same_work.op_work's row
+
+
 class RankSummaryWire(RankSummary):
     """``RankSummary`` as ``rundir.read_summaries`` decodes a file with msgspec: numbers finite by their type (the
     check left is where text may be), and ``distributed_info``'s values left undecoded (``msgspec.Raw``), so that
@@ -367,6 +377,8 @@ class RankSummaryWire(RankSummary):
     fsdp_units: dict[str, list[_WireNumber | str | None]] = {}  # type: ignore[assignment]
     exposed_comm: dict[str, list[_WireNumber]] = {}  # type: ignore[assignment]
     timeline: dict[str, list[_WireNumber | str]] | None = None  # type: ignore[assignment]
+    # absent (UNSET, left out as the checked reader leaves it) in summaries from before it
+    op_work: dict[str, _OpRow] | None | msgspec.UnsetType = msgspec.UNSET  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
         for table in (self.per_step, self.collectives, self.fsdp_units, self.exposed_comm, self.timeline or {}):
