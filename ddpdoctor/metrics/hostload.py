@@ -23,12 +23,18 @@ threads and the profiler sharing too few cores, their caches and memory bandwidt
 as that of a rank with more work. The CPU ops of the ranks' traces tell them apart (``ddpdoctor.metrics.same_work``):
 a rank is ``same_work_slower`` when the ranks share one host with more runnable threads than CPUs
 (``host_runnable_per_cpu`` >= ``OVERSUBSCRIBED``), it ran the ops the others ran (``extra_ops_ms``, the time of
-its ops beyond theirs, under ``SAME_OPS_SHARE`` of its lateness), those ops were slower (``ops_slower_ms`` at least
-``SLOWER_OPS_SHARE`` of it), and its extra CPU time and run-queue wait explain its lateness (what they leave is not
-large by rank-straggler's own test, ``OWN_MS``/``OWN_STEP_SHARE``/``OWN_SHARE``). Where every slow rank is,
-``slow_rank_cause_known`` is None: a slower rank cannot be told from a slower share of the host, and
-rank-straggler is not evaluated. The ``--steps`` range of
-``diagnose`` does not narrow these: they cover the profiled windows.
+its ops beyond theirs, under ``SAME_OPS_SHARE`` of its lateness), those ops were slower in proportion to its
+extra CPU time, and its extra CPU time and run-queue wait explain its lateness (what they leave is not large by
+rank-straggler's own test, ``OWN_MS``/``OWN_STEP_SHARE``/``OWN_SHARE``). "In proportion": the same work run slower
+is slower everywhere, so the ops, which take a share f of the others' busy time (top-level op time / CPU time and
+run-queue wait of their loop), carry about f of its extra CPU time (and f of its extra wait, as the preemptions fall
+where they fall); work of its own between the ops (Python that calls no op, extra ops of another kind) leaves them
+as fast, their extra time f of the wait alone. The ops must show at least ``SLOWER_OPS_SHARE`` (half, midway
+between the two) of f times its extra CPU time beyond f times its extra wait. Measured on 2 CPUs: 0.93-3.0 for
+ranks late by CPU time with the same ops, -1.4 to +0.22 for a rank with 5 ms of pure Python or extra matmuls.
+Where every slow rank is, ``slow_rank_cause_known`` is None: a slower rank cannot be told from a slower share of the
+host, and rank-straggler is not evaluated. The ``--steps`` range of ``diagnose`` does not narrow these: they cover
+the profiled windows.
 
 Pure functions of the capture dicts; no trace needed. Runs without the record (foreign traces, not Linux, runs
 traced by an older ddpdoctor) get None and the reason in ``not_measured``.
@@ -56,12 +62,13 @@ CONTENDED_WAIT_SHARE = 0.1
 CONTENDED_STEAL_SHARE = 0.05
 
 # Same work, slower (module docstring): more runnable threads per CPU than this on a host all ranks share; ops only
-# the rank ran under SAME_OPS_SHARE of its lateness, the ops all ran slower by SLOWER_OPS_SHARE of it or more; the
+# the rank ran under SAME_OPS_SHARE of its lateness, the ops slower by SLOWER_OPS_SHARE of their share of its extra
+# CPU time or more (beyond their share of its extra wait); the
 # lateness its extra CPU time and wait leave is "its own" when over all three of rank-straggler's min_own_ms,
 # min_own_share (of the step) and own_share (of the lateness): the same numbers (tests/unit/test_same_work.py).
 OVERSUBSCRIBED = 1.0
 SAME_OPS_SHARE = 0.2
-SLOWER_OPS_SHARE = 0.2
+SLOWER_OPS_SHARE = 0.5
 OWN_MS, OWN_STEP_SHARE, OWN_SHARE = 2.0, 0.05, 0.2
 
 NOT_RECORDED = "the host's load was not recorded (only `ddpdoctor trace` runs on Linux record it)"
@@ -203,6 +210,10 @@ def _same_work(
         row["extra_ops_ms"], row["ops_slower_ms"] = compare(mine, others)
         if row.get("loop_cpu_ms") is None or row.get("cpu_wait_excess_ms") is None or not step_ms:
             continue
+        peers = [r for r in ranks if int(r["rank"]) != rank]
+        busy = [r["loop_cpu_ms"] + r["cpu_wait_ms"] for r in peers if r.get("loop_cpu_ms") is not None]
+        op_ms = statistics.median(sum(v[2] for v in w.values()) for w in others)
+        share = min(1.0, op_ms / statistics.median(busy)) if busy and statistics.median(busy) > 0 else None
         row["same_work_slower"] = same_work_slower(
             lateness_ms=row.get("wait_caused_ms"),
             extra_ops_ms=row["extra_ops_ms"],
@@ -211,6 +222,7 @@ def _same_work(
             wait_excess_ms=row["cpu_wait_excess_ms"],
             step_ms=step_ms,
             runnable_per_cpu=row.get("host_runnable_per_cpu") if shared else None,
+            ops_share=share,
         )
 
 
@@ -223,18 +235,23 @@ def same_work_slower(
     wait_excess_ms: float,
     step_ms: float,
     runnable_per_cpu: float | None,
+    ops_share: float | None,
 ) -> bool | None:
     """Whether a rank's lateness (the others' wait for it per step) is the same work run slower on an
     oversubscribed host the ranks share (module docstring). ``runnable_per_cpu``: None when the ranks do not all
-    share the host (False then: ranks of several hosts run on CPUs of their own). None when its lateness is
-    unknown."""
+    share the host (False then: ranks of several hosts run on CPUs of their own); ``ops_share``: the others'
+    top-level op time per step / their loop's CPU time and wait (None: unknown, False then). None when its
+    lateness is unknown."""
     if lateness_ms is None:
         return None
-    if lateness_ms <= 0 or runnable_per_cpu is None or runnable_per_cpu < OVERSUBSCRIBED:
+    if lateness_ms <= 0 or runnable_per_cpu is None or runnable_per_cpu < OVERSUBSCRIBED or not ops_share:
         return False
-    if extra_ops_ms >= SAME_OPS_SHARE * lateness_ms or ops_slower_ms < SLOWER_OPS_SHARE * lateness_ms:
+    if extra_ops_ms >= SAME_OPS_SHARE * lateness_ms or ops_slower_ms <= 0:
         return False
-    left = lateness_ms - max(0.0, cpu_excess_ms) - max(0.0, wait_excess_ms)
+    cpu, wait = max(0.0, cpu_excess_ms), max(0.0, wait_excess_ms)
+    if ops_slower_ms - ops_share * wait < SLOWER_OPS_SHARE * ops_share * cpu:
+        return False  # its extra CPU time is not in the ops: work of its own between them
+    left = lateness_ms - cpu - wait
     own = left > OWN_MS and left / step_ms > OWN_STEP_SHARE and left >= OWN_SHARE * lateness_ms
     return not own
 

@@ -37,6 +37,7 @@ def _verdict(**kw) -> bool | None:
         wait_excess_ms=0.1,
         step_ms=24.7,
         runnable_per_cpu=3.5,
+        ops_share=0.6,
     )
     return hostload.same_work_slower(**{**args, **kw})
 
@@ -53,6 +54,10 @@ def test_the_same_work_slower_on_an_oversubscribed_shared_host_is_not_the_ranks(
         {"cpu_excess_ms": 0.1, "wait_excess_ms": 0.2, "ops_slower_ms": 0.36, "lateness_ms": 5.1},  # sleeps
         {"extra_ops_ms": 15.4, "cpu_excess_ms": 14.0, "lateness_ms": 13.6, "ops_slower_ms": -1.6},  # extra matmuls
         {"ops_slower_ms": 0.1},  # pure Python work between the same ops: its CPU time, not the ops, grew
+        # 5 ms of pure Python a step on a busy host (a real trace): preempted more, so its ops are slower too, but
+        # by their share (0.62) of its extra wait (5.3 ms), not of its extra CPU time (5.4 ms)
+        {"lateness_ms": 5.3, "cpu_excess_ms": 5.4, "wait_excess_ms": 5.3, "ops_slower_ms": 2.9, "ops_share": 0.62},
+        {"ops_share": None},  # the others' op time or busy time unknown
         {"runnable_per_cpu": None},  # the ranks are on several hosts
         {"runnable_per_cpu": 0.6},  # fewer runnable threads than CPUs
         # sleeps 100 ms and waits 250 ms for a CPU: what the wait leaves is its own
