@@ -1,5 +1,7 @@
 """Issue 25 item 5: a balanced 2-rank job, traced 20 times (5- and 10-step windows, half of them beside a CPU
-burner), names no straggler; a rank that sleeps in every step is still named in an 8-step window.
+burner), names no straggler; a rank that sleeps in every step is still named in an 8-step window; a rank with work
+of its own (extra matmuls, or Python that calls no op) is named, not taken for the same work run slower on the
+shared host (``same_work_slower``).
 
 The collectives a step has in flight together (DDP's bucket all-reduces) share its lateness, so they count as one
 observation: counted one by one, a coin flip per step looked like "last at 20 of 20 collectives, p = 1e-06".
@@ -72,3 +74,30 @@ def test_a_rank_that_sleeps_every_step_is_still_named_in_an_8_step_window(tmp_pa
     report = _trace(tmp_path / "slow", 8, "ddp_straggler.py", "--steps", "11", "--slow-ms", "60", burner=False)
     found = [f for f in report["findings"] if f["name"] == "rank-straggler"]
     assert found and found[0]["ranks"] == [1], report["findings"]
+
+
+JOB = SAMPLES.parent / "tests" / "integration" / "straggler_job.py"
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    ("knobs", "extra_ops"),
+    [({"EXTRA_RANK": "1", "EXTRA_MM": "20"}, True), ({"PY_RANK": "1", "PY_MS": "15"}, False)],
+    ids=["extra-matmuls", "pure-python"],
+)
+def test_a_rank_with_work_of_its_own_is_named_not_taken_for_the_same_work_slower(
+    tmp_path, monkeypatch, knobs, extra_ops
+) -> None:
+    # rank 1 does 20 extra 256x256 matmuls (about 14 ms: ops only it runs), or 15 ms of Python that calls no op (its
+    # CPU time grows, its ops do not slow down): work of its own on the shared, oversubscribed host, still named
+    from ddpdoctor.pipeline import analyze_run
+
+    for key, value in {"STEPS": "13", **knobs}.items():
+        monkeypatch.setenv(key, value)  # the job's knobs (run_cli passes the environment on)
+    report = _trace(tmp_path / "own", 10, str(JOB), burner=False)
+    rank1 = analyze_run(tmp_path / "own").metrics.ranks[1]
+    why = (report["findings"], {k: rank1.get(k) for k in ("wait_caused_ms", "extra_ops_ms", "ops_slower_ms")})
+    assert rank1["same_work_slower"] is False, why
+    assert (rank1["extra_ops_ms"] > 0.2 * rank1["wait_caused_ms"]) is extra_ops, why
+    found = [f for f in report["findings"] if f["name"] == "rank-straggler"]
+    assert found and found[0]["ranks"] == [1], why
