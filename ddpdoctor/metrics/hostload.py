@@ -71,6 +71,10 @@ SAME_OPS_SHARE = 0.2
 SLOWER_OPS_SHARE = 0.5
 OWN_MS, OWN_STEP_SHARE, OWN_SHARE = 2.0, 0.05, 0.2
 
+ONE_HOST_ONLY = (
+    "a rank's CPU ops are compared with the others' only where all ranks share one host (these ran on several, or"
+    " their host is unknown): ranks of several hosts run on CPUs of their own"
+)
 NOT_RECORDED = "the host's load was not recorded (only `ddpdoctor trace` runs on Linux record it)"
 
 
@@ -178,9 +182,12 @@ def hostload_metrics(
             if lateness is not None:
                 m["late_own_ms"] = max(0.0, lateness - max(0.0, m["cpu_wait_excess_ms"]))
         row.update(m)
-    _same_work(captures, ranks, work or {}, work_medians)
+    shared = _same_work(captures, ranks, work or {}, work_medians)
     run = _run_level(ranks)
     reasons = _reasons(why, ranks, run)
+    if not shared and not why:
+        for name in ("extra_ops_ms", "ops_slower_ms", "same_work_slower"):
+            reasons[name] = ONE_HOST_ONLY
     run["slow_rank_cause_known"], doubt = cause_known(ranks)
     run["slow_ranks_same_work"] = doubt is not None
     reasons.pop("slow_rank_cause_known", None)
@@ -195,10 +202,13 @@ def _same_work(
     ranks: list[dict[str, Any]],
     work: Mapping[int, Mapping[str, Any] | None],
     work_medians: _LeaveOneOutMedian,
-) -> None:
-    """``extra_ops_ms``, ``ops_slower_ms`` and ``same_work_slower`` of every rank (module docstring)."""
+) -> bool:
+    """``extra_ops_ms``, ``ops_slower_ms`` and ``same_work_slower`` of every rank (module docstring), where all
+    ranks share one host (then there are few: one rank's ops are compared with every other's); whether they do."""
     hosts = {(captures.get(int(r["rank"])) or {}).get("hostname") for r in ranks}
     shared = len(ranks) >= 2 and len(hosts) == 1 and None not in hosts  # every rank on one host
+    if not shared:
+        return False
     steps = [r["step_ms_median"] for r in ranks if r.get("step_ms_median")]
     step_ms = sum(steps) / len(steps) if steps else None
     for row in ranks:
@@ -221,9 +231,10 @@ def _same_work(
             cpu_excess_ms=row["loop_cpu_ms"] - work_medians.without(row["loop_cpu_ms"]),
             wait_excess_ms=row["cpu_wait_excess_ms"],
             step_ms=step_ms,
-            runnable_per_cpu=row.get("host_runnable_per_cpu") if shared else None,
+            runnable_per_cpu=row.get("host_runnable_per_cpu"),
             ops_share=share,
         )
+    return True
 
 
 def same_work_slower(
