@@ -284,7 +284,7 @@ def cause_known(ranks: list[dict[str, Any]]) -> tuple[bool | None, str | None]:
             f" collectives (p = {r.get('last_arrival_p_value') or 0:.1g}) and the others waited"
             f" {r['wait_caused_ms']:.1f} ms per step for it ({100 * r['wait_caused_ms'] / step_ms:.0f}% of a"
             f" {step_ms:.1f} ms step), but it ran the same CPU ops as they did ({r['extra_ops_ms']:.1f} ms per step"
-            f" in ops only it ran), {r['ops_slower_ms']:.1f} ms per step slower, and its extra CPU time"
+            f" in ops only it ran), those ops {r['ops_slower_ms']:.1f} ms per step slower, and its extra CPU time"
             f" ({more:+.1f} ms per step: {r['loop_cpu_ms']:.1f} ms) and run-queue wait"
             f" ({r['cpu_wait_excess_ms']:+.1f} ms per step against the others) explain its lateness, with"
             f" {r['host_runnable_per_cpu']:.1f} runnable threads"
