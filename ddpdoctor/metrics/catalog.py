@@ -170,6 +170,8 @@ GROUPS: dict[str, tuple[str, ...]] = {
     # what needs the collectives to be timed (kernels or gloo ranges), not only called
     "timed_comm": ("overlap_ratio", "busbw_gbps", "algbw_gbps"),
     "slow_ranks": ("last_arrival_share", "last_arrival_p_value", "slow_rank", "wait_caused_ms"),
+    # a late rank's CPU ops against the others' (ddpdoctor.metrics.same_work, hostload._same_work)
+    "same_work": ("extra_ops_ms", "ops_slower_ms", "same_work_slower"),
     # the GIL probe's view of the job's own Python threads (ddpdoctor.capture.gil)
     "gil_threads": (
         "active_python_threads",

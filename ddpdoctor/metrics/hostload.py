@@ -186,7 +186,7 @@ def hostload_metrics(
     run = _run_level(ranks)
     reasons = _reasons(why, ranks, run)
     if not shared and not why:
-        for name in ("extra_ops_ms", "ops_slower_ms", "same_work_slower"):
+        for name in catalog.group("same_work"):
             reasons[name] = ONE_HOST_ONLY
     run["slow_rank_cause_known"], doubt = cause_known(ranks)
     run["slow_ranks_same_work"] = doubt is not None
