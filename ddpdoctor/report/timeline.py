@@ -11,6 +11,7 @@ The median and the worst step are two panels; two radio buttons choose one (CSS 
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Sequence
 from itertools import count
@@ -185,8 +186,12 @@ def _rect(x: float, y: float, w: float, h: int, lane: str, tip: str) -> str:
 
 def _axis(span: float, x: Any, t0: float, n_ranks: int) -> list[str]:
     step_ms = span / 1e3
-    tick = next((t for t in _TICKS if step_ms / t <= 10), 10_000)
-    out = []
+    out: list[str] = []
+    if math.isfinite(step_ms) and step_ms > 0:
+        # at most 10 ticks (and a grid line at 0), however long the step: a 100 s step or a trace's absurd clock
+        tick = next((t for t in _TICKS if step_ms / t <= 10), None) or 10.0 ** math.ceil(math.log10(step_ms / 10))
+    else:
+        tick, step_ms = 1.0, 0.0
     bottom = TOP + n_ranks * RANK_H - 8
     k = 0
     while k * tick <= step_ms + 1e-9:

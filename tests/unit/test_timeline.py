@@ -305,3 +305,15 @@ def test_a_large_run_draws_the_ranks_the_findings_name_within_the_cap():
     html = rt.render(focused, [_finding("rank-straggler", [n - 3])])
     assert f"{mt.MAX_RANKS} of {n} ranks shown" in html
     assert f'data-rank="{n - 3}" data-step="1" data-part="late-arrival"' in html
+
+
+@pytest.mark.parametrize("span_us", [5e4, 1.5e8, 1.7e18, 1e300, float("inf"), 0.0])
+def test_the_time_axis_has_at_most_eleven_ticks_however_long_the_step(span_us):
+    """A 150 s step, or a broken trace's clock (the fuzzer's step of 1.7e18 us built 1.7e8 ticks and ran the
+    process out of memory): at most 10 intervals, the last tick at or below the step's end."""
+    lines = rt._axis(span_us, lambda t: t, 0.0, 2)
+    grid = [line for line in lines if "tl-grid" in line]
+    assert 1 <= len(grid) <= 11, len(grid)
+    labels = [float(m) for m in re.findall(r">([0-9.e+]+)</text>", "".join(lines))]
+    if 0 < span_us < float("inf"):
+        assert len(grid) >= 2 and labels[-1] <= span_us / 1e3 + 1e-9 and labels[-1] * 11 > span_us / 1e3
