@@ -130,10 +130,10 @@ HOST_BUSY_CORES = 0.5
 # of serial) got 0.48-0.58 of it and read 0.09-0.13; the same work on one thread got 0.89-0.998.
 THREADS_STARVED_SHARE = 0.8
 # A reading above GIL_READABLE cannot decide either when the job's threads with work used this many CPU cores or
-# more between them (the rule's ``max_cores``): GIL-bound threads take turns on about one core, so they also ran
-# native code in parallel, and how much of their time the GIL cost is not in the data. Measured: the 4 threads of
-# samples/gil_small_ops.py (0.72x the speed of the same work done serially) used 1.1-1.6 cores of a quiet 2-core
-# host with probe readings of 0.09-0.22; threads in large matmuls and sleeps read 0.02-0.15 at 0.7 cores.
+# more between them: GIL-bound threads take turns on about one core, so they also ran native code in parallel, and
+# how much of their time the GIL cost is not in the data. Measured: the 4 threads of samples/gil_small_ops.py
+# (0.45-0.5x the speed of the same work done serially) used 1.1-1.6 cores of a quiet 2-core host with probe
+# readings of 0.09-0.22; threads in large matmuls and sleeps read 0.02-0.15 at 0.7 cores.
 PARALLEL_CORES = 1.3
 
 
@@ -153,13 +153,8 @@ def thread_metrics(capture: dict[str, Any] | None, ranks_on_host: int | None) ->
     working = _quantile(active, 0.5) if active else None
     others = _other_cores(capture) if contention else None
     median_cores = _quantile(cores, 0.5) if cores else None
-    at_work = mean is not None and working is not None and working >= 2
     share = _quantile(shares, 0.5) if shares else None
-    host_busy = others is not None and others >= HOST_BUSY_CORES
-    oversubscribed = share is not None and share < THREADS_STARVED_SHARE
-    starved = at_work and mean <= GIL_READABLE and (host_busy or oversubscribed)
-    parallel = at_work and mean > GIL_READABLE and median_cores is not None and median_cores >= PARALLEL_CORES
-    unreadable = starved or parallel
+    unreadable = _undecided(mean, working, median_cores, share, others) is not None
     info = capture.get("threads") or {}
     return {
         "gil_contention": None if unreadable else mean,
@@ -196,46 +191,52 @@ def _other_cores(capture: dict[str, Any]) -> float | None:
     return max(cpus * busy / total - own / wall, 0.0)
 
 
+def _undecided(reading: Any, threads: Any, cores: Any, share: Any, others: Any) -> str | None:
+    """Why a probe reading with two or more of the job's threads at work cannot decide: "starved" (low while the
+    CPUs were oversubscribed: other processes used ``HOST_BUSY_CORES`` or more, or the job's threads got less than
+    ``THREADS_STARVED_SHARE`` of their runnable time), "parallel" (high from threads that used ``PARALLEL_CORES``
+    or more), None when it decides (or there is no reading)."""
+    if not (_number(reading) and _number(threads) and threads >= 2):
+        return None
+    if reading > GIL_READABLE:
+        return "parallel" if _number(cores) and cores >= PARALLEL_CORES else None
+    busy = _number(others) and others >= HOST_BUSY_CORES
+    return "starved" if busy or (_number(share) and share < THREADS_STARVED_SHARE) else None
+
+
 def gil_reasons(ranks: list[dict[str, Any]]) -> dict[str, str]:
-    """``not_measured`` reason for ``gil_contention`` where every rank without it had two or more of the job's
-    threads at work and a probe reading that cannot decide, with the numbers: a low one while the CPUs were
-    oversubscribed (other processes used ``HOST_BUSY_CORES`` or more, or the job's threads got less than
-    ``THREADS_STARVED_SHARE`` of their runnable time), or a high one from threads that used ``PARALLEL_CORES`` or
-    more."""
+    """``not_measured`` reason for ``gil_contention`` where every rank without it had a probe reading that cannot
+    decide (``_undecided``), with the numbers; {} where a rank lacks it for another reason (--no-gil, an old
+    summary)."""
     missing = [r for r in ranks if r.get("gil_contention") is None]
     why: dict[str, tuple[float, str]] = {}
     for r in missing:
         reading, threads = r.get("gil_probe_reading"), r.get("active_python_threads")
-        if not (_number(reading) and _number(threads) and threads >= 2):
-            return {}  # not measured for another reason (--no-gil, an old summary): no reason to give
         cores, share, others = r.get("python_cpu_cores"), r.get("python_cpu_share"), r.get("gil_host_other_cores")
-        rank = r.get("rank")
-        if reading > GIL_READABLE and _number(cores) and cores >= PARALLEL_CORES:
+        kind, rank = _undecided(reading, threads, cores, share, others), r.get("rank")
+        if kind is None:
+            return {}
+        if kind == "parallel":
+            key = cores
             text = (
-                f"the evidence conflicts on rank {rank}: the GIL probe read {100 * reading:.0f}% contention, but the"
-                f" job's {threads:.0f} Python threads at work used {cores:.2f} CPU cores between them, so they also"
-                " ran native code in parallel; how much of their time the GIL cost is not in the data (time the"
-                " threads against the same work done serially)"
+                f"the evidence conflicts on rank {rank}: the GIL probe read {100 * reading:.0f}% contention, but"
+                f" the job's {threads:.0f} Python threads at work used {cores:.2f} CPU cores between them, so they"
+                " also ran native code in parallel; how much of their time the GIL cost is not in the data (time"
+                " the threads against the same work done serially)"
             )
-            why.setdefault("parallel", (cores, text))
-            why["parallel"] = max(why["parallel"], (cores, text))
-        elif reading <= GIL_READABLE and (
-            (_number(others) and others >= HOST_BUSY_CORES) or (_number(share) and share < THREADS_STARVED_SHARE)
-        ):
+        else:
             busy = f"other processes used {others:.1f} CPUs and " if _number(others) and others >= 0.05 else ""
             got = f"got {100 * share:.0f}% of the CPU time they were runnable for" if _number(share) else "waited"
-            text = (
-                f"the CPUs were too busy to tell on rank {rank}: {busy}the job's {threads:.0f} Python threads at work"
-                f" {got}; the GIL probe's own thread is starved likewise, and its reading of {100 * reading:.0f}%"
-                f" ({100 * GIL_READABLE:.0f}% or less) is no evidence either way"
-            )
             key = -share if _number(share) else 0.0
-            why["starved"] = max(why.get("starved", (key, text)), (key, text))
-        else:
-            return {}
+            text = (
+                f"the CPUs were too busy to tell on rank {rank}: {busy}the job's {threads:.0f} Python threads at"
+                f" work {got}; the GIL probe's own thread is starved likewise, and its reading of"
+                f" {100 * reading:.0f}% ({100 * GIL_READABLE:.0f}% or less) is no evidence either way"
+            )
+        why[kind] = max(why.get(kind, (key, text)), (key, text))  # the worst rank of each kind speaks for it
     if not why:
         return {}
-    return {"gil_contention": "; ".join(text for _, text in (why[k] for k in ("starved", "parallel") if k in why))}
+    return {"gil_contention": "; ".join(why[k][1] for k in ("starved", "parallel") if k in why)}
 
 
 def _number(value: Any) -> bool:
