@@ -43,7 +43,16 @@ def _is_compiling_fn() -> Callable[[], bool]:
             return lambda: False
 
 
-is_compiling: Callable[[], bool] = _is_compiling_fn()
+def _first_is_compiling() -> bool:
+    """The first call looks torch's own ``is_compiling`` up and rebinds :data:`is_compiling` to it, so that importing
+    this module does not import torch (``ddpdoctor trace``'s launcher process, which only starts torchrun, never
+    needs it: about 1.5 s of CPU before the job starts) and every later call is torch's function itself."""
+    global is_compiling
+    is_compiling = _is_compiling_fn()
+    return is_compiling()
+
+
+is_compiling: Callable[[], bool] = _first_is_compiling
 
 
 def install() -> None:
