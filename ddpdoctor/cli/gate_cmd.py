@@ -167,10 +167,9 @@ def run_baseline(args: argparse.Namespace) -> int:
 
 def noise_warnings(snapshot: Any, config: Any) -> list[str]:
     """What a baseline of several runs cannot detect under the gate's thresholds (empty when it sees them all)."""
-    from ddpdoctor.compare.gate import sensitivity_note
+    from ddpdoctor.compare.gate import sensitivity_note, wild_note
 
-    note = sensitivity_note(snapshot, config)
-    return [note] if note else []
+    return [n for n in (sensitivity_note(snapshot, config), wild_note(snapshot, config)) if n]
 
 
 def _github(result: Any, report_on_stdout: bool) -> None:

@@ -9,7 +9,8 @@ on the threshold alone.
 
 With a baseline of several runs (``Snapshot.runs``), a timing past its threshold is also compared with the
 spread between the baseline runs: within the range of their own values (``stats.run_spread``: each run's median
-step, overlap, ...; never wider than the metric can move), it is "within run-to-run noise", a warning. A baseline
+step, overlap, ...; never wider than the metric can move; one wild run of 3 or more left out, and said so:
+``wild_note``), it is "within run-to-run noise", a warning. A baseline
 whose runs differ by more than a threshold cannot detect a change that small, and every gate report says so
 (``sensitivity_note``), as ``ddpdoctor baseline`` does when it writes one.
 
@@ -161,6 +162,12 @@ def check_metric(
             f", run-to-run range {format_change(t, spread.margin).lstrip('+')} over {spread.runs} baseline"
             + (f" and {spread.current} current runs" if spread.current > 1 else " runs")
             + (" (as far as it can move: no change can be seen)" if spread.bounded else "")
+            + (
+                f", baseline run {spread.left_out + 1}'s {units.value(t.metric, spread.left_out_value)} left out"
+                " as wild"
+                if spread.left_out is not None and spread.left_out_value is not None
+                else ""
+            )
             if spread is not None
             else ""
         )
@@ -200,7 +207,35 @@ def _spread(t: Threshold, baseline: Snapshot, current_runs: list[float | None] |
     if base is None:
         return None
     runs = [r.get(t.metric) for r in baseline.runs]
-    return stats.run_spread(runs, base, relative=t.relative, current=current_runs, bound=_bound(t, base))
+    return stats.run_spread(
+        runs, base, relative=t.relative, current=current_runs, bound=_bound(t, base), floor=t.amount
+    )
+
+
+def wild_note(baseline: Snapshot, config: GateConfig) -> str | None:
+    """The baseline runs left out of a metric's run-to-run range as wild (``stats.wild_run``), said loudly: the
+    gate is stricter than those runs, and if runs like them are normal for the job the baseline needs more runs.
+    None when no gated timing has one."""
+    parts = []
+    for m in catalog.METRICS:
+        t = config.thresholds.get(m.name)
+        if t is None or not m.noisy:
+            continue
+        spread = _spread(t, baseline)
+        if spread is None or spread.left_out is None or spread.left_out_value is None:
+            continue
+        others = [r.get(m.name) for i, r in enumerate(baseline.runs) if i != spread.left_out]
+        shown = ", ".join(units.value(m.name, v) for v in others if v is not None)
+        parts.append(
+            f"run {spread.left_out + 1}'s {m.name} {units.value(m.name, spread.left_out_value)} (the others: {shown})"
+        )
+    if not parts:
+        return None
+    return (
+        f"of the {len(baseline.runs)} baseline runs, one lies far from the others and is left out of the run-to-run "
+        "range: " + "; ".join(parts) + ". The gate fails a run like it; if such runs are normal for this job, "
+        "record the baseline from more runs"
+    )
 
 
 def sensitivity_note(baseline: Snapshot, config: GateConfig) -> str | None:
@@ -360,6 +395,9 @@ def gate(current: Snapshot, baseline: Snapshot, config: GateConfig) -> GateResul
     checks = [check_metric(config.thresholds[name], baseline, current) for name in gated]
     rules, notes = check_rules(baseline, current, config.fail_on)
     loud = sensitivity_note(baseline, config)
+    wild = wild_note(baseline, config)
+    if wild:
+        notes.insert(0, wild)
     if loud:
         notes.insert(0, loud)
     timed = any(c.current is not None and c.baseline is not None and catalog.spec(c.metric).noisy for c in checks)
@@ -372,7 +410,9 @@ def gate(current: Snapshot, baseline: Snapshot, config: GateConfig) -> GateResul
     notes += [f"current: {n}" for n in current.notes] + [
         f"baseline: {n}"
         for n in baseline.notes
-        if not (loud and "cannot detect a change smaller than" in n)  # said above, for this gate's thresholds
+        # said above, for this gate's thresholds
+        if not (loud and "cannot detect a change smaller than" in n)
+        and not (wild and "left out of the run-to-run" in n)
     ]
     return GateResult(
         baseline,

@@ -21,6 +21,7 @@ shifts.
 from __future__ import annotations
 
 import inspect
+import math
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -72,17 +73,24 @@ MIN_RUNS = 2  # baseline runs needed to estimate the spread between runs
 # 2x the range of 3 (from their median, in one direction) about 4% of the time per timing for normal noise, past 1x
 # 12% (measured under load: 1x failed 37% of healthy reruns against three-run baselines, bench_gate_noise).
 RANGE_FACTOR = 2.0
+# A run is left out of the range when, with it, the range reaches all the metric can move (a blind baseline) and it
+# lies this many times farther from the runs' median than the other runs span (and than the threshold): 3 runs of
+# 0.50, 0.49 and 0.00 overlap are a baseline of 0.49 +- 0.02 with one wild run, not one that cannot see any change
+# (CI: a one-big-bucket run at 0.002 passed as noise).
+WILD_FACTOR = 3.0
+MIN_RUNS_FOR_WILD = 3  # with 2 runs neither can be called the wild one
 
 
 @dataclass(frozen=True)
 class RunSpread:
     """How far the current run(s) may land from the baseline by run-to-run noise alone (``margin``, in the
-    change's unit): ``RANGE_FACTOR`` times the range (largest minus smallest) of the baseline runs' own values of the metric (each run's
-    median step, its overlap, ...), or of the current runs' when they are several and spread wider. With 3 runs
-    a range is what the data can say; a t interval of their standard deviation (t = 9.9 at 2 degrees of freedom)
-    made one wild run blow the margin up to many times the metric's own range. The margin is never wider than the
-    metric can move in its worse direction (``bound``: a ratio cannot fall below 0 nor rise above 1, a time
-    cannot fall by more than 100%); a margin at that bound means the baseline cannot see any change of it."""
+    change's unit): ``RANGE_FACTOR`` times the range (largest minus smallest) of the baseline runs' own values of
+    the metric (each run's median step, its overlap, ...), or of the current runs' when they are several and spread
+    wider. With 3 runs a range is what the data can say; a t interval of their standard deviation (t = 9.9 at 2
+    degrees of freedom) made one wild run blow the margin up to many times the metric's own range. The margin is
+    never wider than the metric can move in its worse direction (``bound``: a ratio cannot fall below 0 nor rise
+    above 1, a time cannot fall by more than 100%); a margin at that bound means the baseline cannot see any change
+    of it, unless one wild run did that (``left_out``: see ``run_spread``)."""
 
     margin: float
     runs: int
@@ -91,11 +99,34 @@ class RunSpread:
     low: float | None = None  # the baseline runs' smallest and largest value (the metric's unit)
     high: float | None = None
     bounded: bool = False  # the margin reached the most the metric can move: no change of it can be detected
+    # the baseline run left out of the range as wild (``wild_run``): its index among the runs, and its value
+    left_out: int | None = None
+    left_out_value: float | None = None
 
 
 def _finite(values: Sequence[float | None]) -> np.ndarray:
     x = np.asarray([v for v in values if v is not None], dtype=float)
     return x[np.isfinite(x)]
+
+
+def wild_run(values: Sequence[float | None], floor: float = 0.0) -> int | None:
+    """The index in ``values`` of the one run that lies more than ``WILD_FACTOR`` times farther from the runs'
+    median than the other runs span and than ``floor`` (the metric's unit: the gate's threshold), or None (fewer
+    than ``MIN_RUNS_FOR_WILD`` finite values, or no such run). A range is robust to a variance blown up by one
+    run, not to the run itself: 0.50, 0.49, 0.00 span 0.50, all a ratio can fall from 0.49."""
+    kept = [(i, float(v)) for i, v in enumerate(values) if v is not None and math.isfinite(v)]
+    if len(kept) < MIN_RUNS_FOR_WILD:
+        return None
+    x = np.asarray([v for _, v in kept])
+    with np.errstate(all="ignore"):
+        far = np.abs(x - np.median(x))
+        k = int(np.argmax(far))
+        core = float(np.ptp(np.delete(x, k)))
+        if not (np.isfinite(far[k]) and np.isfinite(core)):
+            return None
+        if far[k] > WILD_FACTOR * max(core, abs(floor)) and far[k] > 0:
+            return kept[k][0]
+    return None
 
 
 def run_spread(
@@ -106,20 +137,38 @@ def run_spread(
     confidence: float = CONFIDENCE,
     current: Sequence[float | None] = (),
     bound: float | None = None,
+    floor: float = 0.0,
 ) -> RunSpread | None:
     """The run-to-run margin from the baseline runs' ``values`` of one metric (and the ``current`` runs' values,
     when there are several); None with fewer than ``MIN_RUNS`` baseline runs or a relative change from a
-    ``reference`` of 0. ``bound``: the most the metric can move in its worse direction (change's unit)."""
+    ``reference`` of 0. ``bound``: the most the metric can move in its worse direction (change's unit).
+    ``floor``: the gate's threshold (change's unit). Where the range of all runs reaches ``bound`` (the baseline
+    could see no change of the metric at all) and one run is wild (``wild_run``, at least 3 runs), it is left out
+    (of the baseline's and of the current runs' alike). Timings without a bound keep every run: a slow run is what
+    a busy machine does, and leaving it out would fail the next healthy run that lands as slow."""
     x, y = _finite(values), _finite(current)
     if len(x) < MIN_RUNS or (relative and reference == 0):
         return None
-    with np.errstate(all="ignore"):  # values near the float limit: no margin (None), not a warning
-        margin = float(np.ptp(x))
-        if len(y) >= MIN_RUNS:
-            margin = max(margin, float(np.ptp(y)))
-        margin *= RANGE_FACTOR
-        if relative:
-            margin /= abs(reference)
+    floor_value = abs(floor * reference) if relative else abs(floor)
+
+    def margin_of(skip: int | None, skip_current: int | None) -> float:
+        with np.errstate(all="ignore"):  # values near the float limit: no margin (None), not a warning
+            margin = float(np.ptp(_finite([v for i, v in enumerate(values) if i != skip])))
+            if len(y) >= MIN_RUNS:
+                margin = max(margin, float(np.ptp(_finite([v for i, v in enumerate(current) if i != skip_current]))))
+            margin *= RANGE_FACTOR
+            return margin / abs(reference) if relative else margin
+
+    margin, wild, wild_value = margin_of(None, None), None, None
+    if bound is not None and np.isfinite(margin) and margin >= bound:
+        # blind to any change of the metric: if that is one wild run's doing, gate on the runs that agree
+        wild, y_wild = wild_run(values, floor_value), wild_run(current, floor_value)
+        narrower = margin_of(wild, y_wild)
+        if (wild is not None or y_wild is not None) and narrower < bound:
+            margin = narrower
+            wild_value = None if wild is None else float(values[wild])  # type: ignore[arg-type]
+        else:
+            wild = None
     if not np.isfinite(margin):
         return None
     bounded = bound is not None and margin >= bound
@@ -133,6 +182,8 @@ def run_spread(
         float(np.min(x)),
         float(np.max(x)),
         bounded,
+        wild,
+        wild_value,
     )
 
 

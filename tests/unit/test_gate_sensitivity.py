@@ -79,3 +79,58 @@ def test_baseline_command_announces_a_noisy_baseline(tmp_path, capsys, monkeypat
     assert lines and "cannot detect a change smaller than" in lines[0]
     doc = json.loads(json.dumps(BASE.to_json()))
     assert doc["runs"]
+
+
+# CI's busy machine: one of three healthy runs had no overlap at all (its comm thread got no CPU during backward)
+WILD = combine([_run(100, 0.50, 11, "runs/a"), _run(104, 0.49, 12, "runs/b"), _run(98, 0.003, 13, "runs/c")])
+
+
+def test_one_wild_baseline_run_does_not_blind_the_gate():
+    # a range over all three runs (0.5) is all the ratio can fall: the one-big-bucket run passed as noise
+    overlap = _check(gate(_run(100, 0.002, 14, "runs/bigbucket"), WILD, load_config(cwd="/")), "overlap_ratio")
+    assert overlap.verdict == "regression" and overlap.outcome == "fail", overlap.message
+    assert overlap.spread is not None and overlap.spread.left_out == 2 and not overlap.spread.bounded
+    assert "baseline run 3's 0.0" in overlap.message and "left out as wild" in overlap.message, overlap.message
+
+
+def test_a_wild_baseline_run_is_announced_in_every_report_and_when_written():
+    from ddpdoctor.cli.gate_cmd import noise_warnings
+
+    result = gate(_run(100, 0.49, 15, "runs/rerun"), WILD, load_config(cwd="/"))
+    assert not result.failed, [c.message for c in result.failures()]
+    loud = [n for n in result.notes if "left out of the run-to-run range" in n]
+    assert len(loud) == 1 and "run 3's overlap_ratio 0.0" in loud[0] and "(the others: 0.5" in loud[0], result.notes
+    for fmt in OutputFormat:
+        out = io.StringIO()
+        renderer(Document.GATE, fmt)(result, out)
+        assert "left out of the run-to-run range" in " ".join(out.getvalue().split()), fmt
+    assert any("left out of the run-to-run range" in line for line in noise_warnings(WILD, load_config(cwd="/")))
+    # written into the baseline's notes, the note is not repeated by the gate
+    noted = Snapshot(**{**WILD.__dict__, "notes": noise_warnings(WILD, load_config(cwd="/"))})
+    again = gate(_run(100, 0.49, 15, "runs/rerun"), noted, load_config(cwd="/"))
+    assert sum("left out of the run-to-run range" in n for n in again.notes) == 1, again.notes
+
+
+def test_runs_that_spread_evenly_or_within_the_threshold_have_no_wild_one():
+    from ddpdoctor.compare import stats
+
+    assert stats.wild_run([0.9, 0.1, 0.5]) is None  # evenly spread: the range is the noise
+    assert stats.wild_run([0.50, 0.50, 0.45], floor=0.1) is None  # 0.05 off: within the threshold
+    assert stats.wild_run([0.50, 0.50, 0.45], floor=0.01) == 2
+    assert stats.wild_run([0.50, 0.0]) is None  # with two runs neither is the wild one
+    assert stats.wild_run([0.50, None, 0.49, 0.0]) == 3  # the index among the runs, gaps kept
+    assert stats.wild_run([5.0, 5.0, 5.0]) is None
+    # no wild run: the margin stays twice the range of all of them
+    overlap = _check(gate(_run(100, 0.5, 9, "cur"), BASE, load_config(cwd="/")), "overlap_ratio")
+    assert overlap.spread is not None and overlap.spread.left_out is None
+
+
+def test_a_wild_slow_run_is_kept_in_a_timings_range():
+    # busy machines make slow runs: leaving one out would fail the next healthy run that lands as slow
+    slow = combine([_run(100, 0.5, 16, "a"), _run(102, 0.5, 17, "b"), _run(300, 0.5, 18, "c")])
+    step = _check(gate(_run(250, 0.5, 19, "cur"), slow, load_config(cwd="/")), "step_ms.median")
+    assert step.spread is not None and step.spread.left_out is None and step.outcome != "fail", step.message
+    assert "left out" not in step.message
+    assert not any(
+        "left out of the run-to-run range" in n for n in gate(_run(250, 0.5, 19, "c"), slow, load_config(cwd="/")).notes
+    )
