@@ -7,22 +7,27 @@ reads at each step; the process RSS on CPU), and, for DDP modules, DDP's own tim
 (its logging data, read only as often as costs at most 0.1% of the step time). Read back by :func:`read_series` /
 :func:`series_frames`; live numbers by :func:`summary` and the Prometheus endpoint (``ddpdoctor/export``).
 
-Cost per step: a few clock reads, one small dict and (on CPU) one ``pread`` of ``/proc/self/statm``; lines are
-buffered and written by a daemon thread once a second (one ``os.write`` to an ``O_APPEND`` file), and at the end of
-the run. A crash loses at most the last second of steps; a torn last line is ignored by the reader.
+Cost per step, on the training thread: one call that reads a few attributes and two clocks and appends a tuple to
+a deque (no lock, no formatting); the process RSS (CPU) at most every 50 ms, one ``pread`` of ``/proc/self/statm``;
+DDP's logging data at its budget. The lines are made and written by a daemon thread once a second (msgspec's encoder
+over all the steps since, one ``os.write`` to an ``O_APPEND`` file), and at the end of the run: a crash loses at
+most the last second of steps; a torn last line is ignored by the reader. ``benchmarks/bench_series.py`` measures it
+against the same loop bare, in the same run (issue 28: <= 1% of the step time).
 
 Header line ``{"kind": "header", "version": 1, "rank", "world_size", "local_rank", "node", "pid", "started_at",
 "device", "mem_capacity_bytes"}``, then per step ``{"step", "t", "wall_s", "data_s", "forward_s", "backward_s",
 "optimizer_s", "mem_bytes", "mem_reserved_bytes", "ddp"?}`` (seconds, bytes, unix seconds); ``ddp`` is
 ``[step, forward_s, backward_compute_s, backward_comm_s, overlap_s, comm_start_t, forward_start_t]`` of an EARLIER
-step (DDP records
-a step's timings during the next forward); the reader moves it onto that step's row.
+step (DDP records a step's timings during the next forward); the reader moves it onto that step's row. Seconds are
+written to the microsecond (``wall_s`` to 0.1 us, ``t`` to 0.1 ms); a NaN or an infinity as null.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
+import math
 import os
 import socket
 import sys
@@ -63,6 +68,8 @@ SUMMARY_NAMES = (
     ("optimizer_s", "optimizer_seconds"),
 )
 _MAX_PENDING = 100_000  # lines kept while the file cannot be written (never more memory than this)
+# the live DDP modules (the WeakSet's own set: its truth value costs no len() call)
+_LIVE_DDP = getattr(ddp_capture._instances, "data", ddp_capture._instances)
 
 
 def series_file(out: Path, rank: int) -> Path:
@@ -78,10 +85,10 @@ class SeriesRecorder:
 
     def __init__(self, session: Any) -> None:
         self._session = session
-        self._lock = threading.Lock()
-        self._pending: list[str] = []
+        self._queue: collections.deque[tuple] = collections.deque(maxlen=_MAX_PENDING)  # steps not yet written
         self._fd: int | None = None
         self._path: Path | None = None
+        self._where: tuple[Any, int] | None = None  # (folder, rank) of the open file
         self._header_written = False
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -97,9 +104,8 @@ class SeriesRecorder:
         self.capacity: int | None = None
         self._statm: int | None = None
         self._page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-        self._ddp_cost_s = 0.0  # the last read's CPU time
-        self._wall_floor = float("inf")  # the fastest step so far (s)
-        self._ddp_since = 0  # steps since DDP's logging data was last read
+        self._wall_floor = float("inf")  # the fastest step so far (s): the DDP read's budget
+        self._ddp_next = 0  # DDP's logging data is read again once this many steps are recorded
         self._ddp_last_start: int | None = None
         self.last_ddp: list[Any] | None = None  # the last DDP timing read (see _ddp)
         self.exporter: Any = None  # ddpdoctor.export.prometheus.Exporter once asked for
@@ -107,66 +113,71 @@ class SeriesRecorder:
 
     # ---- per step (training thread) ------------------------------------------------------------------------
     def step(self, iteration: int) -> None:
-        """Record the step ``iteration`` that just ended (after the clock ticked and memory was sampled)."""
+        """Record the step ``iteration`` that just ended (after the clock ticked and memory was sampled).
+
+        The training thread's whole cost: one call with a handful of attribute reads, two clock reads and an
+        append to a deque (atomic: no lock). Everything else (rounding, JSON, the DDP read's budget, the fastest
+        step) is done by the writer thread. It runs right after the step's own work, when the CPU's caches hold the
+        step's data, not this code's: each object it touches is a cache miss (~20 us a call as first written, with
+        a function per field; benchmarks/bench_series.py)."""
         if self._closed:
             return
         try:
-            self._step(iteration)
+            s = self._session
+            wall_ms = s.clock.wall_ms
+            wall = wall_ms[-1] / 1e3 if iteration >= 1 and wall_ms else None
+            phase = s.phase
+            spent = phase.last_spent if phase._handles else None
+            mem = reserved = None
+            if s.memory._devices:  # CUDA: the counters DeviceMemory read at this step
+                mem, reserved = self._cuda_memory(iteration)
+            if mem is None:  # the process RSS, at most every RSS_INTERVAL_S
+                now = time.monotonic()
+                mem = self._rss(now) if now - self._rss_t >= RSS_INTERVAL_S else None
+            if mem is not None:
+                self.last_memory = (mem, reserved)
+            ddp = None
+            if self.steps >= self._ddp_next and wall is not None and _LIVE_DDP:
+                ddp = self._ddp(iteration, wall)
+                if ddp is not None:
+                    self.last_ddp = ddp
+            raw = (iteration, time.time(), wall, spent, mem, reserved, ddp)
+            self._raw = raw
+            self._queue.append(raw)  # a full queue (the file cannot be written) drops its oldest line
+            self.steps += 1
+            if wall is not None:
+                self.wall_total_s += wall
+            if self._thread is None:
+                self._first_step()
         except Exception as exc:  # never break the training for it: the series stops, the rank file says why
             self._closed = True
             self.error = f"series stopped at step {iteration}: {type(exc).__name__}: {exc}"
             self._session.capture_errors.append(self.error)
 
-    def _step(self, iteration: int) -> None:
-        # Only reads and one tuple here (the training thread): rounding and JSON happen in the writer thread.
-        s = self._session
-        wall_ms = s.clock.wall_ms
-        wall = wall_ms[-1] / 1e3 if iteration >= 1 and wall_ms else None
-        spent = s.phase.last_spent if s.phase._handles else None
-        mem, reserved = self._memory(iteration)
-        if mem is not None:
-            self.last_memory = (mem, reserved)
-        self._ddp_since += 1
-        live = getattr(ddp_capture._instances, "data", ddp_capture._instances)  # the WeakSet's own set: no len()
-        ddp = self._ddp(iteration, wall) if live and wall is not None else None
-        if ddp is not None:
-            self.last_ddp = ddp
-        raw = (iteration, time.time(), wall, spent, mem, reserved, ddp)
-        self._raw = raw
-        self.steps += 1
-        if wall is not None:
-            self.wall_total_s += wall
-        with self._lock:
-            if len(self._pending) < _MAX_PENDING:
-                self._pending.append(raw)
-        if self._thread is None:
-            self._start_exporters()
-            self._start_thread()
+    def _first_step(self) -> None:
+        self._start_exporters()
+        self._start_thread()
 
     @property
     def latest(self) -> dict[str, Any] | None:
         """The last step's row (as written in the file), or None before the first step."""
         return _row(self._raw) if self._raw is not None else None
 
-    def _memory(self, iteration: int) -> tuple[int | None, int | None]:
-        devices = getattr(self._session.memory, "_devices", None)
-        if devices:  # CUDA: the counters DeviceMemory read at this step
-            best: tuple[int, int, dict] | None = None
-            for dev in devices.values():
-                series = dev["per_step"]
-                if series["step"] and series["step"][-1] == iteration:
-                    alloc = series["allocated_bytes"][-1]
-                    if best is None or alloc > best[0]:
-                        best = (alloc, series["reserved_bytes"][-1], dev)
-            if best is not None:
-                self.device, self.capacity = best[2]["device"], best[2]["capacity_bytes"]
-                return best[0], best[1]
-        return self._rss(), None
+    def _cuda_memory(self, iteration: int) -> tuple[int | None, int | None]:
+        best: tuple[int, int, dict] | None = None
+        for dev in self._session.memory._devices.values():
+            series = dev["per_step"]
+            if series["step"] and series["step"][-1] == iteration:
+                alloc = series["allocated_bytes"][-1]
+                if best is None or alloc > best[0]:
+                    best = (alloc, series["reserved_bytes"][-1], dev)
+        if best is None:
+            return None, None  # no device sampled at this step
+        self.device, self.capacity = best[2]["device"], best[2]["capacity_bytes"]
+        return best[0], best[1]
 
-    def _rss(self) -> int | None:
-        now = time.monotonic()
-        if now - self._rss_t < RSS_INTERVAL_S:
-            return None  # read at most every RSS_INTERVAL_S: a step in between has none
+    def _rss(self, now: float) -> int | None:
+        """The process RSS (read at most every RSS_INTERVAL_S: a step in between has none)."""
         self._rss_t = now
         try:
             if self._statm is None:
@@ -177,22 +188,26 @@ class SeriesRecorder:
             return None
 
     def _ddp(self, iteration: int, wall: float) -> list[Any] | None:
-        # The budget: a share of the fastest step seen (close to its CPU time, which a busy host does not
-        # inflate), against the last read's CPU time.
-        self._wall_floor = min(self._wall_floor, wall)
-        if self._ddp_cost_s > DDP_READ_SHARE * self._wall_floor * self._ddp_since:
-            return None
+        """DDP's timing of the step before, read at most at a rate that keeps its cost under DDP_READ_SHARE of the
+        fastest step: after each read, the next one waits as many steps as that read's CPU time needs."""
+        t0 = time.thread_time()
+        try:
+            return self._read_ddp(iteration)
+        finally:
+            cost = time.thread_time() - t0  # the whole read: DDP's dict made, converted and freed
+            # a share of the fastest step seen (close to its CPU time, which a busy host does not inflate; the
+            # writer thread also keeps it from the rows it writes)
+            self._wall_floor = floor = min(self._wall_floor, wall)
+            self._ddp_next = self.steps + max(1, math.ceil(cost / (DDP_READ_SHARE * max(floor, 1e-6))))
+
+    def _read_ddp(self, iteration: int) -> list[Any] | None:
         module = next(iter(list(ddp_capture._instances)), None)
         if module is None:
             return None
-        t0 = time.thread_time()
         try:
             data = module._get_ddp_logging_data()
         except Exception:
             return None
-        finally:
-            self._ddp_cost_s = time.thread_time() - t0
-            self._ddp_since = 0
         comm = data.get("backward_comm_time")
         start = data.get("forward_compute_time_start")
         if not isinstance(comm, int) or start == self._ddp_last_start:
@@ -262,17 +277,27 @@ class SeriesRecorder:
         s = self._session
         if not s.claimed:
             return  # not known to be a rank yet: keep the lines
-        with self._lock:
-            raws, self._pending = self._pending, []
+        queue = self._queue
+        raws = [queue.popleft() for _ in range(len(queue))]  # each popleft atomic: the training thread appends
         if not raws:
             return
-        lines = [_line(raw) for raw in raws]
+        walls = [raw[2] for raw in raws if raw[2] is not None]
+        if walls:
+            self._wall_floor = min(self._wall_floor, min(walls))
         try:
-            self._open(series_file(s.out, s.rank))
+            data = _lines(raws)
+        except Exception as exc:  # a value of a type never seen: these steps are lost, the thread goes on
+            if self.error is None:
+                self.error = f"series lines not encoded: {type(exc).__name__}: {exc}"
+            return
+        try:
+            where = (s.out, s.rank)
+            if where != self._where or self._fd is None:  # the path once, not at each flush (it rarely changes)
+                self._open(series_file(*where))
+                self._where = where
             if not self._header_written:
-                lines.insert(0, json.dumps(self._header(), separators=(",", ":")))
+                data = json.dumps(self._header(), separators=(",", ":")).encode() + b"\n" + data
                 self._header_written = True
-            data = ("\n".join(lines) + "\n").encode()
             while data:
                 data = data[os.write(self._fd, data) :]  # type: ignore[arg-type]
         except OSError as exc:
@@ -334,49 +359,77 @@ class SeriesRecorder:
 
 
 def _row(raw: tuple) -> dict[str, Any]:
-    """A step's values as its line in the file (seconds rounded to the microsecond)."""
+    """A step's values as its line in the file (seconds to the microsecond, ``t`` to 0.1 ms, ``wall_s`` to 0.1 us):
+    the lines are these dicts, made in bulk by :func:`_lines` with the same rounding."""
     iteration, t, wall, spent, mem, reserved, ddp = raw
-    row: dict[str, Any] = {"step": iteration, "t": round(t, 4), "wall_s": None if wall is None else round(wall, 7)}
-    for name in PHASE_FIELDS:
-        value = spent.get(name) if spent is not None else None
-        row[f"{name}_s"] = None if value is None or (iteration == 0 and name == "data") else round(value, 6)
-    row["mem_bytes"], row["mem_reserved_bytes"] = mem, reserved
+    d = f = b = o = None
+    if spent:
+        d = spent.get("data") if iteration else None  # step 0 has no data phase
+        f, b, o = spent.get("forward"), spent.get("backward"), spent.get("optimizer")
+    row: dict[str, Any] = {
+        "step": iteration,
+        "t": _r4(t),
+        "wall_s": None if wall is None else _r7(wall),
+        "data_s": None if d is None else _r6(d),
+        "forward_s": None if f is None else _r6(f),
+        "backward_s": None if b is None else _r6(b),
+        "optimizer_s": None if o is None else _r6(o),
+        "mem_bytes": mem,
+        "mem_reserved_bytes": reserved,
+    }
     if ddp is not None:
         row["ddp"] = ddp
     return row
 
 
-_LINE = (
-    '{"step":%d,"t":%.4f,"wall_s":%s,"data_s":%s,"forward_s":%s,"backward_s":%s,"optimizer_s":%s,'
-    '"mem_bytes":%s,"mem_reserved_bytes":%s'
-)
+# Rounding to a number of decimals: the nearest double to k / 10^n (an exact power of ten, IEEE division) prints as
+# that decimal. Half the cost of round(), whose results it matches but for ties at the last digit (a 1-ulp
+# difference of x * 10^n); a float floor division, so that NaN and infinities give NaN (written as null), not an
+# exception.
+def _r4(x: float) -> float:
+    return (x * 1e4 + 0.5) // 1 / 1e4
 
 
-def _line(raw: tuple) -> str:
-    """``json.dumps(_row(raw))``, in a fraction of its time (the writer thread's work per step)."""
-    iteration, t, wall, spent, mem, reserved, ddp = raw
-    if spent is None:
-        spent = {}
-    d, f, b, o = (
-        spent.get("data") if iteration else None,
-        spent.get("forward"),
-        spent.get("backward"),
-        spent.get("optimizer"),
-    )
-    text = _LINE % (
-        iteration,
-        t,
-        "null" if wall is None else f"{wall:.7f}",
-        "null" if d is None else f"{d:.6f}",
-        "null" if f is None else f"{f:.6f}",
-        "null" if b is None else f"{b:.6f}",
-        "null" if o is None else f"{o:.6f}",
-        "null" if mem is None else mem,
-        "null" if reserved is None else reserved,
-    )
-    if ddp is not None:
-        return text + ',"ddp":' + json.dumps(ddp, separators=(",", ":")) + "}"
-    return text + "}"
+def _r6(x: float) -> float:
+    return (x * 1e6 + 0.5) // 1 / 1e6
+
+
+def _r7(x: float) -> float:
+    return (x * 1e7 + 0.5) // 1 / 1e7
+
+
+_ENCODER: Any = None
+
+
+def _lines(raws: list[tuple]) -> bytes:
+    """The lines of these steps (``_row`` of each), newline-terminated, in one call of msgspec's C encoder: ~1/4
+    of the writer thread's CPU time per line of a %-format and ``json.dumps`` (benchmarks/bench_series.py)."""
+    global _ENCODER
+    if _ENCODER is None:
+        import msgspec
+
+        _ENCODER = msgspec.json.Encoder()  # NaN and infinities become null: every line stays JSON
+    rows = []
+    for iteration, t, wall, spent, mem, reserved, ddp in raws:
+        d = f = b = o = None
+        if spent:
+            d = spent.get("data") if iteration else None
+            f, b, o = spent.get("forward"), spent.get("backward"), spent.get("optimizer")
+        row = {
+            "step": iteration,
+            "t": (t * 1e4 + 0.5) // 1 / 1e4,
+            "wall_s": None if wall is None else (wall * 1e7 + 0.5) // 1 / 1e7,
+            "data_s": None if d is None else (d * 1e6 + 0.5) // 1 / 1e6,
+            "forward_s": None if f is None else (f * 1e6 + 0.5) // 1 / 1e6,
+            "backward_s": None if b is None else (b * 1e6 + 0.5) // 1 / 1e6,
+            "optimizer_s": None if o is None else (o * 1e6 + 0.5) // 1 / 1e6,
+            "mem_bytes": mem,
+            "mem_reserved_bytes": reserved,
+        }
+        if ddp is not None:
+            row["ddp"] = ddp
+        rows.append(row)
+    return _ENCODER.encode_lines(rows)
 
 
 def _host_memory() -> int | None:
