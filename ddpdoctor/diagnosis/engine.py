@@ -172,7 +172,8 @@ def _fire(
             ranks = [r["rank"] for r in rows]
         else:
             ranks = [r["rank"] for r in rows if eval_expr(rule.ranks_where, Values(run, rows, rule.params, r, columns))]
-        firing = {r["rank"]: r for r in rows if r["rank"] in ranks}
+        chosen = set(ranks)  # (a set: `in` a list of every rank was quadratic, 28 s at 16,384 ranks)
+        firing = {r["rank"]: r for r in rows if r["rank"] in chosen}
         gain, shown = _gain(rule.estimated_gain, base), base
     else:
         outcomes = {r["rank"]: eval_expr(rule.when, Values(run, rows, rule.params, r, columns)) for r in rows}
