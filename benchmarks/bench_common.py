@@ -34,7 +34,7 @@ class Measure:
     value: float | None
     unit: str = "x"
     target: tuple[str, float] | None = None
-    status: str = "INFO"  # PASS | MISS | INFO | SKIP
+    status: str = "INFO"  # PASS | MISS | UNSURE (an interval across the target) | INFO | SKIP
     note: str = ""
     detail: dict[str, Any] = field(default_factory=dict)
 

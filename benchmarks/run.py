@@ -17,8 +17,8 @@ probe's cost on the step time of the rank it watches, quiet and beside 2 CPU bur
 (the always-on step series' cost on a DDP loop's step vs the same loop bare, in the same run, and what each
 `--every` window adds to a traced 2-rank job vs the series only: time per window and per profiled step, MB on disk).
 Real GPU traces come from ../shared/traces (or $DDPDOCTOR_TRACES); measures that need them are skipped without
-them. Generated traces and runs are cached in benchmarks/.cache/. A MISS does not change the exit code (1 only when
-a benchmark errors)."""
+them. Generated traces and runs are cached in benchmarks/.cache/. A MISS (or an UNSURE: a measure whose interval
+straddles its target) does not change the exit code (1 only when a benchmark errors)."""
 
 from __future__ import annotations
 
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         durations[name] = time.perf_counter() - t
         report.say(f"   ({name}: {durations[name]:.0f} s)")
     total = time.perf_counter() - t_all
-    counts = {s: sum(m.status == s for m in report.measures) for s in ("PASS", "MISS", "SKIP", "ERROR")}
+    counts = {s: sum(m.status == s for m in report.measures) for s in ("PASS", "MISS", "UNSURE", "SKIP", "ERROR")}
     report.say(f"\n{', '.join(f'{v} {k}' for k, v in counts.items() if v)} in {total / 60:.1f} min")
     if not args.no_save:
         RESULTS.mkdir(parents=True, exist_ok=True)

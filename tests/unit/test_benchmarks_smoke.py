@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import shutil
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -97,3 +98,26 @@ def test_the_flight_recorder_cost_is_measured_on_the_same_loop_with_and_without(
     result = bench_flight.compare(rounds=1, steps=20)
     assert result["plain_step_us"] > 0 and result["recorded_step_us"] > 0
     assert result["ratio"] == result["recorded_step_us"] / result["plain_step_us"]
+
+
+def test_the_series_cost_is_said_pass_only_when_its_whole_interval_is_within_the_limit() -> None:
+    import bench_series
+
+    assert bench_series.verdict(0.995, 1.009) == "PASS"
+    assert bench_series.verdict(1.011, 1.03) == "MISS"
+    assert bench_series.verdict(0.99, 1.02) == "UNSURE"  # a noisy run: neither shown nor ruled out
+    mid, lo, hi = bench_series.interval([1.0 + 0.001 * (i % 7) for i in range(200)])
+    assert lo <= mid <= hi and 1.0 <= lo and hi <= 1.006
+    assert bench_series.interval([2.0] * 10, statistics.fmean) == (2.0, 2.0, 2.0)
+
+
+def test_the_series_cost_is_measured_against_the_bare_loop_in_one_run() -> None:
+    import bench_series
+
+    r = bench_series.measure(rounds=6, block=2, width=64, stretch=20, stretch_ms=1200)
+    for key in ("on_cpu_ratio", "off2_cpu_ratio", "on_wall_ratio", "off2_wall_ratio", "added", "own_us"):
+        mid, lo, hi = r[key]
+        assert 0 < lo <= mid <= hi, key
+    assert r["added"][0] > 1 and r["own_us"][0] > 0 and r["writer_us"] > 0 and r["off_cpu_us"] > 0
+    # every recorded step written: the warm-up's, the rounds' and the stretch's
+    assert r["rows"] == r["steps_recorded"] >= 20 + 6 * 2 + 20
