@@ -50,6 +50,10 @@ def _trace(out: Path, steps: int, work: Path, extra: dict | None = None) -> None
             raise RuntimeError(f"ddpdoctor trace exited {done.returncode}: {done.stderr.strip()[-300:]}")
 
 
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
+
+
 def _burner() -> subprocess.Popen:
     """A process that keeps one CPU busy (the "busy machine"), in its own session so that it is ended whole."""
     return subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
@@ -92,7 +96,9 @@ def run(report: Report, quick: bool) -> None:
         None,
         status="INFO",
         note=f"{n_runs} runs of {steps} steps: {', '.join(f'{m:.1f}' for m in medians)} ms "
-        f"(max/min {spread:+.0%}); load average {load_before[0]:.1f} before, {load_after[0]:.1f} after; "
+        f"(max/min {spread:+.0%}); overlap {', '.join(_fmt(s.value('overlap_ratio')) for s in snapshots)}; "
+        f"one big bucket's overlap {', '.join(_fmt(s.value('overlap_ratio')) for s in injected['one big bucket'])}; "
+        f"load average {load_before[0]:.1f} before, {load_after[0]:.1f} after; "
         f"{trace_s:.0f} s",
     )
 
@@ -183,6 +189,8 @@ def run(report: Report, quick: bool) -> None:
             kind: [{"run": j, "baseline": list(t), "failed": f} for j, t, f in ms] for kind, ms in missed.items()
         },
         "injected_step_medians_ms": {k: [s.value("step_ms.median") for s in v] for k, v in injected.items()},
+        "overlap_ratio": [s.value("overlap_ratio") for s in snapshots],
+        "injected_overlap_ratio": {k: [s.value("overlap_ratio") for s in v] for k, v in injected.items()},
     }
 
 

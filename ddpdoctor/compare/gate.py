@@ -208,7 +208,7 @@ def _spread(t: Threshold, baseline: Snapshot, current_runs: list[float | None] |
         return None
     runs = [r.get(t.metric) for r in baseline.runs]
     return stats.run_spread(
-        runs, base, relative=t.relative, current=current_runs, bound=_bound(t, base), floor=t.amount
+        runs, base, relative=t.relative, current=current_runs, bound=_bound(t, base), floor=t.amount, worse=t.worse
     )
 
 

@@ -109,11 +109,12 @@ def _finite(values: Sequence[float | None]) -> np.ndarray:
     return x[np.isfinite(x)]
 
 
-def wild_run(values: Sequence[float | None], floor: float = 0.0) -> int | None:
+def wild_run(values: Sequence[float | None], floor: float = 0.0, worse: str | None = None) -> int | None:
     """The index in ``values`` of the one run that lies more than ``WILD_FACTOR`` times farther from the runs'
     median than the other runs span and than ``floor`` (the metric's unit: the gate's threshold), or None (fewer
-    than ``MIN_RUNS_FOR_WILD`` finite values, or no such run). A range is robust to a variance blown up by one
-    run, not to the run itself: 0.50, 0.49, 0.00 span 0.50, all a ratio can fall from 0.49."""
+    than ``MIN_RUNS_FOR_WILD`` finite values, or no such run). ``worse`` ("up" | "down"): only a run on the
+    metric's worse side of the median counts. A range is robust to a variance blown up by one run, not to the run
+    itself: 0.50, 0.49, 0.00 span 0.50, all a ratio can fall from 0.49."""
     kept = [(i, float(v)) for i, v in enumerate(values) if v is not None and math.isfinite(v)]
     if len(kept) < MIN_RUNS_FOR_WILD:
         return None
@@ -124,6 +125,9 @@ def wild_run(values: Sequence[float | None], floor: float = 0.0) -> int | None:
         core = float(np.ptp(np.delete(x, k)))
         if not (np.isfinite(far[k]) and np.isfinite(core)):
             return None
+        side = x[k] - np.median(x)
+        if worse is not None and (side > 0) != (worse == "up"):
+            return None  # a wild good run stays in: left out, it would leave the baseline's value above the rest
         if far[k] > WILD_FACTOR * max(core, abs(floor)) and far[k] > 0:
             return kept[k][0]
     return None
@@ -138,14 +142,16 @@ def run_spread(
     current: Sequence[float | None] = (),
     bound: float | None = None,
     floor: float = 0.0,
+    worse: str | None = None,
 ) -> RunSpread | None:
     """The run-to-run margin from the baseline runs' ``values`` of one metric (and the ``current`` runs' values,
     when there are several); None with fewer than ``MIN_RUNS`` baseline runs or a relative change from a
     ``reference`` of 0. ``bound``: the most the metric can move in its worse direction (change's unit).
-    ``floor``: the gate's threshold (change's unit). Where the range of all runs reaches ``bound`` (the baseline
-    could see no change of the metric at all) and one run is wild (``wild_run``, at least 3 runs), it is left out
-    (of the baseline's and of the current runs' alike). Timings without a bound keep every run: a slow run is what
-    a busy machine does, and leaving it out would fail the next healthy run that lands as slow."""
+    ``floor``: the gate's threshold (change's unit); ``worse``: the metric's worse direction. Where the range of
+    all runs reaches ``bound`` (the baseline could see no change of the metric at all) and one run is wild on the
+    worse side (``wild_run``, at least 3 runs), it is left out (of the baseline's and of the current runs' alike).
+    Timings without a bound keep every run: a slow run is what a busy machine does, and leaving it out would fail
+    the next healthy run that lands as slow."""
     x, y = _finite(values), _finite(current)
     if len(x) < MIN_RUNS or (relative and reference == 0):
         return None
@@ -162,7 +168,7 @@ def run_spread(
     margin, wild, wild_value = margin_of(None, None), None, None
     if bound is not None and np.isfinite(margin) and margin >= bound:
         # blind to any change of the metric: if that is one wild run's doing, gate on the runs that agree
-        wild, y_wild = wild_run(values, floor_value), wild_run(current, floor_value)
+        wild, y_wild = wild_run(values, floor_value, worse), wild_run(current, floor_value, worse)
         narrower = margin_of(wild, y_wild)
         if (wild is not None or y_wild is not None) and narrower < bound:
             margin = narrower

@@ -134,3 +134,16 @@ def test_a_wild_slow_run_is_kept_in_a_timings_range():
     assert not any(
         "left out of the run-to-run range" in n for n in gate(_run(250, 0.5, 19, "c"), slow, load_config(cwd="/")).notes
     )
+
+
+def test_a_wild_good_run_stays_in_the_range():
+    # bench_gate_noise under load: healthy overlaps 0.52, 0.89, 0.53 and a healthy rerun at 0.40. Leaving the 0.89
+    # out of the range while it still lifts the baseline's value failed that rerun as a regression.
+    lucky = combine([_run(100, 0.52, 20, "a"), _run(100, 0.89, 21, "b"), _run(100, 0.53, 22, "c")])
+    overlap = _check(gate(_run(100, 0.40, 23, "cur"), lucky, load_config(cwd="/")), "overlap_ratio")
+    assert overlap.outcome != "fail" and overlap.spread is not None and overlap.spread.left_out is None, overlap.message
+    from ddpdoctor.compare import stats
+
+    assert stats.wild_run([0.52, 0.89, 0.53], 0.1, worse="down") is None
+    assert stats.wild_run([0.52, 0.89, 0.53], 0.1, worse="up") == 1
+    assert stats.wild_run([0.50, 0.49, 0.0], 0.1, worse="down") == 2
