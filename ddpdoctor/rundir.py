@@ -67,6 +67,7 @@ import errno
 import json
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 from stat import S_ISREG
 from typing import Any
@@ -655,10 +656,13 @@ def read_rank_captures(run_dir: Path) -> tuple[dict[int, dict[str, Any]], list[s
     return dict(sorted(out.items())), notes
 
 
-def read_summaries(run_dir: Path, version: str) -> tuple[dict[int, dict[str, Any]], list[str]]:
+def read_summaries(
+    run_dir: Path, version: str, keep: Callable[[dict[str, Any], str], dict[str, Any]] | None = None
+) -> tuple[dict[int, dict[str, Any]], list[str]]:
     """rank -> ``ranks/rank<R>.summary.json`` written by ddpdoctor ``version`` (checked against
     ``RankSummary``; an older version's numbers are recomputed from the traces, silently), and notes on the
-    files left out for another reason."""
+    files left out for another reason. ``keep(data, path)``: what is kept of each checked file, called as each
+    is read (so that a run of 131,072 ranks never holds every file's lists at once)."""
     out: dict[int, dict[str, Any]] = {}
     notes: list[str] = []
     shared = _SharedGroups()
@@ -667,8 +671,14 @@ def read_summaries(run_dir: Path, version: str) -> tuple[dict[int, dict[str, Any
         if data is None:
             notes.append(f"{RANKS_DIR}/{name}: skipped: {why}; the rank's trace is read instead")
         elif data["ddpdoctor_version"] == version and data["rank"] not in out:
-            out[data["rank"]] = data
+            out[data["rank"]] = data if keep is None else keep(data, path)
     return dict(sorted(out.items())), notes
+
+
+def read_summary_again(path: str) -> tuple[dict[str, Any] | None, str | None]:
+    """A summary file read as ``read_summaries`` reads it, ``(data, None)`` or ``(None, why)`` (what a kept
+    summary left on disk: ``load.kept.OnDisk``)."""
+    return _read_summary(path, _SharedGroups())
 
 
 def read_manifest(run_dir: Path) -> tuple[dict[str, Any], list[str]]:

@@ -437,7 +437,9 @@ def _summaries(root: Path, capture: dict[int, dict[str, Any]]) -> tuple[list[Ran
     """Ranks from ``ranks/rank<R>.summary.json`` (None unless every rank with a capture file or a trace file
     has one this version wrote),
     and notes on summary files that could not be used."""
-    found, notes = rundir.read_summaries(root, __version__)
+    from ddpdoctor.load.kept import keep
+
+    found, notes = rundir.read_summaries(root, __version__, keep)
     if not found or (capture and set(capture) - set(found)) or _trace_ranks(root) - set(found):
         return None, notes  # a rank with a capture file or a trace but no summary: the traces are read
     shared: dict[Any, Any] = {}

@@ -444,18 +444,17 @@ def transfer_metrics(
     dur = c["dur_us"].astype(np.float64) if len(c) else np.zeros(0)
     own_t = np.where(matched, tt, dur)
     transfer = iv.union_by(end - own_t, end, rid)
-    e_start, e_end, e_grp = [], [], []
+    e_start, e_end, e_grp = [np.zeros(0)], [np.zeros(0)], [np.zeros(0, dtype=np.int64)]
     has_exposed = np.zeros(n, dtype=bool)
+    intervals = (list, np.ndarray)  # lists as a summary holds them, float64 arrays as load.kept keeps them
     for i, s in enumerate(summaries):
         e = s.get("exposed_comm")
-        if isinstance(e, dict) and isinstance(e.get("start_us"), list) and isinstance(e.get("end_us"), list):
+        if isinstance(e, dict) and isinstance(e.get("start_us"), intervals) and isinstance(e.get("end_us"), intervals):
             has_exposed[i] = True
-            e_start.extend(e["start_us"])
-            e_end.extend(e["end_us"])
-            e_grp.extend([i] * len(e["start_us"]))
-    exposed = iv.union_by(
-        np.asarray(e_start, dtype=np.float64), np.asarray(e_end, dtype=np.float64), np.asarray(e_grp, dtype=np.int64)
-    )
+            e_start.append(np.asarray(e["start_us"], dtype=np.float64).reshape(-1))
+            e_end.append(np.asarray(e["end_us"], dtype=np.float64).reshape(-1))
+            e_grp.append(np.full(len(e_start[-1]), i, dtype=np.int64))
+    exposed = iv.union_by(np.concatenate(e_start), np.concatenate(e_end), np.concatenate(e_grp))
     exposed_us = iv.total_by(exposed, n)
     hidden_not = iv.total_by(iv.intersect_by(transfer, exposed), n)
     # the part of it issued inside an optimizer's step (ZeroRedundancyOptimizer's parameter sync after its update)

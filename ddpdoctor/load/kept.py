@@ -1,0 +1,71 @@
+"""What ``load(path, use_summaries=True)`` keeps of each rank's summary file, as each is read
+(``rundir.read_summaries(keep=...)``): a run of 131,072 ranks must not hold every file's lists as Python objects
+(about 80 kB a rank, 10 GB in all).
+
+- ``exposed_comm`` (a few hundred intervals a rank, read in full by ``metrics.cross_rank.transfer_metrics``):
+  float64 arrays, the values that function made of the lists.
+- ``timeline`` (read by ``metrics.timeline`` only for the few ranks a report draws, and only to test that it is
+  there for the others): left on disk (``OnDisk``), read again from the file when read. The file was checked
+  whole when first read; one that has changed or gone since is one clear error, never another rank's numbers.
+
+The other fields stay as read: the analysis reads most of them for every rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+
+from ddpdoctor import rundir
+from ddpdoctor.errors import TraceError
+from ddpdoctor.load.discover import shown
+
+
+class OnDisk(Mapping[str, Any]):
+    """A summary file's table (``{column: [...]}``) read from the file the first time it is read."""
+
+    __slots__ = ("_path", "_field", "_value")
+
+    def __init__(self, path: str, field: str) -> None:
+        self._path = path
+        self._field = field
+        self._value: dict[str, Any] | None = None
+
+    def _table(self) -> dict[str, Any]:
+        if self._value is None:
+            data, why = rundir.read_summary_again(self._path)
+            value = data.get(self._field) if data is not None else None
+            if not isinstance(value, dict) or not value:
+                why = why or f"it has no {self._field} now"
+                raise TraceError(f"{shown(self._path)}: changed while it was analysed ({why}); run the command again")
+            self._value = value
+        return self._value
+
+    def __getitem__(self, key: str) -> Any:
+        return self._table()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._table())
+
+    def __len__(self) -> int:
+        return len(self._table())
+
+    def __repr__(self) -> str:
+        return f"OnDisk({self._path!r}, {self._field!r})"
+
+
+def keep(data: dict[str, Any], path: str) -> dict[str, Any]:
+    """What is kept of one checked summary file (module docstring)."""
+    timeline = data.get("timeline")
+    if isinstance(timeline, dict) and timeline:
+        data["timeline"] = OnDisk(path, "timeline")
+    exposed = data.get("exposed_comm")
+    if isinstance(exposed, dict) and all(isinstance(exposed.get(k), list) for k in ("start_us", "end_us")):
+        data["exposed_comm"] = {
+            **exposed,
+            "start_us": np.asarray(exposed["start_us"], dtype=np.float64).reshape(-1),
+            "end_us": np.asarray(exposed["end_us"], dtype=np.float64).reshape(-1),
+        }
+    return data

@@ -1,0 +1,44 @@
+"""What ``load(use_summaries=True)`` keeps of each summary file (``ddpdoctor.load.kept``): the same values as the
+file, compactly, and one clear error where a file left on disk changed before it was read again."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ddpdoctor.errors import TraceError
+from ddpdoctor.load import load
+from ddpdoctor.load.kept import OnDisk
+from ddpdoctor.metrics.analysis import analyze
+
+REPO = Path(__file__).resolve().parents[2]
+SAMPLE = REPO / "samples" / "recorded" / "ddp_straggler"
+
+
+def _file(run: Path, rank: int) -> dict:
+    return json.loads((run / "ranks" / f"rank{rank}.summary.json").read_text())
+
+
+def test_kept_summaries_hold_the_files_values() -> None:
+    run = load(SAMPLE, use_summaries=True)
+    assert run.ranks and all(rt.summary is not None and not rt.has_trace for rt in run.ranks)
+    for rt in run.ranks:
+        data = _file(SAMPLE, rt.rank)
+        kept = rt.summary["timeline"]
+        assert isinstance(kept, OnDisk) and dict(kept) == data["timeline"] and len(data["timeline"]["step"]) > 0
+        exposed = rt.summary["exposed_comm"]
+        assert len(data["exposed_comm"]["start_us"]) > 0
+        for key in ("start_us", "end_us"):
+            assert isinstance(exposed[key], np.ndarray) and exposed[key].tolist() == data["exposed_comm"][key]
+
+
+def test_a_summary_gone_before_its_timeline_is_read_is_one_error(tmp_path: Path) -> None:
+    copy = Path(shutil.copytree(SAMPLE, tmp_path / "run"))
+    run = load(copy, use_summaries=True)
+    (copy / "ranks" / "rank0.summary.json").unlink()
+    with pytest.raises(TraceError, match=r"rank0\.summary\.json: changed while it was analysed"):
+        analyze(run).timeline.get()
