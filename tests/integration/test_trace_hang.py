@@ -63,7 +63,7 @@ def _dumps(out: Path, reason: str) -> dict[int, dict]:
 
 def test_rank_stuck_in_its_data_function_is_named_the_cause(tmp_path):
     out = tmp_path / "run"
-    result = _trace(out, "--hang-timeout", "10", env={"STUCK_RANK": "1", "STUCK_STEP": "6", "STEPS": "40"})
+    result = _trace(out, "--hang-timeout", "5", env={"STUCK_RANK": "1", "STUCK_STEP": "6", "STEPS": "40"})
     err = result.stderr
     assert result.returncode == 124, err
     assert "hang: rank 1 is stuck in read_shard (hang_job.py:" in err, err  # the cause, with its frame
@@ -86,7 +86,7 @@ def test_rank_stuck_in_its_data_function_is_named_the_cause(tmp_path):
 
 def test_different_collectives_are_a_desync_not_a_hung_rank(tmp_path):
     out = tmp_path / "run"
-    result = _trace(out, "--hang-timeout", "10", env={"DESYNC_STEP": "6", "STEPS": "40"})
+    result = _trace(out, "--hang-timeout", "5", env={"DESYNC_STEP": "6", "STEPS": "40"})
     err = result.stderr
     assert result.returncode == 124, err
     assert "desync:" in err and "all_reduce" in err and "broadcast" in err, err
