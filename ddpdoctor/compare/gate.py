@@ -162,6 +162,7 @@ def check_metric(
             f", run-to-run range {format_change(t, spread.margin).lstrip('+')} over {spread.runs} baseline"
             + (f" and {spread.current} current runs" if spread.current > 1 else " runs")
             + (" (as far as it can move: no change can be seen)" if spread.bounded else "")
+            + (" (from its worse side: twice the whole range is all it can move)" if spread.one_sided else "")
             + (
                 f", baseline run {spread.left_out + 1}'s {units.value(t.metric, spread.left_out_value)} left out"
                 " as wild"

@@ -102,6 +102,8 @@ class RunSpread:
     # the baseline run left out of the range as wild (``wild_run``): its index among the runs, and its value
     left_out: int | None = None
     left_out_value: float | None = None
+    # the range of all runs reached the bound, and the margin is the range once or the worse side's reach (run_spread)
+    one_sided: bool = False
 
 
 def _finite(values: Sequence[float | None]) -> np.ndarray:
@@ -147,11 +149,15 @@ def run_spread(
     """The run-to-run margin from the baseline runs' ``values`` of one metric (and the ``current`` runs' values,
     when there are several); None with fewer than ``MIN_RUNS`` baseline runs or a relative change from a
     ``reference`` of 0. ``bound``: the most the metric can move in its worse direction (change's unit).
-    ``floor``: the gate's threshold (change's unit); ``worse``: the metric's worse direction. Where the range of
-    all runs reaches ``bound`` (the baseline could see no change of the metric at all) and one run is wild on the
-    worse side (``wild_run``, at least 3 runs), it is left out (of the baseline's and of the current runs' alike).
-    Timings without a bound keep every run: a slow run is what a busy machine does, and leaving it out would fail
-    the next healthy run that lands as slow."""
+    ``floor``: the gate's threshold (change's unit); ``worse``: the metric's worse direction.
+
+    Where twice the range reaches ``bound`` (the baseline could see no change of the metric at all), the margin
+    is the range once, or ``2 * RANGE_FACTOR`` times the worst run's distance from the runs' median if that is
+    wider (``one_sided``): a lucky run on the good side says little of how far a run can fall. Where that too
+    reaches the bound and one run is wild on the worse side (``wild_run``, at least 3 runs), it is left out (of
+    the baseline's and of the current runs' alike). Timings without a bound keep every run and twice the range:
+    a slow run is what a busy machine does, and leaving it out would fail the next healthy run that lands as
+    slow."""
     x, y = _finite(values), _finite(current)
     if len(x) < MIN_RUNS or (relative and reference == 0):
         return None
@@ -165,16 +171,28 @@ def run_spread(
             margin *= RANGE_FACTOR
             return margin / abs(reference) if relative else margin
 
-    margin, wild, wild_value = margin_of(None, None), None, None
-    if bound is not None and np.isfinite(margin) and margin >= bound:
-        # blind to any change of the metric: if that is one wild run's doing, gate on the runs that agree
-        wild, y_wild = wild_run(values, floor_value, worse), wild_run(current, floor_value, worse)
-        narrower = margin_of(wild, y_wild)
-        if (wild is not None or y_wild is not None) and narrower < bound:
-            margin = narrower
-            wild_value = None if wild is None else float(values[wild])  # type: ignore[arg-type]
+    margin, wild, wild_value, one_sided = margin_of(None, None), None, None, False
+    if bound is not None and worse is not None and np.isfinite(margin) and margin >= bound:
+        # Blind to any change of the metric. A lucky run on the good side (overlaps 0.52, 0.44, 0.89) says little
+        # of how far a run can fall: the range once, or twice the factor times the worse side's reach from the
+        # median, if that is wider.
+        with np.errstate(all="ignore"):
+            reach = float(np.max(x) - np.median(x)) if worse == "up" else float(np.median(x) - np.min(x))
+            sided = max(float(np.ptp(x)), 2 * RANGE_FACTOR * reach)
+            if len(y) >= MIN_RUNS:
+                sided = max(sided, float(np.ptp(y)))
+            sided = sided / abs(reference) if relative else sided
+        if np.isfinite(sided) and sided < bound:
+            margin, one_sided = sided, True
         else:
-            wild = None
+            # if that is one wild run's doing (0.50, 0.49, 0.00), gate on the runs that agree
+            wild, y_wild = wild_run(values, floor_value, worse), wild_run(current, floor_value, worse)
+            narrower = margin_of(wild, y_wild)
+            if (wild is not None or y_wild is not None) and narrower < bound:
+                margin = narrower
+                wild_value = None if wild is None else float(values[wild])  # type: ignore[arg-type]
+            else:
+                wild = None
     if not np.isfinite(margin):
         return None
     bounded = bound is not None and margin >= bound
@@ -190,6 +208,7 @@ def run_spread(
         bounded,
         wild,
         wild_value,
+        one_sided,
     )
 
 

@@ -147,3 +147,19 @@ def test_a_wild_good_run_stays_in_the_range():
     assert stats.wild_run([0.52, 0.89, 0.53], 0.1, worse="down") is None
     assert stats.wild_run([0.52, 0.89, 0.53], 0.1, worse="up") == 1
     assert stats.wild_run([0.50, 0.49, 0.0], 0.1, worse="down") == 2
+
+
+def test_a_lucky_good_run_does_not_blind_the_gate():
+    # bench_gate_noise under load: healthy overlaps 0.52, 0.44, 0.89; one big bucket 0.08. Twice their range (0.9)
+    # is more than the 0.62 an overlap can fall; the worse side reaches 0.08 below the median.
+    lucky = combine([_run(100, 0.52, 24, "a"), _run(100, 0.44, 25, "b"), _run(100, 0.89, 26, "c")])
+    big = _check(gate(_run(100, 0.08, 27, "big"), lucky, load_config(cwd="/")), "overlap_ratio")
+    assert big.verdict == "regression" and big.spread is not None and big.spread.one_sided, big.message
+    assert not big.spread.bounded and "from its worse side" in big.message, big.message
+    for healthy in (0.40, 0.47, 0.53):  # the other healthy runs of that benchmark
+        check = _check(gate(_run(100, healthy, 28, "rerun"), lucky, load_config(cwd="/")), "overlap_ratio")
+        assert check.outcome != "fail", check.message
+    # a baseline whose worse side alone spans all the metric can move stays blind, and says so
+    low = combine([_run(100, 0.5, 29, "a"), _run(100, 0.3, 30, "b"), _run(100, 0.1, 31, "c")])
+    blind = _check(gate(_run(100, 0.0, 32, "big"), low, load_config(cwd="/")), "overlap_ratio")
+    assert blind.spread is not None and blind.spread.bounded and blind.outcome != "fail", blind.message
