@@ -10,20 +10,33 @@ hits them alike (the 6 orders in turn: each arm as often in each place and after
 block leaves behind weighs on all alike). Per round and arm the median step (CPU time of the whole process, and
 wall time); per round the ratio of the recorded arm to the mean of the two bare ones (and bare again to bare: the
 A/A ratio); the median of those ratios over rounds with its 95% percentile bootstrap interval (2,000 resamples of
-the rounds). PASS only when the whole interval is <= 1.01, MISS when all of it is
-above, UNSURE otherwise: a loaded 2-core machine can leave the A/A interval wider than the 1% to be shown.
+the rounds). PASS only when the whole interval is <= 1.01, MISS when all of it is above, UNSURE otherwise: a
+loaded 2-core machine can leave the A/A interval wider than the 1% to be shown.
 
 Then the cost timed directly, which a loaded machine's preemptions do not reach: a stretch of >= 800 steps all
 recorded (as in a traced job: the RSS read every 50 ms, DDP's read at its budget, the writer's flush once a second
 of all the steps since), the CPU time of each recorder call on the training thread (time.thread_time around it)
 and of the writer thread per step, as a share of the bare step's CPU time (``series-added-work``; its interval is
-the bootstrap one of the call's mean over the stretch's blocks).
+the bootstrap one of the call's mean over the stretch's blocks). ``series-always-on-cost`` says whether the
+requirement holds on both kinds of evidence: the direct cost within 1% (its whole interval), and no ratio's interval
+wholly above the direct figure (which would be a cost that the direct timing cannot see).
 
-Measured here (2 cores shared with other sessions' test runs; ``--quick``, 120 rounds), before and after the
-per-step path was cut to one call and a deque append, and the writer's lines made by msgspec's encoder:
-  before (git 6721d90), load 1.3-3.6: call 27.6 us + writer 6.8 us per step on a 2.31 ms CPU step: 1.015x added
-  (the old benchmark's CPU ratio 1.098x, wall 0.991x: blocks of 200 steps, no interval);
-  after: see the README's benchmark table (the numbers of the last run, with the load average during it).
+Measured here 2026-12-02 (2 cores shared with other sessions' test runs), before and after the per-step path was
+cut to one call and a deque append and the writer's lines made by msgspec's encoder:
+  before (git 6721d90, the earlier form of this benchmark: blocks of 200 steps, no interval), load 1.3-3.6: the
+  call 27.6 us + the writer 6.8 us per step on a 2.31 ms CPU step, 1.015x added (CPU ratio 1.098x, wall 0.991x).
+  after, three runs:
+    load 4.1-4.9 (full, 300 rounds): 10.7 us (median 7.4) + 3.3 us on 2.41 ms: added 1.0058x [1.0055, 1.0061];
+      ratio CPU 1.0014x [0.9940, 1.0102], wall 1.0021x [0.9948, 1.0159]; A/A CPU 1.0040x [0.9945, 1.0125]
+    load 5.4-6.5 (quick): 11.4 us (median 7.7) + 4.4 us on 2.00 ms: added 1.0079x [1.0073, 1.0084];
+      ratio CPU 1.0058x [1.0027, 1.0113], wall 1.0069x [1.0015, 1.0091]; A/A CPU 1.0001x [0.9978, 1.0033]
+    load 8.8-9.5 (quick): 12.5 us (median 8.3) + 4.3 us on 3.27 ms: added 1.0051x [1.0048, 1.0055];
+      ratio CPU 0.9992x [0.9856, 1.0132], wall 0.9878x [0.9649, 1.0063]; A/A CPU 1.0000x [0.9874, 1.0132]
+  series-always-on-cost's rule holds (PASS) in each; the ratios alone are UNSURE in 4 of the 6 (the A/A intervals
+  are +-0.3 to 1.3% wide). The
+  cost per step is fixed (~15 us of CPU here), not a share: <= 1% needs steps of >= ~1.5 ms of CPU on this machine;
+  a 1 ms step would pay ~1.5%. DDP's logging data read is budgeted at 0.1% of the fastest step, the RSS read every
+  50 ms (~30 us here: <= 0.06% of the time).
 
 The per-window cost (``--every``, issue 28 item 2), in the same benchmark run: the same 2-rank DDP job
 (torchrun + gloo, this file with ``--job``) traced by ``ddpdoctor trace`` with the series only (``--wait`` beyond its
@@ -311,6 +324,18 @@ def measure(rounds: int, block: int, width: int = WIDTH, stretch: int = 800, str
     return out
 
 
+def always_on_verdict(added: tuple[float, float, float], ratios: list[tuple[float, float, float]]) -> str:
+    """The requirement itself (<= 1% of step time), from both kinds of evidence: PASS when the work timed directly is
+    within the limit (its whole interval) and no ratio to bare shows more than it (no ratio's interval wholly above
+    the direct figure's: a cost the direct timing cannot see, e.g. the step's data evicted from the caches); MISS when
+    the direct interval or a ratio's is wholly above the limit; UNSURE otherwise."""
+    if added[1] > LIMIT or any(lo > LIMIT for _, lo, _ in ratios):
+        return "MISS"
+    if added[2] <= LIMIT and all(lo <= added[2] for _, lo, _ in ratios):
+        return "PASS"
+    return "UNSURE"
+
+
 def _x(t: tuple[float, float, float]) -> str:
     return f"{t[0]:.4f}x [{t[1]:.4f}, {t[2]:.4f}]"
 
@@ -355,6 +380,18 @@ def run(report, quick: bool) -> None:
             f"{r['writer_us']:.1f} us per step (CPU times of those threads: a loaded machine's preemptions are not "
             f"counted); {_x(added)}; {r['rows']} rows written, {r['ddp_rows']} with DDP's timing; the A/A "
             f"interval of the CPU ratio {aa_lo:.4f}-{aa_hi:.4f}"
+        ),
+        interval=added[1:],
+    )
+    ratios = [r["on_cpu_ratio"], r["on_wall_ratio"]]
+    report.add(
+        "series-always-on-cost",
+        added[0],
+        target=("<=", LIMIT),
+        status=always_on_verdict(added, ratios),
+        note=(
+            f"issue 28's <= 1% of step time: the work timed directly {_x(added)}, and the ratios to bare (CPU "
+            f"{_x(ratios[0])}, wall {_x(ratios[1])}) show no more than it; {load}"
         ),
         interval=added[1:],
     )

@@ -121,3 +121,14 @@ def test_the_series_cost_is_measured_against_the_bare_loop_in_one_run() -> None:
     assert r["added"][0] > 1 and r["own_us"][0] > 0 and r["writer_us"] > 0 and r["off_cpu_us"] > 0
     # every recorded step written: the warm-up's, the rounds' and the stretch's
     assert r["rows"] == r["steps_recorded"] >= 20 + 6 * 2 + 20
+
+
+def test_the_always_on_requirement_needs_the_direct_cost_within_it_and_no_ratio_beyond_it() -> None:
+    from bench_series import always_on_verdict
+
+    direct = (1.006, 1.0055, 1.0061)
+    assert always_on_verdict(direct, [(1.001, 0.994, 1.0102), (1.002, 0.995, 1.016)]) == "PASS"  # a noisy ratio
+    assert always_on_verdict(direct, [(1.02, 1.008, 1.03)]) == "UNSURE"  # more than the direct timing sees
+    assert always_on_verdict(direct, [(1.03, 1.015, 1.04)]) == "MISS"
+    assert always_on_verdict((1.012, 1.011, 1.013), [(1.0, 0.99, 1.01)]) == "MISS"  # the work alone is too much
+    assert always_on_verdict((1.009, 1.008, 1.011), [(1.0, 0.99, 1.01)]) == "UNSURE"
