@@ -5,8 +5,9 @@
 - ``exposed_comm`` (a few hundred intervals a rank, read in full by ``metrics.cross_rank.transfer_metrics``):
   float64 arrays, the values that function made of the lists.
 - ``timeline`` (read by ``metrics.timeline`` only for the few ranks a report draws, and only to test that it is
-  there for the others): left on disk (``OnDisk``), read again from the file when read. The file was checked
-  whole when first read; one that has changed or gone since is one clear error, never another rank's numbers.
+  there for the others) and ``op_work`` (read by ``metrics.hostload`` only where every rank shares one host, then
+  a few): left on disk (``OnDisk``), read again from the file when read. The file was checked whole when first
+  read; one that has changed or gone since is one clear error, never another rank's numbers.
 
 The other fields stay as read: the analysis reads most of them for every rank.
 """
@@ -21,6 +22,8 @@ import numpy as np
 from ddpdoctor import rundir
 from ddpdoctor.errors import TraceError
 from ddpdoctor.load.discover import shown
+
+ON_DISK = ("timeline", "op_work")
 
 
 class OnDisk(Mapping[str, Any]):
@@ -58,9 +61,10 @@ class OnDisk(Mapping[str, Any]):
 
 def keep(data: dict[str, Any], path: str) -> dict[str, Any]:
     """What is kept of one checked summary file (module docstring)."""
-    timeline = data.get("timeline")
-    if isinstance(timeline, dict) and timeline:
-        data["timeline"] = OnDisk(path, "timeline")
+    for field in ON_DISK:
+        table = data.get(field)
+        if isinstance(table, dict) and table:
+            data[field] = OnDisk(path, field)
     exposed = data.get("exposed_comm")
     if isinstance(exposed, dict) and all(isinstance(exposed.get(k), list) for k in ("start_us", "end_us")):
         data["exposed_comm"] = {

@@ -23,13 +23,21 @@ def _file(run: Path, rank: int) -> dict:
     return json.loads((run / "ranks" / f"rank{rank}.summary.json").read_text())
 
 
-def test_kept_summaries_hold_the_files_values() -> None:
-    run = load(SAMPLE, use_summaries=True)
+def test_kept_summaries_hold_the_files_values(tmp_path: Path) -> None:
+    copy = Path(shutil.copytree(SAMPLE, tmp_path / "run"))
+    for rank in (0, 1):  # the recorded sample predates op_work
+        path = copy / "ranks" / f"rank{rank}.summary.json"
+        data = json.loads(path.read_text())
+        data["op_work"] = {"aten::mm": [4.0, 2.0, 0.5 + rank], "aten::add": [1, 1, 0.25]}
+        path.write_text(json.dumps(data))
+    run = load(copy, use_summaries=True)
     assert run.ranks and all(rt.summary is not None and not rt.has_trace for rt in run.ranks)
     for rt in run.ranks:
-        data = _file(SAMPLE, rt.rank)
+        data = _file(copy, rt.rank)
         kept = rt.summary["timeline"]
         assert isinstance(kept, OnDisk) and dict(kept) == data["timeline"] and len(data["timeline"]["step"]) > 0
+        kept = rt.summary["op_work"]
+        assert isinstance(kept, OnDisk) and dict(kept) == data["op_work"] and len(data["op_work"]) > 0
         exposed = rt.summary["exposed_comm"]
         assert len(data["exposed_comm"]["start_us"]) > 0
         for key in ("start_us", "end_us"):
