@@ -178,15 +178,18 @@ def temporary_path(path: Path) -> str:
     return _tmp_path(path)
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file in the same folder and a rename."""
+def atomic_write_bytes(path: Path, data: bytes, *, durable: bool = True) -> None:
+    """Write ``data`` to ``path`` through a temporary file in the same folder and a rename. ``durable``: sync the
+    data to disk before the rename (a crash then never leaves a short file under ``path``); a report that the
+    same command writes again can skip it (an fsync took a cold ``diagnose`` 5-45 ms on a busy disk)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _tmp_path(path)
     try:
         with open(tmp, "wb") as f:
             f.write(data)
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         _unlink_quietly(tmp)

@@ -174,7 +174,8 @@ def _run(args: argparse.Namespace) -> int:
         buffer = io.StringIO()
         render(result, args.format, buffer)
         try:
-            atomic_write_bytes(Path(args.output), buffer.getvalue().encode("utf-8"))
+            # not synced: a report is output to regenerate, not a run's record (readers still never see half of it)
+            atomic_write_bytes(Path(args.output), buffer.getvalue().encode("utf-8"), durable=False)
         except OSError as exc:
             raise DDPDoctorError(f"{args.output}: cannot write the report: {exc.strerror or exc}") from None
         print(f"ddpdoctor: wrote the {args.format} report to {args.output}", file=sys.stderr)
