@@ -53,6 +53,11 @@ from ddpdoctor.diagnosis.template import Template, compile_template
 from ddpdoctor.errors import DDPDoctorError
 from ddpdoctor.metrics import catalog
 
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
 _DEFAULT_PARALLELISM = {
     "dp": ("dp",),
     "ddp": ("ddp", "unknown"),
@@ -196,11 +201,6 @@ def builtin_rules_dir() -> _Resource:
 
 def load_rule_file(path: _Resource | str | Path) -> Rule:
     """Load and check one rule file; any problem is a ``RuleError`` starting with the file."""
-    if sys.version_info >= (3, 11):  # imported here: the built-in rules usually come from rule_cache
-        import tomllib
-    else:  # pragma: no cover
-        import tomli as tomllib
-
     res: Any = Path(path) if isinstance(path, (str, Path)) else path
     where = str(res)
     try:
@@ -352,16 +352,11 @@ def load_rules(extra_dirs: Iterable[str | Path] = (), *, builtin: bool = True) -
         dirs.append(path)
     rules: dict[str, Rule] = {}
     ids: dict[str, Rule] = {}
-    for i, directory in enumerate(dirs):
-        entries = [e for e in sorted(directory.iterdir(), key=lambda p: p.name) if e.name.endswith(".toml")]
-        entries = [e for e in entries if e.is_file()]
-        if builtin and i == 0:  # the shipped rules, checked once and cached (rule_cache)
-            from ddpdoctor.diagnosis.rule_cache import cached_rules
-
-            loaded = cached_rules(directory, entries, lambda es: [load_rule_file(e) for e in es])
-        else:
-            loaded = (load_rule_file(e) for e in entries)
-        for rule in loaded:
+    for directory in dirs:
+        for entry in sorted(directory.iterdir(), key=lambda p: p.name):
+            if not entry.name.endswith(".toml") or not entry.is_file():
+                continue
+            rule = load_rule_file(entry)
             for key, seen in ((rule.name, rules), (rule.id, ids)):
                 if key in seen:
                     raise RuleError(f"{rule.path}: rule {key} is already defined in {seen[key].path}")

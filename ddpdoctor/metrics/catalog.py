@@ -14,13 +14,15 @@ Import-light on purpose (no pandas, numpy or torch): the rule engine and the CLI
 
 from __future__ import annotations
 
-import contextlib
-import marshal
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
 
 Scope = Literal["rank", "run"]
 Kind = Literal["number", "flag", "text"]
@@ -58,38 +60,9 @@ class Metric:
 _SOURCES = ("summary", "cross_rank", "setup", "collectives", "ddp_log", "run", "health", "snapshot", "hostload")
 
 
-def _read_toml(path: Path) -> dict[str, Any]:
-    """``path`` parsed, from ``__pycache__/<name>.<cache tag>.marshal`` while that holds the same text (written
-    like a ``.pyc`` where the folder is writable): parsing the TOML cost every cold start ~5 ms plus tomllib's
-    import; reading the marshalled tables costs ~0.3 ms."""
-    text = path.read_text(encoding="utf-8")
-    cache = path.parent / "__pycache__" / f"{path.name}.{sys.implementation.cache_tag}.marshal"
-    try:
-        source, data = marshal.loads(cache.read_bytes())
-        if source == text:
-            return data  # type: ignore[no-any-return]
-    except Exception:  # noqa: BLE001 - a missing, partial or foreign cache file is rebuilt, never fatal
-        pass
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # pragma: no cover
-        import tomli as tomllib
-    data = tomllib.loads(text)
-    tmp = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
-    try:
-        blob = marshal.dumps((text, data))
-        cache.parent.mkdir(exist_ok=True)
-        tmp.write_bytes(blob)
-        os.replace(tmp, cache)
-    except Exception:  # noqa: BLE001 - a read-only install: no cache, same tables
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-    return data
-
-
 def _load() -> tuple[dict[str, str], dict[str, Metric], dict[str, Metric], dict[str, tuple[str, str]]]:
     """The tables of ``catalog.toml`` (package data beside this module), checked."""
-    data = _read_toml(Path(__file__).with_name("catalog.toml"))
+    data = tomllib.loads((Path(__file__).with_name("catalog.toml")).read_text(encoding="utf-8"))
     why = {str(k): str(v) for k, v in data["why_missing"].items()}
     tables: list[dict[str, Metric]] = []
     for scope in ("rank", "run"):
