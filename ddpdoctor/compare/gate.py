@@ -213,22 +213,32 @@ def _spread(t: Threshold, baseline: Snapshot, current_runs: list[float | None] |
     )
 
 
-def wild_note(baseline: Snapshot, config: GateConfig) -> str | None:
-    """The baseline runs left out of a metric's run-to-run range as wild (``stats.wild_run``), said loudly: the
-    gate is stricter than those runs, and if runs like them are normal for the job the baseline needs more runs.
-    None when no gated timing has one."""
-    parts = []
+def _timing_spreads(baseline: Snapshot, config: GateConfig) -> list[tuple[Threshold, stats.RunSpread]]:
+    """Each gated noisy metric's threshold and run-to-run spread over ``baseline``'s runs (those that have one)."""
+    out = []
     for m in catalog.METRICS:
         t = config.thresholds.get(m.name)
         if t is None or not m.noisy:
             continue
         spread = _spread(t, baseline)
-        if spread is None or spread.left_out is None or spread.left_out_value is None:
+        if spread is not None:
+            out.append((t, spread))
+    return out
+
+
+def wild_note(baseline: Snapshot, config: GateConfig) -> str | None:
+    """The baseline runs left out of a metric's run-to-run range as wild (``stats.wild_run``), said loudly: the
+    gate is stricter than those runs, and if runs like them are normal for the job the baseline needs more runs.
+    None when no gated timing has one."""
+    parts = []
+    for t, spread in _timing_spreads(baseline, config):
+        if spread.left_out is None or spread.left_out_value is None:
             continue
-        others = [r.get(m.name) for i, r in enumerate(baseline.runs) if i != spread.left_out]
-        shown = ", ".join(units.value(m.name, v) for v in others if v is not None)
+        name = t.metric
+        others = [r.get(name) for i, r in enumerate(baseline.runs) if i != spread.left_out]
+        shown = ", ".join(units.value(name, v) for v in others if v is not None)
         parts.append(
-            f"run {spread.left_out + 1}'s {m.name} {units.value(m.name, spread.left_out_value)} (the others: {shown})"
+            f"run {spread.left_out + 1}'s {name} {units.value(name, spread.left_out_value)} (the others: {shown})"
         )
     if not parts:
         return None
@@ -245,15 +255,7 @@ def sensitivity_note(baseline: Snapshot, config: GateConfig) -> str | None:
     +78% in step_ms.median (threshold +5%)"); None when every gated timing can see its threshold."""
     if len(baseline.runs) < stats.MIN_RUNS:
         return None
-    blind = []
-    for m in catalog.METRICS:
-        t = config.thresholds.get(m.name)
-        if t is None or not m.noisy:
-            continue
-        spread = _spread(t, baseline)
-        if spread is None or spread.margin <= t.amount:
-            continue
-        blind.append((t, spread))
+    blind = [(t, spread) for t, spread in _timing_spreads(baseline, config) if spread.margin > t.amount]
     if not blind:
         return None
     k = len(baseline.runs)
