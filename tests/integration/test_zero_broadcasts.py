@@ -141,7 +141,10 @@ def test_zero_broadcasts_are_not_buffers_and_the_job_is_ddp_zero1(runs: dict[str
 def test_batchnorm_buffer_broadcasts_still_fire(runs: dict[str, Path]) -> None:
     metrics, findings, _ = _diagnose(runs["batchnorm"])
     assert metrics.run["parallelism"] == "ddp"
-    assert all(r["buffer_broadcast_ms"] > 0.5 for r in metrics.ranks), [r["buffer_broadcast_ms"] for r in metrics.ranks]
+    spent = [r["buffer_broadcast_ms"] for r in metrics.ranks]
+    # every rank is in DDP's forward broadcasts; how long each waits there depends on who arrives first (rank 0, the
+    # source, can spend 0.17 ms beside rank 1's 4.8 ms on a loaded machine): the rule reads the mean
+    assert all(ms > 0 for ms in spent) and sum(spent) / len(spent) > 0.5, spent
     assert "broadcast-buffers-cost" in findings
     assert all(r["optimizer_exposed_transfer_ms"] == 0.0 for r in metrics.ranks)
     assert "DDP's buffer broadcasts take" in findings["broadcast-buffers-cost"].message
