@@ -9,11 +9,21 @@ until the switch interval), and contention needs a contender. So each step also 
 the CPU time the job's threads used in the step, from ``/proc/self/task/<tid>/stat``) and their CPU time together
 against the step's wall time: threads that
 are GIL-bound make progress one at a time (together about one core or less).
+
+On Linux the probe is not gilknocker but ``gilwatch`` (ddpdoctor.capture.gilwatch), a process beside the rank that
+samples which of its threads wait in a futex on the GIL, and how long they run: the ratio holds on a busy host,
+where a starved probe thread under-reads, and it is no contender itself. gilknocker is the fallback where that
+cannot run (another OS, /proc unreadable).
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import select
+import subprocess
+import sys
 import threading
 import time
 from typing import Any
@@ -29,6 +39,110 @@ _POLL_US, _SAMPLE_US, _SLEEP_US = 100, 10_000, 1_000
 _ACTIVE_SHARE = 0.25
 _MIN_RUN_S = 0.001
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+# gilwatch's sampling interval: 2 ms, about 500 looks per second at each of the rank's threads
+_WATCH_TICK_S = 0.002
+_WATCH_ANSWER_S = 10.0  # how long the rank waits for its answers (a busy host starts a process slowly)
+
+
+class _Watcher:
+    """The rank's end of a gilwatch process (started once, used for every window)."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen | None = None
+        self.reason: str | None = None
+        self._ok: bool | None = None
+        self._buffer = b""
+        if not sys.platform.startswith("linux"):
+            self.reason = "gilwatch needs Linux's /proc"
+            return
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gilwatch.py")
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", script, str(os.getpid()), str(_WATCH_TICK_S)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, close_fds=True,
+            )  # fmt: skip
+        except OSError as exc:
+            self.reason = f"gilwatch did not start: {exc}"
+            return
+        _allow_reading(self.proc.pid)
+
+    def ready(self) -> bool:
+        if self._ok is None and self.proc is not None:
+            answer = self._answer()
+            self._ok = bool(answer and answer.get("ok"))
+            if not self._ok:
+                self.reason = str((answer or {}).get("error") or "gilwatch did not answer")
+                self.close()
+        return bool(self._ok)
+
+    def send(self, line: str) -> bool:
+        if self.proc is None or self.proc.stdin is None:
+            return False
+        try:
+            os.write(self.proc.stdin.fileno(), (line + "\n").encode())
+            return True
+        except OSError as exc:
+            self.reason = f"gilwatch stopped: {exc}"
+            self.close()
+            return False
+
+    def _answer(self) -> dict | None:
+        """The next JSON line gilwatch writes, None if none came in ``_WATCH_ANSWER_S`` or it is not one."""
+        if self.proc is None or self.proc.stdout is None:
+            return None
+        fd, deadline = self.proc.stdout.fileno(), time.monotonic() + _WATCH_ANSWER_S
+        while b"\n" not in self._buffer:
+            ready, _, _ = select.select([fd], [], [], max(deadline - time.monotonic(), 0.0))
+            chunk = os.read(fd, 1 << 16) if ready else b""
+            if not chunk:
+                return None
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        try:
+            answer = json.loads(line)
+        except ValueError:
+            return None
+        return answer if isinstance(answer, dict) else None
+
+    def steps(self) -> list[dict] | None:
+        answer = self._answer()
+        steps = (answer or {}).get("steps")
+        return steps if isinstance(steps, list) else None
+
+    def close(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        with contextlib.suppress(OSError, ValueError):
+            os.write(proc.stdin.fileno(), b"quit\n")  # type: ignore[union-attr]
+        for stream in (proc.stdin, proc.stdout):
+            with contextlib.suppress(OSError, ValueError):
+                stream.close()  # type: ignore[union-attr]
+        try:
+            proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            with contextlib.suppress(subprocess.SubprocessError):
+                proc.wait(timeout=2)
+
+
+def _allow_reading(pid: int) -> None:
+    """Let the child read this process's /proc entries where Yama restricts that to ancestors (ptrace_scope 1)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(0x59616D61, pid, 0, 0, 0)  # PR_SET_PTRACER; EINVAL where Yama is absent, which is fine
+    except (OSError, AttributeError):
+        pass
+
+
+def _tid_list(tids: list[int]) -> str:
+    return ",".join(str(t) for t in tids) or "-"
+
+
+def _ddpdoctor_tids() -> list[int]:
+    return [t.native_id for t in threading.enumerate() if t.name.startswith("ddpdoctor") and t.native_id is not None]
 
 
 def _job_threads() -> list[threading.Thread]:
@@ -118,6 +232,11 @@ def _step_values(
 class GilProbe:
     def __init__(self, enabled: bool = True) -> None:
         self._knocker: Any = None
+        self._factory: Any = None
+        self._watcher: _Watcher | None = None
+        self._watching = False
+        self._answers = 0  # windows gilwatch has yet to report
+        self.watch_error: str | None = None
         self.reason: str | None = None
         self.series: dict[str, list] = {
             "step": [],
@@ -131,16 +250,24 @@ class GilProbe:
             "cpu_share": [],  # their CPU time / their time running or waiting for a CPU (what the host gave them)
             "blocked_share": [],  # of the active threads' wall time, the share they were blocked (not runnable)
             "switches": [],  # voluntary context switches of the active threads (each a block: GIL, lock, I/O)
+            # gilwatch's steps: the job's Python threads' time waiting for the GIL and running, and the samples of
+            # those threads it took (ticks x threads)
+            "gil_wait_s": [],
+            "gil_run_s": [],
+            "gil_ready_s": [],  # their time alive and not waiting for a CPU (running, waiting for the GIL, blocked)
+            "gil_ticks": [],
         }
         self._times: dict[int, tuple[float, float, int]] = {}
         self._wall: float | None = None
         if not enabled:
             self.reason = "disabled with --no-gil"
             return
+        self._watcher = _Watcher()  # starts now, answers by the first window
         try:
             from gilknocker import KnockKnock
         except ImportError as exc:  # pragma: no cover - it is a dependency
-            self.reason = f"gilknocker not importable: {exc}"
+            if self._watcher.reason is not None:
+                self.reason = f"gilknocker not importable: {exc}; {self._watcher.reason}"
             return
         self._factory = KnockKnock
 
@@ -150,33 +277,79 @@ class GilProbe:
 
     @property
     def running(self) -> bool:
-        return self._knocker is not None
+        return self._knocker is not None or self._watching
 
     def start(self) -> None:
-        if not self.available or self._knocker is not None:
+        if not self.available or self.running:
             return
-        self._knocker = self._factory(
-            polling_interval_micros=_POLL_US,
-            sampling_interval_micros=_SAMPLE_US,
-            sleeping_interval_micros=_SLEEP_US,
-        )
-        self._knocker.start()
+        self._collect()
+        watcher = self._watcher
+        if watcher is not None and watcher.ready():
+            self._watching = watcher.send(f"go {time.monotonic()!r} {_tid_list(self._job_tids())} {_tid_list(_ddpdoctor_tids())}")
+        if watcher is not None and watcher.reason is not None:
+            self.watch_error = watcher.reason
+        if not self._watching:
+            if self._factory is None:
+                return
+            self._knocker = self._factory(
+                polling_interval_micros=_POLL_US,
+                sampling_interval_micros=_SAMPLE_US,
+                sleeping_interval_micros=_SLEEP_US,
+            )
+            self._knocker.start()
         self._times, self._wall = self._thread_times(), time.monotonic()
 
     def sample(self, step: int) -> None:
-        if self._knocker is None:
+        if not self.running:
             return
+        wall = time.monotonic()
         self.series["step"].append(step)
-        self.series["contention"].append(round(float(self._knocker.contention_metric), 4))
+        if self._watching:
+            line = f"step {step} {wall!r} {_tid_list(self._job_tids())} {_tid_list(_ddpdoctor_tids())}"
+            self._watching = self._watcher is not None and self._watcher.send(line)
+            self.series["contention"].append(None)  # filled in from gilwatch's answer (``_collect``)
+        else:
+            self.series["contention"].append(round(float(self._knocker.contention_metric), 4))
+            self._knocker.reset_contention_metric()
+        for key in ("gil_wait_s", "gil_run_s", "gil_ready_s", "gil_ticks"):
+            self.series[key].append(None)
         self.series["threads"].append(threading.active_count())
         self.series["native_threads"].append(_native_threads())
-        times, wall = self._thread_times(), time.monotonic()
+        times = self._thread_times()
         elapsed = wall - self._wall if self._wall is not None else 0.0
         self.series["job_threads"].append(len(times) or None)
         for key, value in zip(_DERIVED, _step_values(times, self._times, elapsed), strict=True):
             self.series[key].append(value)
         self._times, self._wall = times, wall
-        self._knocker.reset_contention_metric()
+
+    @staticmethod
+    def _job_tids() -> list[int]:
+        return [t.native_id for t in _job_threads() if t.native_id is not None]
+
+    def _collect(self) -> None:
+        """Fill in the steps of the windows gilwatch has not reported yet (``contention``: the GIL wait / the time
+        not waiting for a CPU)."""
+        while self._answers and self._watcher is not None:
+            self._answers -= 1
+            steps = self._watcher.steps()
+            if steps is None:
+                self.watch_error = "gilwatch did not report a window"
+                continue
+            where = {step: i for i, step in enumerate(self.series["step"])}  # the last time each step was sampled
+            for entry in steps:
+                i = where.get(entry.get("step"))
+                if i is None or self.series["gil_ticks"][i] is not None:
+                    continue
+                wait, run, ready = entry.get("wait_s"), entry.get("run_s"), entry.get("ready_s")
+                ticks = entry.get("looks")
+                if not all(isinstance(v, (int, float)) for v in (wait, run, ready, ticks)):
+                    continue
+                self.series["gil_wait_s"][i], self.series["gil_run_s"][i] = wait, run
+                self.series["gil_ready_s"][i], self.series["gil_ticks"][i] = ready, ticks
+                self.series["contention"][i] = round(wait / ready, 4) if ready > 0 else None
+                seen, counted = entry.get("active"), self.series["active_threads"][i]
+                if isinstance(seen, int) and (counted is None or seen > counted):
+                    self.series["active_threads"][i] = seen  # threads gone by the step's end (DataParallel's)
 
     @staticmethod
     def _thread_times() -> dict[int, tuple[float, float, int]]:
@@ -187,6 +360,10 @@ class GilProbe:
         return out
 
     def stop(self) -> None:
+        if self._watching:
+            self._watching = False
+            if self._watcher is not None and self._watcher.send(f"off {time.monotonic()!r}"):
+                self._answers += 1
         if self._knocker is not None:
             try:
                 self._knocker.stop()
@@ -194,9 +371,12 @@ class GilProbe:
                 self._knocker = None
 
     def to_json(self) -> dict[str, Any]:
+        self._collect()
+        watched = any(t is not None for t in self.series["gil_ticks"])
         return {
-            "probe": "gilknocker",
+            "probe": "gilwatch" if watched else "gilknocker",
             "available": self.available,
             "reason": self.reason,
+            "watch_error": self.watch_error,
             "per_step": self.series,
         }

@@ -123,6 +123,9 @@ def ddp_timers(capture: dict[str, Any] | None) -> dict[str, Any]:
 # probe's own thread then gets 1-8% of the CPU time it is runnable for, and its readings of one GIL-bound job range
 # from 0.02 to 0.6 between steps (measured: 4 threads of samples/gil_small_ops.py on a 2-core host at load 8-15).
 GIL_READABLE = 0.2
+# gilwatch's ratio needs this many samples of the job's Python threads (2 ms apart, summed over the threads) in the
+# profiled steps: at 100, a ratio of 0.2 is known to about +-0.04 (4 threads, 5 steps of 20 ms give about 200)
+WATCH_MIN_TICKS = 100
 HOST_BUSY_CORES = 0.5
 # The job's own threads starve the probe the same way when they are runnable for more CPU time than the host has:
 # below this share of their runnable time on a CPU (``python_cpu_share``, median step) a low reading cannot decide
@@ -145,6 +148,7 @@ def thread_metrics(capture: dict[str, Any] | None, ranks_on_host: int | None) ->
     capture = capture or {}
     gil = (capture.get("gil") or {}).get("per_step") or {}
     contention = [c for c in gil.get("contention") or [] if isinstance(c, (int, float))]
+    watched = _watched(gil)
     threads = [t for t in gil.get("threads") or [] if isinstance(t, (int, float))]
     active = [t for t in gil.get("active_threads") or [] if isinstance(t, (int, float))]
     cores = [c for c in gil.get("cpu_cores") or [] if isinstance(c, (int, float))]
@@ -154,11 +158,17 @@ def thread_metrics(capture: dict[str, Any] | None, ranks_on_host: int | None) ->
     others = _other_cores(capture) if contention else None
     median_cores = _quantile(cores, 0.5) if cores else None
     share = _quantile(shares, 0.5) if shares else None
-    unreadable = _undecided(mean, working, median_cores, share, others) is not None
+    if watched is not None:  # gilwatch: the job's threads' GIL wait over their time not waiting for a CPU, pooled
+        wait, ready, ticks = watched
+        mean = wait / ready if ready > 0 else None
+        unreadable = _watch_undecided(mean, ticks, working, share, others) is not None
+    else:
+        unreadable = _undecided(mean, working, median_cores, share, others) is not None
     info = capture.get("threads") or {}
     return {
         "gil_contention": None if unreadable else mean,
         "gil_probe_reading": mean,
+        "gil_samples": watched[2] if watched is not None else None,
         "gil_contention_spread": _quantile(contention, 0.9) - _quantile(contention, 0.1) if contention else None,
         "threads": max(threads) if threads else None,
         "active_python_threads": working,
@@ -172,6 +182,17 @@ def thread_metrics(capture: dict[str, Any] | None, ranks_on_host: int | None) ->
         else None,
         "local_world_size": ranks_on_host,
     }
+
+
+def _watched(gil: dict[str, Any]) -> tuple[float, float, int] | None:
+    """gilwatch's steps summed: (seconds the job's Python threads waited for the GIL, seconds they were alive and not
+    waiting for a CPU, samples), None where gilknocker (or nothing) measured the steps."""
+    wait = ready = 0.0
+    ticks, any_step = 0, False
+    for w, r, t in zip(gil.get("gil_wait_s") or [], gil.get("gil_ready_s") or [], gil.get("gil_ticks") or []):
+        if _number(w) and _number(r) and _number(t):
+            wait, ready, ticks, any_step = wait + w, ready + r, ticks + int(t), True
+    return (wait, ready, ticks) if any_step else None
 
 
 def _other_cores(capture: dict[str, Any]) -> float | None:
@@ -204,6 +225,22 @@ def _undecided(reading: Any, threads: Any, cores: Any, share: Any, others: Any) 
     return "starved" if busy or (_number(share) and share < THREADS_STARVED_SHARE) else None
 
 
+def _watch_undecided(reading: Any, samples: Any, threads: Any, share: Any, others: Any) -> str | None:
+    """Why gilwatch's ratio cannot decide: "few" (under ``WATCH_MIN_TICKS`` samples), "cpu" (two or more of the
+    job's threads at work, a ratio at or below ``GIL_READABLE``, while other processes kept ``HOST_BUSY_CORES`` of
+    the host busy and the threads got less than ``THREADS_STARVED_SHARE`` of the CPU time they were runnable for):
+    with the host's CPU rationed, the threads wait for a CPU, not for the GIL, and take turns on what they get (4
+    threads of small torch ops: 0.36-0.44 quiet, 0.01-0.04 in their own session beside two burners in another, where
+    the kernel gives each session half of the 2 CPUs; 0.43 where the burners shared the job's session). A low
+    ratio there says nothing of a host with CPUs to spare. None when it decides."""
+    if not _number(samples) or samples < WATCH_MIN_TICKS:
+        return "few"
+    if not (_number(reading) and _number(threads) and threads >= 2) or reading > GIL_READABLE:
+        return None
+    busy = _number(others) and others >= HOST_BUSY_CORES
+    return "cpu" if busy and _number(share) and share < THREADS_STARVED_SHARE else None
+
+
 def gil_reasons(ranks: list[dict[str, Any]]) -> dict[str, str]:
     """``not_measured`` reason for ``gil_contention`` where every rank without it had a probe reading that cannot
     decide (``_undecided``), with the numbers; {} where a rank lacks it for another reason (--no-gil, an old
@@ -212,6 +249,29 @@ def gil_reasons(ranks: list[dict[str, Any]]) -> dict[str, str]:
     why: dict[str, tuple[float, str]] = {}
     for r in missing:
         reading, threads = r.get("gil_probe_reading"), r.get("active_python_threads")
+        samples = r.get("gil_samples")
+        if _number(samples):
+            share, others = r.get("python_cpu_share"), r.get("gil_host_other_cores")
+            kind = _watch_undecided(reading, samples, threads, share, others)
+            if kind == "few":
+                text = (
+                    f"too few samples on rank {r.get('rank')}: gilwatch looked at the job's Python threads"
+                    f" {samples:.0f} times in the profiled steps (it needs {WATCH_MIN_TICKS}, 2 ms apart):"
+                    " profile more steps"
+                )
+                why["few"] = max(why.get("few", (-samples, text)), (-samples, text))
+            elif kind == "cpu":
+                text = (
+                    f"the host rationed the CPUs on rank {r.get('rank')}: other processes used {others:.1f} CPUs"
+                    f" and the job's {threads:.0f} Python threads at work got {100 * share:.0f}% of the CPU time"
+                    f" they were runnable for, so they waited for a CPU rather than for the GIL (gilwatch saw"
+                    f" {100 * reading:.0f}% of their time in the GIL's wait); what they would do on a host with"
+                    " CPUs to spare is not in the data: trace again on a quieter host"
+                )
+                why["cpu"] = max(why.get("cpu", (-share, text)), (-share, text))
+            else:
+                return {}
+            continue
         cores, share, others = r.get("python_cpu_cores"), r.get("python_cpu_share"), r.get("gil_host_other_cores")
         kind, rank = _undecided(reading, threads, cores, share, others), r.get("rank")
         if kind is None:
@@ -236,7 +296,7 @@ def gil_reasons(ranks: list[dict[str, Any]]) -> dict[str, str]:
         why[kind] = max(why.get(kind, (key, text)), (key, text))  # the worst rank of each kind speaks for it
     if not why:
         return {}
-    return {"gil_contention": "; ".join(why[k][1] for k in ("starved", "parallel") if k in why)}
+    return {"gil_contention": "; ".join(why[k][1] for k in ("few", "cpu", "starved", "parallel") if k in why)}
 
 
 def _number(value: Any) -> bool:

@@ -180,6 +180,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "gil_host_other_cores",
         "gil_contention_spread",
         "gil_probe_reading",
+        "gil_samples",
     ),
     "parallelism": (
         "collectives_per_step",

@@ -58,7 +58,9 @@ def test_two_rank_ddp_run(tmp_path):
         assert data["bucket_cap_bytes"] > 0 and "avg_backward_compute_comm_overlap_time" in data
         gil = rank["gil"]
         assert gil["available"] and len(gil["per_step"]["contention"]) >= 3
-        assert all(0.0 <= c <= 1.0 for c in gil["per_step"]["contention"])
+        # gilwatch samples every 2 ms: a step of this tiny model may fall between two samples (no value, None)
+        readings = [c for c in gil["per_step"]["contention"] if c is not None]
+        assert readings and all(0.0 <= c <= 1.0 for c in readings), gil["per_step"]
     assert f"ddpdoctor diagnose {out}" in result.stderr
 
 

@@ -1,0 +1,135 @@
+"""gilwatch (issue 25 item 3): a process beside the rank that samples which of its threads wait in a futex on the
+GIL and how long they run. The ratio wait / (wait + run) of the job's threads must say the same on a quiet host and
+beside CPU burners: real threads of this process, GIL-bound or not, each probed for 0.6 s."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+
+import pytest
+import torch
+from helpers import cpu_burner
+
+from ddpdoctor.capture import gilwatch
+from ddpdoctor.capture.gil import GilProbe
+from ddpdoctor.metrics.capture import WATCH_MIN_TICKS, gil_reasons, thread_metrics
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="gilwatch reads Linux's /proc")
+
+
+def _watched(work, threads: int, steps: int = 3) -> dict:
+    probe = GilProbe()
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.is_set():
+            work()
+
+    workers = [threading.Thread(target=loop) for _ in range(threads)]
+    for w in workers:
+        w.start()
+    try:
+        probe.start()
+        assert probe.running and probe.to_json()["probe"] in ("gilwatch", "gilknocker")
+        for step in range(1, steps + 1):
+            time.sleep(0.2)
+            probe.sample(step)
+        probe.stop()
+    finally:
+        stop.set()
+        for w in workers:
+            w.join()
+    out = probe.to_json()
+    if out["probe"] != "gilwatch":
+        pytest.skip(f"gilwatch cannot run here: {out['watch_error']}")
+    return out["per_step"]
+
+
+W = torch.randn(16, 16)
+BIG = torch.randn(256, 256)
+
+
+def _small_ops() -> None:
+    x = torch.ones(4, 16)
+    for _ in range(20):
+        x = torch.tanh(x @ W)
+
+
+def _python() -> None:
+    sum(range(2000))
+
+
+def _matmul() -> None:
+    BIG @ BIG  # torch releases the GIL inside the op
+
+
+def _sleepy() -> None:
+    time.sleep(0.001)
+    torch.ones(4, 16) @ W
+
+
+@pytest.fixture(autouse=True)
+def _one_intra_op_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("burners", [0, 2])
+def test_gil_bound_threads_read_high_on_a_quiet_and_on_a_busy_host(burners: int) -> None:
+    with cpu_burner(burners):
+        python = _watched(_python, 4)
+        small = _watched(_small_ops, 4)
+    for series in (python, small):
+        assert all(t >= 20 for t in series["gil_ticks"]), series["gil_ticks"]
+        assert all(a >= 4 for a in series["active_threads"]), series["active_threads"]
+    m = thread_metrics({"gil": {"per_step": python}}, None)
+    assert m["gil_contention"] > 0.5 and m["gil_samples"] >= WATCH_MIN_TICKS, m
+    assert thread_metrics({"gil": {"per_step": small}}, None)["gil_contention"] > 0.3, small
+
+
+@pytest.mark.parametrize("burners", [0, 2])
+def test_threads_that_do_not_contend_read_low_however_busy_the_host(burners: int) -> None:
+    with cpu_burner(burners):
+        results = {
+            "one thread": _watched(_small_ops, 1),
+            "matmuls": _watched(_matmul, 4),  # four threads in parallel native code
+            "sleeps": _watched(_sleepy, 4),  # four threads mostly asleep
+        }
+    for name, series in results.items():
+        m = thread_metrics({"gil": {"per_step": series}}, None)
+        assert m["gil_contention"] is not None and m["gil_contention"] < 0.1, (name, series)
+
+
+def test_too_few_samples_is_not_evaluated_with_the_count() -> None:
+    capture = {"gil": {"per_step": {"contention": [0.5], "gil_wait_s": [0.01], "gil_ready_s": [0.02],
+                                    "gil_ticks": [12], "active_threads": [4]}}}  # fmt: skip
+    m = thread_metrics(capture, None)
+    assert m["gil_contention"] is None and m["gil_probe_reading"] == pytest.approx(0.5) and m["gil_samples"] == 12
+    why = gil_reasons([{"rank": 3, **m}])["gil_contention"]
+    assert why.startswith("too few samples on rank 3: gilwatch looked at the job's Python threads 12 times")
+
+
+def test_the_ratio_pools_the_steps_and_ignores_steps_gilknocker_measured() -> None:
+    per_step = {
+        "contention": [0.9, 0.5, 0.1],
+        "gil_wait_s": [None, 0.3, 0.1],
+        "gil_ready_s": [None, 0.6, 1.0],
+        "gil_ticks": [None, 100, 100],  # samples of the threads, ticks x threads
+        "active_threads": [4, 4, 4],
+    }
+    m = thread_metrics({"gil": {"per_step": per_step}}, None)
+    assert m["gil_contention"] == pytest.approx(0.4 / 1.6) and m["gil_samples"] == 200
+
+
+def test_a_syscall_line_is_a_gil_wait_only_as_a_futex_on_the_runtime() -> None:
+    ranges = [(0x1000, 0x2000)]
+    assert gilwatch.classify(b"202 0x1800 0x80 0x0 0x0 0x0 0x0 0x7ffd 0x7f\n", b"202", ranges) == gilwatch.GIL
+    assert gilwatch.classify(b"202 0x5800 0x80 0x0\n", b"202", ranges) == gilwatch.OTHER  # a lock on the heap
+    assert gilwatch.classify(b"230 0x1800 0x0\n", b"202", ranges) == gilwatch.OTHER  # a sleep
+    assert gilwatch.classify(b"running\n", b"202", ranges) == gilwatch.RUNNING
+    assert gilwatch.classify(b"-1 0x7ffd 0x7f\n", b"202", ranges) == gilwatch.RUNNING  # preempted in user space
+
