@@ -52,6 +52,7 @@ class _Watcher:
         self.reason: str | None = None
         self._ok: bool | None = None
         self._buffer = b""
+        self.cpu_s: float | None = None  # gilwatch's own CPU time, as it last reported
         if not sys.platform.startswith("linux"):
             self.reason = "gilwatch needs Linux's /proc"
             return
@@ -107,6 +108,8 @@ class _Watcher:
     def steps(self) -> list[dict] | None:
         answer = self._answer()
         steps = (answer or {}).get("steps")
+        if isinstance((answer or {}).get("cpu_s"), (int, float)):
+            self.cpu_s = float(answer["cpu_s"])  # type: ignore[index]
         return steps if isinstance(steps, list) else None
 
     def close(self) -> None:
@@ -378,5 +381,6 @@ class GilProbe:
             "available": self.available,
             "reason": self.reason,
             "watch_error": self.watch_error,
+            "watch_cpu_s": self._watcher.cpu_s if self._watcher is not None else None,
             "per_step": self.series,
         }

@@ -5,11 +5,13 @@ live in ``_PyRuntime``, in the writable mapping of libpython, or of the python e
 Python's own locks, queues, events and futures wait on semaphores on the heap, sleeps and I/O in other system calls,
 and a thread the host keeps off its CPU is runnable, in no system call at all. So every ``tick`` this process reads
 each of the rank's threads' ``/proc/<pid>/task/<tid>/syscall`` (is it in a futex on the runtime's state?) and
-``schedstat`` (nanoseconds on a CPU), and per step adds up, over the job's Python threads, the time waited for the
-GIL (samples x tick) and the time run. Their ratio, wait / (wait + run), is how much of the time those threads were
-ready to run Python they spent waiting for it, and a busy host does not move it: a thread waiting for a CPU is
-neither waiting for the GIL nor running (measured on 2 cores: 4 threads of small torch ops 0.49 quiet and 0.55
-beside 3 CPU burners; 4 pure-Python threads 0.74 and 0.80; 4 threads in large matmuls, or sleeping, 0.00-0.02).
+``schedstat`` (nanoseconds on a CPU, and runnable waiting for one), and per step adds up, over the job's Python
+threads with work, the time waited for the GIL (samples x tick) and the time alive and not waiting for a CPU. Their
+ratio is how much of that time the threads spent waiting for the GIL; threads competing one for one with other
+work for the CPUs do not move it much (measured on 2 cores: 4 threads of small torch ops 0.39 quiet, 0.27-0.43
+beside 2 CPU burners; 4 threads in large matmuls, or sleeping, 0.00-0.01). Where the kernel rations the CPUs
+between sessions and the job gets fewer than its threads want, they take turns on the CPU instead and the ratio
+falls (0.00-0.04 on the same job): ddpdoctor.metrics.capture says so rather than pass.
 
 It is its own process so that it takes no GIL of the rank's: a sampler thread inside the rank would hold the GIL
 whenever it looks and be a contender itself. It imports nothing but the standard library.
@@ -23,7 +25,7 @@ Protocol (``python -I -S gilwatch.py <pid> <tick_s>``), one line each way. First
   step ``n``'s;
 - ``off <t>``: stop sampling, and answer one JSON line ``{"steps": [{"step", "wait_s", "run_s", "threads",
   "active", "ticks", "looks"}, ...]}`` for the steps since ``go`` (``active``: the Python threads with work in the
-  step; ``looks``: the samples of those Python threads, ticks x threads);
+  step; ``looks``: the samples of those Python threads, ticks x threads), and ``"cpu_s"``, its own CPU time so far;
 - ``quit``: exit (so does end of input, and the rank's death).
 
 A step's Python threads are the job's threads the rank listed (its ``threading`` threads, ddpdoctor's excluded) and
@@ -168,7 +170,8 @@ class Watch:
 
     def stop(self) -> dict:
         self.on = False
-        out = {"steps": self.steps}
+        times = os.times()
+        out = {"steps": self.steps, "cpu_s": round(times.user + times.system, 3)}  # its own cost, since it started
         self.ticks, self.steps = [], []
         return out
 

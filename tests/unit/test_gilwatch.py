@@ -44,6 +44,7 @@ def _watched(work, threads: int, steps: int = 3) -> dict:
     out = probe.to_json()
     if out["probe"] != "gilwatch":
         pytest.skip(f"gilwatch cannot run here: {out['watch_error']}")
+    assert 0 <= out["watch_cpu_s"] < 60, out["watch_cpu_s"]  # its own cost, reported with the window
     return out["per_step"]
 
 
