@@ -18,6 +18,7 @@ cannot run (another OS, /proc unreadable).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
@@ -66,6 +67,8 @@ class _Watcher:
             self.reason = f"gilwatch did not start: {exc}"
             return
         _allow_reading(self.proc.pid)
+        self._owner = os.getpid()
+        atexit.register(self.close)  # a quiet exit (no "subprocess is still running" at the rank's shutdown)
 
     def ready(self) -> bool:
         if self._ok is None and self.proc is not None:
@@ -113,6 +116,8 @@ class _Watcher:
         return steps if isinstance(steps, list) else None
 
     def close(self) -> None:
+        if getattr(self, "_owner", None) != os.getpid():
+            return  # a forked child (a DataLoader worker) shares the pipe: the rank's gilwatch is not its to end
         proc, self.proc = self.proc, None
         if proc is None:
             return

@@ -2,13 +2,12 @@
 `--threads 1` twin (the same work on one worker thread), each traced quiet and with two CPU burners beside it.
 
 On Linux gilwatch measures the job's threads from beside the rank: the share of the time they were ready to run
-Python that they waited for the GIL (0.36-0.44 for the four threads, quiet or beside two burners; 0-0.08 for one or
-two threads). So the threaded job fires with and without the burners, and the twin never does: one of the job's
-threads has work, nothing contends with it (the threads with work are counted from their own CPU time in ns, as a
-share of the busiest thread's, so a busy host cannot make the waiting main thread look like a second worker).
-Where gilwatch cannot run, gilknocker's probe may say it cannot tell (a starved probe under-reads), never pass. Each
-job is traced once per module (8 steps, 4 profiled, 150 small ops a piece: with 60, a piece is so short that under
-load the pool often ran the four one after the other, and a step had no contention to see).
+Python that they waited for the GIL (measured here on 2026-12-04 with WORK below: 0.31-0.39 for the four threads on
+a quiet host; 0.00 for one). So the threaded job fires on a quiet host, and beside burners fires or says the host
+rationed the CPUs; the twin never fires: one of the job's threads has work, nothing contends with it (the threads
+with work are counted from their own CPU time in ns, as a share of the busiest thread's, so a busy host cannot make
+the waiting main thread look like a second worker). Where gilwatch cannot run, gilknocker's probe may say it cannot
+tell (a starved probe under-reads), never pass. Each job is traced once per module (8 steps, 4 profiled).
 """
 
 from __future__ import annotations
@@ -20,21 +19,34 @@ import sys
 import pytest
 from helpers import SAMPLES, cpu_burner, run_cli
 
+from ddpdoctor.metrics.capture import WATCH_MIN_TICKS
+
 pytestmark = [pytest.mark.integration]
 
 WINDOW = ["--wait", "2", "--warmup", "1", "--active", "4"]
+# Mostly Python bookkeeping between a few small ops: the sample's default (150 ops, 40 iterations of Python each)
+# read 0.13-0.27 on a quiet host here on 2026-12-04 (its torch ops release the GIL, and the threads ran on 1.4-1.6
+# cores between them), astride the rule's 0.2; this work read 0.31-0.39 (1.2 cores: the GIL serialises it).
+WORK = ["--ops", "30", "--python", "2000"]
 
 
 # Burners in the job's own session (a preprocessing process started from the same shell): the kernel's autogroups
 # share the CPUs between sessions, not processes, so these compete with the job's threads one for one.
 BESIDE = """
-import subprocess, sys
+import json, os, subprocess, sys, time
 hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(int(sys.argv[1]))]
+start = time.monotonic()
 try:
-    sys.exit(subprocess.call([sys.executable, "-m", "ddpdoctor", *sys.argv[2:]]))
+    code = subprocess.call([sys.executable, "-m", "ddpdoctor", *sys.argv[2:]])
 finally:
+    cpu = 0.0
     for hog in hogs:
+        with open(f"/proc/{hog.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        cpu += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
         hog.kill()
+    print(json.dumps({"burners_cores": cpu / (time.monotonic() - start)}), file=sys.stderr)
+sys.exit(code)
 """
 
 
@@ -42,7 +54,7 @@ def _traced(tmp_path_factory, threads: int, burners: int, session: str = "other"
     out = tmp_path_factory.mktemp("gil_load") / f"t{threads}_b{burners}_{session}"
     args = [
         "trace", "-q", "--out", str(out), *WINDOW, str(SAMPLES / "gil_small_ops.py"),
-        "--threads", str(threads), "--steps", "8", "--ops", "150",
+        "--threads", str(threads), "--steps", "8", *WORK,
     ]  # fmt: skip
     if session == "job":
         run = subprocess.run(
@@ -53,11 +65,13 @@ def _traced(tmp_path_factory, threads: int, burners: int, session: str = "other"
         with cpu_burner(burners):
             run = run_cli(*args, timeout=280)
     assert run.returncode == 0, run.stderr[-3000:]
+    burners_cores = json.loads(run.stderr.strip().splitlines()[-1])["burners_cores"] if session == "job" else None
     diagnosed = run_cli("diagnose", str(out), "--select", "gil-contention", "--format", "json", timeout=60)
     assert diagnosed.returncode == 0, diagnosed.stderr[-3000:]
     report = json.loads(diagnosed.stdout)
     # the GIL probe's per-rank metrics are in the rank's summary (the report's rank table shows gil_contention only)
     report["rank0_metrics"] = json.loads((out / "ranks" / "rank0.summary.json").read_text())["metrics"]
+    report["burners_cores"] = burners_cores  # what the job-session burners used, CPUs (None: not measured)
     return report
 
 
@@ -118,17 +132,17 @@ def _fired_or_undecided(report: dict) -> None:
 
 
 def _fires(report: dict, rationed: bool = False) -> None:
-    """Where gilwatch measured the rank (Linux), the threaded job fires, quiet or beside burners in its session: the
-    share of its threads' time (not waiting for a CPU) spent waiting for the GIL does not move with the load. With
-    the host rationed (the burners in another session: the job gets half the CPUs, its threads take turns on them
-    and hardly wait for the GIL) it may say so instead, never pass. gilknocker's fallback may say it cannot tell."""
+    """Where gilwatch measured the rank (Linux), the threaded job fires on a quiet host. Beside burners (``rationed``)
+    it may instead say that the host rationed the CPUs (the threads got too little of the CPU time they were
+    runnable for, so they took turns on it and hardly waited for the GIL), with the numbers; never pass.
+    gilknocker's fallback may say it cannot tell."""
     rank = _rank0(report)
     if rank.get("gil_samples") is None:
         _fired_or_undecided(report)
         return
     if rationed and rank["gil_contention"] is None:
         why = {n["name"]: n["reason"] for n in report["not_evaluated"]}["gil-contention"]
-        assert why.startswith("the host rationed the CPUs on rank 0: other processes used "), why
+        assert "gil_contention; the host rationed the CPUs on rank 0: other processes used " in why, why
         assert rank["gil_host_other_cores"] >= 0.5 and rank["python_cpu_share"] < 0.8, rank
         assert f"got {100 * rank['python_cpu_share']:.0f}% of the CPU time" in why, why
         return
@@ -145,8 +159,11 @@ def _passes_with_one_thread(report: dict) -> None:
     assert _rank0(report)["active_python_threads"] == 1
     reason = next(p["reason"] for p in report["passed_reasons"] if p["name"] == "gil-contention")
     assert "active_python_threads = 1 < 2" in reason
-    if _rank0(report).get("gil_samples") is not None:  # gilwatch: the one worker hardly waits (nothing contends)
-        assert _rank0(report)["gil_contention"] < 0.1, _rank0(report)
+    rank = _rank0(report)
+    if rank.get("gil_samples") is not None:  # gilwatch: the one worker hardly waits (nothing contends)
+        if rank["gil_contention"] is None:  # one thread gives fewer samples: under the floor, no ratio is kept
+            assert rank["gil_samples"] < WATCH_MIN_TICKS, rank
+        assert rank["gil_probe_reading"] < 0.1, rank
 
 
 @pytest.mark.timeout(400)
@@ -165,8 +182,11 @@ def test_threaded_job_with_burners_in_another_session_fires_or_says_the_host_rat
 
 
 @pytest.mark.timeout(400)
-def test_threaded_job_with_burners_in_its_session_fires(threaded_beside):
-    _fires(threaded_beside)
+def test_threaded_job_with_burners_in_its_session_fires_or_says_the_host_rationed_the_cpus(threaded_beside):
+    # Burners in the job's session compete with its threads one for one, and the job usually fires; on 2026-12-04
+    # here the burners took 1.7 of the 2 CPUs in one run of three (the threads got 22% of their runnable time) and
+    # the rule said so instead of passing
+    _fires(threaded_beside, rationed=True)
 
 
 @pytest.mark.timeout(400)

@@ -43,7 +43,10 @@ def _trace(out, env: dict[str, str]) -> dict:
     report = json.loads(diagnosed.stdout)
     # the metrics the verdicts rest on, to say what happened when an assertion fails
     ranks = analyze_run(out).metrics.ranks
-    report["_metrics"] = [{k: r.get(k) for k in ("rank", "slow_rank", "wait_caused_ms", *SHOWN)} for r in ranks]
+    report["_metrics"] = [
+        {k: r.get(k) for k in ("rank", "slow_rank", "wait_caused_ms", "late_own_ms", "cpu_wait_share", *SHOWN)}
+        for r in ranks
+    ]
     return report
 
 
@@ -89,8 +92,15 @@ def test_a_rank_that_sleeps_every_step_is_still_a_straggler_beside_the_burners(s
     found = _findings(slow, "rank-straggler")
     assert len(found) == 1 and found[0]["ranks"] == [0], (slow["run"]["notes"], slow["findings"], slow["_metrics"])
     finding = found[0]
-    assert "The host was busy too: rank 0's training loop waited" in finding["message"]  # the load is named
-    assert "ms per step of its lateness are its own" in finding["message"]
+    rank0 = slow["_metrics"][0]
+    # The load is named where it held the rank back: sleeping 100 ms a step, rank 0 is runnable only a few ms of
+    # each step, and how long it then waits beside the burners varies with the host (CI: under the 10% of the
+    # window that names it; 3.6-5.3% in three runs here). The clause follows the measured share, both ways.
+    named = "The host was busy too: rank 0's training loop waited" in finding["message"]
+    assert named == (rank0["cpu_wait_share"] >= 0.1), (rank0, finding["message"])
+    if named:
+        assert "ms per step of its lateness are its own" in finding["message"]
+    assert rank0["late_own_ms"] >= 50, rank0  # its lateness is its own sleep, not the host's
     assert not _findings(slow, "rank-starved-of-cpu"), slow["findings"]
 
 
