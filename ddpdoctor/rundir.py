@@ -655,8 +655,52 @@ def read_rank_captures(run_dir: Path) -> tuple[dict[int, dict[str, Any]], list[s
         if data["rank"] in out:
             notes.append(f"{RANKS_DIR}/{name}: skipped: rank {data['rank']} is already in another file")
             continue
+        if data.get("status") == "running":
+            gone = rank_process_gone(data, path)
+            if gone:  # its process ended without finishing the file (kill -9, the OOM killer, a reboot)
+                data = {**data, "status": "failed", "error": f"the rank process died without finishing: {gone}"}
         out[data["rank"]] = data
     return dict(sorted(out.items())), notes
+
+
+def rank_process_gone(data: dict[str, Any], path: str | Path | None = None) -> str | None:
+    """Why the process of a rank file that still says "running" is known to be gone, or None: it ran on this host
+    (``hostname``) and no process ``pid`` is there any more, or the one there now started after the file was last
+    written (the pid was reused), or the host restarted since. None where it cannot be told (another host, no pid,
+    /proc unreadable) or the process is still there: a run in progress."""
+    import socket
+
+    pid, host = data.get("pid"), data.get("hostname")
+    if not isinstance(pid, int) or pid <= 0 or not isinstance(host, str) or host != socket.gethostname():
+        return None
+    try:
+        written = os.stat(path).st_mtime if path is not None else None
+    except OSError:
+        written = None
+    try:
+        with open("/proc/stat", "rb") as f:
+            boot = next(float(line.split()[1]) for line in f if line.startswith(b"btime "))
+    except (OSError, StopIteration, ValueError, IndexError):
+        boot = None
+    if boot is not None and written is not None and written < boot:
+        return f"{host} restarted after its rank file was last written"
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return f"no process {pid} on {host} any more (killed, or ended by a fatal signal)"
+    except (PermissionError, OSError):
+        return None  # there, and another user's (or cannot tell)
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[-1].split()
+        if fields[0] == b"Z":
+            return f"process {pid} on {host} has ended (not yet reaped)"
+        started = boot + int(fields[19]) / os.sysconf("SC_CLK_TCK") if boot is not None else None
+    except (OSError, IndexError, ValueError):
+        return None
+    if started is not None and written is not None and started > written + 2.0:
+        return f"no process {pid} on {host} any more (that pid is now another process, started later)"
+    return None
 
 
 def read_summaries(

@@ -127,7 +127,10 @@ _STATUS = {
     "failed": "failed",
     "hung": "hung",
     "interrupted": "was interrupted",
-    "running": "did not finish (killed, or died)",
+    # a rank file that still says "running" after the read (rundir.read_rank_captures marks one whose process is
+    # gone from this host as failed): its process is still there, or ran on another host
+    "running": "has not finished: its rank file still says running (a run in progress, or a rank that ended on"
+    " another host without a word)",
 }
 
 

@@ -55,7 +55,7 @@ def test_a_complete_run_passes():
     "captures,reason",
     [
         ((_capture(0, status="failed", steps=3, ms=1.0), _capture(1, status="failed", steps=3)), "rank 0 failed"),
-        ((_capture(0), _capture(1, status="running", steps=12)), "rank 1 did not finish"),
+        ((_capture(0), _capture(1, status="running", steps=12)), "rank 1 has not finished"),
         ((_capture(0), _capture(1, status="hung")), "rank 1 hung"),
         ((_capture(0, status="interrupted"), _capture(1, status="interrupted")), "rank 0 was interrupted"),
         ((_capture(0),), "rank 1 is missing"),
