@@ -285,6 +285,7 @@ class RankCapture(msgspec.Struct, forbid_unknown_fields=False):
     torch_version: str | None = None
     cuda_available: bool | None = None
     capture_errors: list[str] = []
+    error_frames: list[Frame] = []  # the ending exception's traceback, outermost first (capture/session.py)
 
 
 # Records of a rank capture that a reader may leave out alone when they do not fit (every reader treats them as

@@ -39,6 +39,8 @@ from ddpdoctor.capture.setup import SetupObserver
 from ddpdoctor.capture.step_clock import StartupTrace, StepClock
 from ddpdoctor.capture.watchdog import HangWatchdog
 
+MAX_ERROR_FRAMES = 32  # the innermost frames of the ending exception's traceback kept in the rank file
+
 _current: Session | None = None
 
 
@@ -75,6 +77,7 @@ class Session:
         self.status = "running"
         self.exit_code: int | None = None
         self.error: str | None = None
+        self.error_frames: list[dict[str, Any]] = []  # the ending exception's traceback (saw_exception)
         self.pid = os.getpid()
         self.started_at = time.time()
         self.dist: dict[str, Any] | None = None  # backend, rank, world size once the process group exists
@@ -578,7 +581,10 @@ class Session:
             self.flight.on_demand_signal()
 
     def saw_exception(self, exc: BaseException) -> None:
-        """An exception escaped the script: dump the rank with its traceback (before the process ends)."""
+        """An exception escaped the script: keep its traceback for the rank file and dump the rank (before the
+        process ends)."""
+        with contextlib.suppress(Exception):  # never stand between the user and their traceback
+            self.error_frames = flight.exception_record(exc)["frames"][-MAX_ERROR_FRAMES:]
         if not self._finished and isinstance(exc, Exception):
             self.flight.dump_exception(exc)
 

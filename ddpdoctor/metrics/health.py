@@ -161,7 +161,7 @@ def health_metrics(
         first = culprits[0]
         steps = _known_steps(ranks.get(first, {}))
         error = _error(first, ranks, states)
-        where = _where(states.get(first))
+        where = _where(states.get(first)) or _record_where(ranks.get(first, {}))
         # before the first step: the culprit's count is known to be 0, and no rank recorded a step (a rank file's
         # lower bound counts)
         before_first_step = steps == 0 and all(not ranks.get(r, {}).get("steps") for r in ranks)
@@ -264,6 +264,7 @@ def _rank_records(manifest: Mapping[str, Any], captures: Mapping[int, Mapping[st
             "reason": cap.get("error"),
             "steps": steps.get("count"),
             "exit_code": cap.get("exit_code"),
+            "error_frames": cap.get("error_frames") or [],
             # a rank file still "running" was last written before the rank ended (killed, a fatal signal): its
             # count is a lower bound, not the step the rank ended in
             "steps_final": cap.get("status") not in (None, "running"),
@@ -317,7 +318,7 @@ def _rank_entry(rank: int, rec: Mapping[str, Any], status: str | None, state: An
         "status": rec.get("status"),
         "steps": _known_steps(rec) if state is None or state.step is None else state.step,
         "phase": getattr(state, "phase", None),
-        "where": _where(state) or None,
+        "where": _where(state) or _record_where(rec) or None,
         "collective": state.collective.describe() if getattr(state, "collective", None) is not None else None,
         "error": _short(_first_line(getattr(state, "exception", None) or rec.get("reason"))) or None,
         "exit_code": rec.get("exit_code"),
@@ -333,6 +334,21 @@ def _where(state: Any, depth: int = 3) -> str:
     """``read_shard (train.py:14) ← main (train.py:30)``: a rank's innermost user-code frames."""
     frames = tuple(getattr(state, "frames", ()) or ())[:depth]
     return " ← ".join(_frame_text(f) for f in frames)
+
+
+def _record_where(rec: Mapping[str, Any], depth: int = 3) -> str:
+    """``setup (train.py:4) ← <module> (train.py:7)``: the innermost user-code frames of the exception a rank's file
+    recorded (``error_frames``, outermost first), where no dump says where the rank was (it failed before it made
+    a process group)."""
+    from ddpdoctor.flight.frames import user_frames
+    from ddpdoctor.runfile_types import Frame
+
+    frames = []
+    for raw in rec.get("error_frames") or []:
+        if isinstance(raw, Mapping) and isinstance(raw.get("file"), str):
+            line = raw.get("line")
+            frames.append(Frame(raw["file"], line if isinstance(line, int) else 0, str(raw.get("name") or "")))
+    return " ← ".join(_frame_text(f) for f in user_frames(frames)[:depth])
 
 
 def _frame_text(frame: Any) -> str:

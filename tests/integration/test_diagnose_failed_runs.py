@@ -123,9 +123,12 @@ def test_a_one_process_run_that_failed_at_start_up_is_an_error(tmp_path):
     first = report["findings"][0]
     assert (first["name"], first["severity"], first["ranks"]) == ("job-failed-at-startup", "error", [0])
     assert "RANK expected, but not set" in first["message"] and "--nproc-per-node" in first["recommendation"]
+    # where the user's code was: no dump (no process group yet), so from the traceback the rank file kept
+    assert first["message"].rstrip(".").endswith(", in <module> (norank.py:2)"), first["message"]
     # no collective was ever issued: the report says the collective is unknown and why, and names no timing
     health = report["run"]["health"]
     assert health["kind"] == "startup" and health["culprits"] == [0] and health["collective"] is None, health
+    assert health["ranks"][0]["where"] == "<module> (norank.py:2)", health["ranks"]
     assert any(
         n.startswith("collective: unknown: no rank left a dump") and "before any process group was made" in n
         for n in health["notes"]
