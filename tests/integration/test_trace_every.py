@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 
 import pytest
 from helpers import read_json, run_cli, write_script
+
+from ddpdoctor.capture.series import read_series
 
 pytestmark = [pytest.mark.integration]
 
@@ -92,6 +95,17 @@ def test_every_takes_the_windows_and_keep_bounds_them(halfway):
         assert [(d["first_step"], d["last_step"]) for d in cap["schedule"]["dropped"]] == [(3, 10)]
         assert len(cap["trace_files"]) == 3 and all((out / f).is_file() for f in cap["trace_files"])
         assert len(list(out.glob(f"rank{rank}.*.pt.trace.json*"))) == 3  # the dropped one is gone from disk
+    # the always-on series holds every step of both ranks, windows or not (the dropped window's steps too)
+    series = read_series(out)
+    assert sorted(series) == [0, 1]
+    for rank, s in series.items():
+        count = read_json(out / "ranks" / f"rank{rank}.json")["steps"]["count"]
+        assert count == 80 and [r["step"] for r in s.rows] == list(range(count)) and s.bad_lines == 0, rank
+    # the straggler's 150 ms a step from step 36 on is in the series of every step, not only in the windows
+    walls = [r["wall_s"] for r in series[1].rows]
+    before = statistics.median(w for w in walls[1 : SLOW_FROM - 2] if w is not None)
+    after = statistics.median(w for w in walls[SLOW_FROM + 2 :] if w is not None)
+    assert before < 0.15 < after, (before, after)
 
 
 @pytest.mark.timeout(600)
