@@ -6,20 +6,17 @@ from __future__ import annotations
 from ddpdoctor.diagnosis.rules import Rule
 from ddpdoctor.metrics.catalog import rule_metric as describe
 
-_APPLIES = {"any": "any run", "dp": "DataParallel runs", "ddp": "DistributedDataParallel runs"}
-
-
 def rule_markdown(rule: Rule) -> str:
     """The documentation of ``rule`` (Markdown, readable as plain text)."""
+    from ddpdoctor.diagnosis.applies import applies_summary
+
     scope = "decided per rank" if rule.scope == "rank" else "decided for the whole job"
-    applies = _APPLIES[rule.applies_to] + (f" using {', '.join(rule.backends)}" if rule.backends else "")
-    parallelism = ", ".join(p for p in rule.parallelism if p != "unknown")
     lines = [
         f"# {rule.name} ({rule.id})",
         "",
-        f"Severity: {rule.severity} · applies to: {applies} · {scope}",
-        f"Parallelism it fits: {parallelism} · needs: {', '.join(rule.requires) or 'nothing measured'} "
-        "(without them it is not evaluated, never passed)",
+        # the one wording of what a rule applies to, as `ddpdoctor rules` and the README's rule table say it
+        f"Severity: {rule.severity} · applies to: {applies_summary(rule)} · {scope}",
+        f"Needs: {', '.join(rule.requires) or 'nothing measured'} (without them it is not evaluated, never passed)",
         "",
         rule.summary,
         "",

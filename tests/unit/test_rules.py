@@ -394,3 +394,19 @@ def test_bad_config_is_a_clear_error_naming_the_file(tmp_path, text, expected):
 def test_missing_config_file_is_an_error(tmp_path):
     with pytest.raises(RuleError, match="config file does not exist"):
         load_config(tmp_path / "nope.toml")
+
+
+def test_explain_says_what_a_rule_applies_to_as_ddpdoctor_rules_does(capsys):
+    """One wording of "applies to" (issue 27): `explain NAME`'s header line is `rules --format json`'s ``applies``
+    for every built-in rule (explain once said "DistributedDataParallel runs" for rules that fit FSDP and TP too)."""
+    import json
+
+    from ddpdoctor.cli import main
+
+    assert main(["rules", "--format", "json"]) == 0
+    listed = {r["name"]: r["applies"] for r in json.loads(capsys.readouterr().out)}
+    assert listed
+    for name, applies in listed.items():
+        assert main(["explain", name]) == 0
+        header = capsys.readouterr().out.splitlines()[2]
+        assert f" · applies to: {applies} · " in header, (name, header)
