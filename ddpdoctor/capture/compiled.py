@@ -25,6 +25,7 @@ from ddpdoctor.capture.invisible import invisible
 _original: Any = None  # torch.compile before install()
 _listeners: list[Callable[[], None]] = []  # called once, when the process enters compile mode
 _forward_listeners: list[Callable[[Any], None]] = []  # called with each compiled module before its forward
+_target_listeners: list[Callable[[Any], None]] = []  # called with what the script compiles, before torch.compile
 active = False  # the script called torch.compile (this process is in compile mode)
 compiled_modules = 0  # modules torch.compile returned (OptimizedModule), for the rank file
 
@@ -70,6 +71,9 @@ def install() -> None:
     def compile(model: Any = None, *args: Any, **kwargs: Any) -> Any:
         if not kwargs.get("disable", False):
             enter_compile_mode()
+            if model is not None:
+                for listener in list(_target_listeners):
+                    listener(model)
         result = original(model, *args, **kwargs)
         if model is not None and isinstance(result, torch.nn.Module) and result is not model:
             _watch(result)
@@ -91,6 +95,7 @@ def uninstall() -> None:
     _original = None
     _listeners.clear()
     _forward_listeners.clear()
+    _target_listeners.clear()
 
 
 def on_compile_mode(listener: Callable[[], None]) -> None:
@@ -105,6 +110,13 @@ def on_compiled_forward(listener: Callable[[Any], None]) -> None:
     """Call ``listener(module)`` before each forward of a module ``torch.compile`` returned (eagerly, on the
     script's thread or another one: the listener checks)."""
     _forward_listeners.append(listener)
+
+
+def on_compile_target(listener: Callable[[Any], None]) -> None:
+    """Call ``listener(model)`` with whatever the script passes to ``torch.compile`` (a module, a function), before
+    torch compiles it: a wrapper of ddpdoctor's on that module's own path is taken off it there (dynamo would stop
+    at it, a graph break the bare job does not have)."""
+    _target_listeners.append(listener)
 
 
 def enter_compile_mode() -> None:

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import hashlib
 import os
+import types
 import weakref
 from typing import Any
 
+from ddpdoctor.capture import compiled
 from ddpdoctor.capture import ddp as ddp_capture
 from ddpdoctor.capture.invisible import invisible
 
@@ -36,6 +38,9 @@ class SetupObserver:
         self._iters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._content: dict[int, str | None] = {}  # id(loader) -> content digest, computed once per loader
         self.join_contexts = 0  # `with Join([...])` / `with model.join()` entered (uneven inputs shadowed)
+        # DDP modules compiled whole (torch.compile(DDP(model))): their forward is DDP's own, unwrapped, and their
+        # forwards are counted from the compiled module's eager pre-forward instead (_compiled_forward)
+        self._compiled_ddp: weakref.WeakSet = weakref.WeakSet()
 
     # ---- patching --------------------------------------------------------------------------------------------
     def _patch(self, owner: Any, name: str, wrapper: Any) -> None:
@@ -87,12 +92,23 @@ class SetupObserver:
 
         def wrap_forward(original: Any) -> Any:
             def forward(module: Any, *args: Any, **kwargs: Any) -> Any:
-                obs._forwards_since_step += 1
-                if torch.is_grad_enabled() and getattr(module, "require_backward_grad_sync", True):
-                    obs._sync_since_step += 1
+                obs._count_forward(module)
                 return original(module, *args, **kwargs)
 
             return invisible(forward)
+
+        ddp_forward = DDP.__dict__["forward"]
+
+        def compile_target(target: Any) -> None:
+            """torch.compile(DDP(model)): dynamo traces DDP's forward, and would stop at ddpdoctor's wrapper of it
+            (a frame it never traces: a graph break the bare job does not have). The module gets DDP's own forward
+            as an attribute of its own, and its forwards are counted before the compiled module's forward."""
+            if isinstance(target, DDP) and "forward" not in vars(target):
+                object.__setattr__(target, "forward", types.MethodType(ddp_forward, target))
+                obs._compiled_ddp.add(target)
+
+        compiled.on_compile_target(compile_target)
+        compiled.on_compiled_forward(self._compiled_forward)
 
         def wrap_join_enter(original: Any) -> Any:
             def __enter__(join: Any) -> Any:
@@ -125,6 +141,19 @@ class SetupObserver:
         for name in ("set_device_index", "set_device_idx"):
             if accelerator is not None and name in accelerator.__dict__:
                 self._patch(accelerator, name, wrap_set_device)
+
+    def _count_forward(self, module: Any) -> None:
+        import torch
+
+        self._forwards_since_step += 1
+        if torch.is_grad_enabled() and getattr(module, "require_backward_grad_sync", True):
+            self._sync_since_step += 1
+
+    def _compiled_forward(self, module: Any) -> None:
+        """Before each forward of a compiled module (eagerly): a DDP module compiled whole is counted here."""
+        inner = getattr(module, "_orig_mod", None)
+        if inner is not None and inner in self._compiled_ddp:
+            self._count_forward(inner)
 
     def uninstall(self) -> None:
         for owner, name, original in reversed(self._patches):

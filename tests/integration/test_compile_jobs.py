@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +28,10 @@ def _script_stderr(stderr: str) -> list[str]:
     """The job's warnings: stderr without ddpdoctor's lines, torchrun's banner and the profiler's own notes."""
     skip = ("ddpdoctor:", "*****", "Setting OMP_NUM_THREADS", "CPUAllocator.cpp", "torch/distributed/run.py")
     return [line for line in stderr.splitlines() if line.strip() and not any(s in line for s in skip)]
+
+
+def _warnings(lines: list[str]) -> list[str]:
+    return sorted(re.sub(r"^(\[rank\d+\]:[WIE])\d{4} [\d:.]+ \d+ ", r"\1 ", line) for line in lines)
 
 
 def _run(tmp: Path, name: str, env: dict, traced: bool, dist: bool) -> tuple[dict, list[str], Path]:
@@ -61,6 +66,25 @@ def test_ddp_compiled_module_compiles_the_same_graphs_as_bare(ddp_inner):
     assert traced["per_step"] == bare["per_step"]
     assert traced["frames"] == bare["frames"] and traced["graph_breaks"] == bare["graph_breaks"]
     assert traced_err == bare_err, "\n".join(traced_err)  # no torch warning of ddpdoctor's making
+
+
+@pytest.mark.timeout(300)
+def test_compiled_ddp_is_traced_by_dynamo_as_it_is_bare(tmp_path):
+    """torch.compile(DDP(model)), the form torch's DDP docs show: dynamo runs the same frames and breaks the graph
+    where it does bare (torch 2.13 on CPU skips DDP's ``_inside_ddp_forward`` and compiles no graph of this job
+    through a custom backend, bare or traced), and ddpdoctor adds no break, frame, recompile or warning."""
+    env = {"FORM": "outer", "COMPILE_BACKEND": "count_aot", "STEPS": "8", "WIDTH": "512", "LAYERS": "4", "CAP_MB": "1"}
+    bare, bare_err, _ = _run(tmp_path, "bare", env, traced=False, dist=True)
+    traced, traced_err, run = _run(tmp_path, "traced", env, traced=True, dist=True)
+    assert bare["frames"].get("total", 0) >= 1, bare  # dynamo ran on the job
+    # DDP's forwards are still counted (before the compiled module's forward): one, with its all-reduce, a step
+    setup = json.loads((run / "ranks" / "rank0.json").read_text())["setup"]
+    assert setup["ddp_forwards_per_step"] == setup["ddp_sync_rounds_per_step"] == {"1": 8}, setup
+    assert (traced["graphs"], traced["per_step"]) == (bare["graphs"], bare["per_step"]), (traced, bare)
+    assert traced["frames"] == bare["frames"] and traced["graph_breaks"] == bare["graph_breaks"], (traced, bare)
+    # torch's own warnings (each rank's "Profiler record function ... will be ignored" as dynamo meets the DDP
+    # forward's record_function), without their time and pid and in either rank's order: no more, no other
+    assert _warnings(traced_err) == _warnings(bare_err), "\n".join(traced_err)
 
 
 @pytest.mark.timeout(240)
