@@ -4,6 +4,7 @@ GIANT=1: a 20 MB embedding table (94% of the gradient bytes, used first in forwa
 and a small dense rest. GIANT=0: the same bytes spread over five equal 4 MB layers (a normal model whose gradients
 fit in one 25 MB bucket). Every tensor stays under 32 MiB (larger ones are mmapped by glibc every step here, which
 makes step times jumpy). STEPS steps of plain SGD (it takes sparse gradients: `--set embedding.sparse=true`).
+CAP_MB: DDP's bucket_cap_mb (default DDP's 25; 5 makes the embedding a bucket of its own, larger than the cap).
 """
 
 import os
@@ -40,7 +41,8 @@ class Spread(nn.Module):
 def main():
     dist.init_process_group("gloo")
     torch.manual_seed(0)
-    model = DDP(Giant() if GIANT else Spread())
+    cap = float(os.environ["CAP_MB"]) if os.environ.get("CAP_MB") else None
+    model = DDP(Giant() if GIANT else Spread(), **({"bucket_cap_mb": cap} if cap else {}))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     gen = torch.Generator().manual_seed(dist.get_rank())
     for _ in range(STEPS):

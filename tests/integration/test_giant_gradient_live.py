@@ -46,3 +46,29 @@ def test_sparse_embedding_knob_applies_and_takes_the_giant_gradient_away(tmp_pat
 
     assert mean_of(out, "exposed_transfer_ms") < 0.5 * mean_of(DENSE, "exposed_transfer_ms")
     assert mean_of(out, "step_ms_median") < 0.5 * mean_of(DENSE, "step_ms_median")
+
+
+@pytest.mark.timeout(240)
+def test_a_gradient_larger_than_the_cap_is_its_own_bucket_and_a_lower_cap_is_not_advised(tmp_path):
+    """The issue's case: the user already lowered bucket_cap_mb to 5, and the 20 MB embedding is a DDP bucket of its
+    own (DDP never splits a parameter). The finding says so; no rule advises the bucket size again."""
+    out = tmp_path / "cap5"
+    env = {**os.environ, "GIANT": "1", "STEPS": "8", "CAP_MB": "5"}
+    args = ["trace", "--out", str(out), "--wait", "1", "--warmup", "1", "--active", "3"]
+    traced = run_cli(*args, "--standalone", "--nproc-per-node", "2", str(JOB), env=env, timeout=200)
+    assert traced.returncode == 0, traced.stderr[-3000:]
+    analysis = analyze_run(out)
+    for rank in analysis.metrics.ranks:
+        assert rank["ddp_bucket_cap_mb"] == pytest.approx(5.0) and rank["ddp_largest_grad_own_bucket"] is True, rank
+        assert rank["ddp_largest_grad_bytes"] > 5 * 2**20
+    found = {f.name: f for f in analysis.diagnosis.findings}
+    assert "ddp-bucket-size-mismatch" not in found, found
+    overlap = found.get("poor-comm-compute-overlap")  # its advice, where it fires, is not the bucket size either
+    assert overlap is None or "smaller bucket_cap_mb so" not in overlap.recommendation, overlap.recommendation
+    giant = found.get("ddp-giant-gradient")
+    if giant is None:  # its exposed transfer under the rule's floor on this run: then it must say why it passed
+        why = {p.name: p.reason for p in analysis.diagnosis.passed_reasons}
+        assert "exposed_transfer_ms" in why.get("ddp-giant-gradient", ""), why
+        return
+    assert "It is a DDP bucket of its own (larger than bucket_cap_mb" in giant.message, giant.message
+    assert "bucket_cap_mb cannot change this all-reduce" in giant.message
