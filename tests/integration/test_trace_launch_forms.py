@@ -400,7 +400,39 @@ def test_lightning_trainer_ddp(tmp_path):
     result = run_cli("trace", "--out", str(out), *FAST, str(script), env=env, timeout=200)
     assert result.returncode == 0, result.stderr[-3000:]
     # Lightning runs rank 0 in the process ddpdoctor started and re-executes the script for rank 1.
-    _assert_two_ranks_traced(out, "spawn")
+    assert _assert_two_ranks_traced(out, "spawn")["mode"] == "spawn"
+
+
+def test_lightning_fabric_ddp(tmp_path):
+    """Lightning Fabric, 2 CPU ranks: Fabric re-executes the script for rank 1 as the Trainer does. The manifest says
+    ddpdoctor launched one process whose children were the ranks (mode "spawn", never "single"), and diagnose reads
+    a 2-rank DDP job."""
+    pytest.importorskip("lightning")
+    script = write_script(
+        tmp_path / "fabric_train.py",
+        """
+        import torch, torch.nn as nn
+        from lightning.fabric import Fabric
+
+        if __name__ == "__main__":
+            fabric = Fabric(accelerator="cpu", devices=2, strategy="ddp")
+            fabric.launch()
+            model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
+            opt = torch.optim.SGD(model.parameters(), lr=0.01)
+            model, opt = fabric.setup(model, opt)
+            for _ in range(8):
+                opt.zero_grad()
+                fabric.backward(model(torch.randn(16, 64, device=fabric.device)).square().mean())
+                opt.step()
+        """,
+    )
+    out = tmp_path / "run"
+    env = _clean_env(MASTER_PORT=str(_free_port()))
+    result = run_cli("trace", "--out", str(out), *FAST, str(script), env=env, timeout=200)
+    assert result.returncode == 0, result.stderr[-3000:]
+    manifest = _assert_two_ranks_traced(out, "spawn")
+    assert manifest["mode"] == "spawn", manifest["mode"]
+    _diagnosis(out)  # a 2-rank gloo DDP job, as diagnose reads it
 
 
 def test_in_rank_refuses_to_overwrite_its_rank(tmp_path):
