@@ -69,6 +69,7 @@ def test_a_gradient_larger_than_the_cap_is_its_own_bucket_and_a_lower_cap_is_not
     if giant is None:  # its exposed transfer under the rule's floor on this run: then it must say why it passed
         why = {p.name: p.reason for p in analysis.diagnosis.passed_reasons}
         assert "exposed_transfer_ms" in why.get("ddp-giant-gradient", ""), why
+        assert "ddp_largest_grad_share" not in why["ddp-giant-gradient"], why
         return
     assert "It is a DDP bucket of its own (larger than bucket_cap_mb" in giant.message, giant.message
     assert "bucket_cap_mb cannot change this all-reduce" in giant.message
