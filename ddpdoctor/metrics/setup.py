@@ -102,6 +102,13 @@ def _why_unmeasured(
             "the job uses DDP, but no training step was detected, so DDP's all-reduce rounds per step cannot be "
             "counted; call ddpdoctor.step() at the end of every training step and trace again"
         )
+    several = max((len(_setup(c).get("ddp_models") or []) for c in captures.values() if isinstance(c, Mapping)), default=0)
+    if several > 1:
+        out["ddp_sync_rounds_per_step"] = out["ddp_forwards_per_step"] = (
+            f"the job built {several} DDP models (a GAN's generator and discriminator, a teacher and a student):"
+            " the forwards counted over all of them say nothing of how often each one all-reduced per step, and a"
+            " second model's round is no micro-batch of the first"
+        )
     loaders = [_training_epochs(_setup(c)) for c in captures.values() if isinstance(c, Mapping)]
     if any(loaders) and all(m.get("batch_size") is None for m in per_rank.values()):
         out["batch_size"] = (
@@ -120,9 +127,10 @@ def rank_setup_metrics(capture: Mapping[str, Any] | None) -> dict[str, Any]:
     if "join_contexts" in setup:
         out["join_used"] = bool(_int(setup.get("join_contexts")))
     models = [m for m in setup.get("ddp_models") or [] if isinstance(m, dict)]
-    if models:
+    if len(models) == 1:  # several DDP models (a GAN's two): the forwards counted over all of them are no rounds
         out["ddp_sync_rounds_per_step"] = _histogram_median(setup.get("ddp_sync_rounds_per_step"))
         out["ddp_forwards_per_step"] = _histogram_median(setup.get("ddp_forwards_per_step"))
+    if models:
         out["ddp_batchnorm_layers"] = sum(_int(m.get("batchnorm_layers")) or 0 for m in models)
         out["ddp_sync_batchnorm_layers"] = sum(_int(m.get("sync_batchnorm_layers")) or 0 for m in models)
     device = compute_device(capture)
