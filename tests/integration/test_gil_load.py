@@ -168,7 +168,9 @@ def _passes_with_one_thread(report: dict) -> None:
 
 @pytest.mark.timeout(400)
 def test_threaded_job_fires(threaded):
-    _fires(threaded)
+    # No burner of the test's own; where other processes still kept the host busy (a shared CI machine: at least
+    # half a CPU, by the host's load record) the rule may say so instead, with those numbers, never pass
+    _fires(threaded, rationed=True)
 
 
 @pytest.mark.timeout(400)
