@@ -293,7 +293,8 @@ class GilProbe:
         self._collect()
         watcher = self._watcher
         if watcher is not None and watcher.ready():
-            self._watching = watcher.send(f"go {time.monotonic()!r} {_tid_list(self._job_tids())} {_tid_list(_ddpdoctor_tids())}")
+            job, ours = _tid_list(self._job_tids()), _tid_list(_ddpdoctor_tids())
+            self._watching = watcher.send(f"go {time.monotonic()!r} {job} {ours}")
         if watcher is not None and watcher.reason is not None:
             self.watch_error = watcher.reason
         if not self._watching:

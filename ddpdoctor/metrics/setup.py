@@ -102,7 +102,8 @@ def _why_unmeasured(
             "the job uses DDP, but no training step was detected, so DDP's all-reduce rounds per step cannot be "
             "counted; call ddpdoctor.step() at the end of every training step and trace again"
         )
-    several = max((len(_setup(c).get("ddp_models") or []) for c in captures.values() if isinstance(c, Mapping)), default=0)
+    models = [len(_setup(c).get("ddp_models") or []) for c in captures.values() if isinstance(c, Mapping)]
+    several = max(models, default=0)
     if several > 1:
         out["ddp_sync_rounds_per_step"] = out["ddp_forwards_per_step"] = (
             f"the job built {several} DDP models (a GAN's generator and discriminator, a teacher and a student):"

@@ -6,6 +6,7 @@ from __future__ import annotations
 from ddpdoctor.diagnosis.rules import Rule
 from ddpdoctor.metrics.catalog import rule_metric as describe
 
+
 def rule_markdown(rule: Rule) -> str:
     """The documentation of ``rule`` (Markdown, readable as plain text)."""
     from ddpdoctor.diagnosis.applies import applies_summary

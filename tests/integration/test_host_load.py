@@ -24,7 +24,9 @@ from ddpdoctor.pipeline import analyze_run
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.skipif(
-        not hasattr(os, "sched_setaffinity") or not {0, 1} <= os.sched_getaffinity(0) or not os.path.exists("/proc/self/task"),
+        not hasattr(os, "sched_setaffinity")
+        or not {0, 1} <= os.sched_getaffinity(0)
+        or not os.path.exists("/proc/self/task"),
         reason="needs Linux and CPUs 0 and 1",
     ),
 ]

@@ -57,7 +57,8 @@ def test_a_normal_spread_of_parameters_still_gets_the_bucket_advice(spread):
     assert "ddp-giant-gradient" not in found
     assert max(r["ddp_largest_grad_share"] for r in spread.metrics.ranks) < 0.25
     advice = found["ddp-bucket-size-mismatch"].recommendation  # a cap below the current one, from the bytes sent
-    assert "Lower bucket_cap_mb on DistributedDataParallel below its 25 MB" in advice and "(e.g. 5 MB)" in advice, advice
+    assert "Lower bucket_cap_mb on DistributedDataParallel below its 25 MB" in advice, advice
+    assert "(e.g. 5 MB)" in advice, advice
 
 
 def test_the_giant_gradient_rule_prescribes_knobs_try_can_measure():
