@@ -663,6 +663,14 @@ def read_rank_captures(run_dir: Path) -> tuple[dict[int, dict[str, Any]], list[s
     return dict(sorted(out.items())), notes
 
 
+def pid_namespace() -> str | None:
+    """This process's pid namespace (``pid:[4026531836]``), None where /proc does not say."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+
+
 def rank_process_gone(data: dict[str, Any], path: str | Path | None = None) -> str | None:
     """Why the process of a rank file that still says "running" is known to be gone, or None: it ran on this host
     (``hostname``) and no process ``pid`` is there any more, or the one there now started after the file was last
@@ -673,6 +681,9 @@ def rank_process_gone(data: dict[str, Any], path: str | Path | None = None) -> s
     pid, host = data.get("pid"), data.get("hostname")
     if not isinstance(pid, int) or pid <= 0 or not isinstance(host, str) or host != socket.gethostname():
         return None
+    ns = data.get("pid_ns")
+    if isinstance(ns, str) and ns != pid_namespace():
+        return None  # another pid namespace (a container sharing the host's name): its pids are not ours to look up
     try:
         written = os.stat(path).st_mtime if path is not None else None
     except OSError:

@@ -265,6 +265,7 @@ class RankCapture(msgspec.Struct, forbid_unknown_fields=False):
     node_rank: int | None = None
     hostname: str | None = None
     pid: int | None = None
+    pid_ns: str | None = None  # the process's pid namespace (``pid:[4026531836]``): where ``pid`` means this process
     status: str | None = None
     exit_code: int | None = None
     error: str | None = None

@@ -117,6 +117,7 @@ def record(session: Session) -> dict[str, Any]:
         "node_rank": who.node_rank,
         "hostname": socket.gethostname(),
         "pid": os.getpid(),
+        "pid_ns": rundir.pid_namespace(),  # whose pids these are: a reader in another namespace cannot look it up
         "launch": session.config.launch,
         "status": session.status,
         "exit_code": session.exit_code,

@@ -91,3 +91,14 @@ def test_another_hosts_rank_cannot_be_told_and_stays_running(tmp_path):
     captures, _ = rundir.read_rank_captures(run)
     assert captures[1]["status"] == "running"
     assert rundir.rank_process_gone(captures[1]) is None
+
+
+def test_a_rank_in_another_pid_namespace_cannot_be_told(tmp_path):
+    """A container with the host's network (and so its host name) has pids of its own: a pid missing here says
+    nothing of it. The rank file names its pid namespace; another one than the reader's stays "running"."""
+    run = _run(tmp_path, {"pid": _dead_pid(), "pid_ns": "pid:[1]"})
+    captures, _ = rundir.read_rank_captures(run)
+    assert captures[1]["status"] == "running"
+    same = _run(tmp_path / "same", {"pid": _dead_pid(), "pid_ns": rundir.pid_namespace()})
+    assert rundir.read_rank_captures(same)[0][1]["status"] == "failed"
+
