@@ -655,12 +655,13 @@ def read_rank_captures(run_dir: Path) -> tuple[dict[int, dict[str, Any]], list[s
         if data["rank"] in out:
             notes.append(f"{RANKS_DIR}/{name}: skipped: rank {data['rank']} is already in another file")
             continue
-        if data.get("status") == "running":
-            gone = rank_process_gone(data, path)
-            if gone:  # its process ended without finishing the file (kill -9, the OOM killer, a reboot)
-                data = {**data, "status": "failed", "error": f"the rank process died without finishing: {gone}"}
         out[data["rank"]] = data
     return dict(sorted(out.items())), notes
+
+
+# Set by the readers (read_run_files) on a rank capture that still says "running" whose process is known to be gone:
+# why (``rank_process_gone``). Never written: the capture side reads the same files without it.
+PROCESS_GONE = "process_gone"
 
 
 def pid_namespace() -> str | None:
@@ -751,6 +752,11 @@ def read_manifest(run_dir: Path) -> tuple[dict[str, Any], list[str]]:
 def read_run_files(run_dir: Path) -> tuple[dict[int, dict[str, Any]], dict[str, Any], list[str]]:
     """The capture files of a run directory: rank captures, the manifest, and notes on files left out."""
     captures, notes = read_rank_captures(run_dir)
+    for rank, data in captures.items():
+        if data.get("status") == "running":
+            gone = rank_process_gone(data, rank_file(run_dir, rank))
+            if gone:  # its process ended without finishing the file (kill -9, the OOM killer, a reboot)
+                captures[rank] = {**data, PROCESS_GONE: gone}
     manifest, more = read_manifest(run_dir)
     return captures, manifest, notes + more
 

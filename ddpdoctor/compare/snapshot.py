@@ -127,8 +127,8 @@ _STATUS = {
     "failed": "failed",
     "hung": "hung",
     "interrupted": "was interrupted",
-    # a rank file that still says "running" after the read (rundir.read_rank_captures marks one whose process is
-    # gone from this host as failed): its process is still there, or ran on another host
+    # a rank file that still says "running" whose process is not known to be gone (rundir.read_run_files): still
+    # there, or on another host
     "running": "has not finished: its rank file still says running (a run in progress, or a rank that ended on"
     " another host without a word)",
 }
@@ -142,6 +142,9 @@ def incomplete(captures: Sequence[Mapping[str, Any]]) -> list[str]:
     out = []
     for c in captures:
         status = c.get("status")
+        if status == "running" and c.get("process_gone"):  # rundir.read_run_files: its process is gone
+            out.append(f"rank {c.get('rank')} died without finishing ({str(c['process_gone'])[:200]})")
+            continue
         if status != "ok":
             why = _STATUS.get(str(status), f"ended with status {str(status)[:40]!r}")
             error = c.get("error")

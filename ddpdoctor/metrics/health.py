@@ -258,10 +258,12 @@ def _rank_records(manifest: Mapping[str, Any], captures: Mapping[int, Mapping[st
     for rank, cap in captures.items():
         recorded = cap.get("steps")
         steps: Mapping[str, Any] = recorded if isinstance(recorded, Mapping) else {}
+        gone = cap.get("process_gone") if cap.get("status") == "running" else None  # rundir.read_run_files
         out[int(rank)] = {
             "rank": int(rank),
-            "status": cap.get("status"),
-            "reason": cap.get("error"),
+            # a rank file still "running" whose process is gone from this host: the rank died without finishing
+            "status": "failed" if gone else cap.get("status"),
+            "reason": f"the rank process {DIED}: {gone}" if gone else cap.get("error"),
             "steps": steps.get("count"),
             "exit_code": cap.get("exit_code"),
             "error_frames": cap.get("error_frames") or [],

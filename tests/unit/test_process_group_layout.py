@@ -5,7 +5,6 @@ and where it is, and the launcher (only it, once every rank ended) moves it to t
 from __future__ import annotations
 
 import json
-import os
 import socket
 
 import pytest
@@ -119,8 +118,7 @@ def test_the_launcher_moves_the_training_group_to_the_top_level(tmp_path):
 def test_nothing_moves_while_a_rank_is_still_running(tmp_path):
     out = tmp_path / "run"
     _eval_at_top_training_in_group1(out)
-    # still running: its process is there (this one; a pid no process holds is a rank that died, rundir.py)
-    _rank(out / "groups" / "group1", 1, steps=25, ddp=True, pid=os.getpid(), status="running")
+    _rank(out / "groups" / "group1", 1, steps=25, ddp=True, pid=201, status="running")
     (out / "nodes").mkdir()
     (out / "nodes" / "node0.json").write_text(
         json.dumps({"node_rank": 0, "hostname": socket.gethostname(), "exit_code": 0})

@@ -45,13 +45,14 @@ def _run(tmp_path: Path, rank1: dict, manifest: bool = False) -> Path:
 def test_a_rank_whose_process_is_gone_died_without_finishing(tmp_path):
     pid = _dead_pid()
     run = _run(tmp_path, {"pid": pid})
-    captures, notes = rundir.read_rank_captures(run)
-    assert captures[1]["status"] == "failed", captures[1]
-    assert captures[1]["error"] == (
-        f"the rank process died without finishing: no process {pid} on {socket.gethostname()} any more"
-        " (killed, or ended by a fatal signal)"
+    captures, _, notes = rundir.read_run_files(run)
+    assert captures[1]["status"] == "running", captures[1]  # as written: the capture side reads it so too
+    assert captures[1][rundir.PROCESS_GONE] == (
+        f"no process {pid} on {socket.gethostname()} any more (killed, or ended by a fatal signal)"
     )
-    assert captures[0]["status"] == "ok"
+    assert captures[0]["status"] == "ok" and rundir.PROCESS_GONE not in captures[0]
+    # the capture side (the launcher's manifest, the hang watchdog) reads the file as it is
+    assert rundir.PROCESS_GONE not in rundir.read_rank_captures(run)[0][1]
     # the file itself is left as it was: the verdict is the reader's, not a rewrite of the user's data
     assert json.loads((run / "ranks" / "rank1.json").read_text())["status"] == "running"
 
@@ -63,14 +64,15 @@ def test_diagnose_leads_with_the_dead_rank_and_gate_says_it_died(tmp_path):
     assert first.name == "rank-died" and str(first.severity) == "error", [f.name for f in analysis.diagnosis.findings]
     health = analysis.metrics.run["health"]
     assert not any("still running" in n for n in health["notes"]), health["notes"]
+    assert health["ranks"][1]["steps"] is None  # its file was last written before the kill: a lower bound only
     snapshot = read_input(str(run))
-    assert any(r.startswith("rank 1 failed (the rank process died without finishing") for r in snapshot.incomplete)
+    assert any(r.startswith("rank 1 died without finishing (no process ") for r in snapshot.incomplete), snapshot
 
 
 def test_a_rank_still_running_here_is_a_run_in_progress(tmp_path):
     run = _run(tmp_path, {"pid": os.getpid()})  # this process: alive, and started before the file was written
-    captures, _ = rundir.read_rank_captures(run)
-    assert captures[1]["status"] == "running"
+    captures, _, _ = rundir.read_run_files(run)
+    assert captures[1]["status"] == "running" and rundir.PROCESS_GONE not in captures[1]
     analysis = analyze_run(run)
     assert not [f for f in analysis.diagnosis.findings if str(f.severity) == "error"]
     assert any("still running" in n for n in analysis.metrics.run["health"]["notes"])
@@ -88,8 +90,8 @@ def test_a_pid_now_held_by_a_later_process_is_not_the_rank(tmp_path):
 
 def test_another_hosts_rank_cannot_be_told_and_stays_running(tmp_path):
     run = _run(tmp_path, {"pid": _dead_pid(), "hostname": socket.gethostname() + "-elsewhere"})
-    captures, _ = rundir.read_rank_captures(run)
-    assert captures[1]["status"] == "running"
+    captures, _, _ = rundir.read_run_files(run)
+    assert captures[1]["status"] == "running" and rundir.PROCESS_GONE not in captures[1]
     assert rundir.rank_process_gone(captures[1]) is None
 
 
@@ -97,8 +99,7 @@ def test_a_rank_in_another_pid_namespace_cannot_be_told(tmp_path):
     """A container with the host's network (and so its host name) has pids of its own: a pid missing here says
     nothing of it. The rank file names its pid namespace; another one than the reader's stays "running"."""
     run = _run(tmp_path, {"pid": _dead_pid(), "pid_ns": "pid:[1]"})
-    captures, _ = rundir.read_rank_captures(run)
-    assert captures[1]["status"] == "running"
+    assert rundir.PROCESS_GONE not in rundir.read_run_files(run)[0][1]
     same = _run(tmp_path / "same", {"pid": _dead_pid(), "pid_ns": rundir.pid_namespace()})
-    assert rundir.read_rank_captures(same)[0][1]["status"] == "failed"
+    assert rundir.PROCESS_GONE in rundir.read_run_files(same)[0][1]
 
