@@ -18,6 +18,7 @@ import os
 import pytest
 from helpers import REPO, run_cli
 
+from ddpdoctor.metrics.hostload import CONTENDED_STEAL_SHARE, CONTENDED_WAIT_SHARE
 from ddpdoctor.metrics.hostload import HOSTLOAD_RANK_METRICS as SHOWN
 from ddpdoctor.pipeline import analyze_run
 
@@ -109,6 +110,13 @@ def test_a_rank_that_sleeps_every_step_is_still_a_straggler_beside_the_burners(s
 @pytest.mark.timeout(300)
 def test_a_job_the_load_did_not_hold_back_says_no_contention(quiet) -> None:
     why = (quiet["run"]["notes"], quiet["_metrics"])
-    assert any(n.startswith("No CPU contention for this job: ") for n in quiet["run"]["notes"]), why
+    assert all(r["cpu_wait_share"] < CONTENDED_WAIT_SHARE for r in quiet["_metrics"]), why  # its loop hardly waited
+    steal = max((r["host_steal_ratio"] or 0.0) for r in quiet["_metrics"])
+    if steal >= CONTENDED_STEAL_SHARE:
+        # the hypervisor took CPU time from this whole VM (CI, 2026-12-04: the loop waited 1% of the window): the
+        # host was contended all the same, and the note says why
+        assert any(n.startswith("The host was busy: ") and "(steal)" in n for n in quiet["run"]["notes"]), why
+    else:
+        assert any(n.startswith("No CPU contention for this job: ") for n in quiet["run"]["notes"]), why
     assert not _findings(quiet, "rank-starved-of-cpu")
     assert "rank-starved-of-cpu" in quiet["passed"]
