@@ -21,6 +21,7 @@ from ddpdoctor._version import __version__
 from ddpdoctor.compare import samples as smp
 from ddpdoctor.compare.catalog import METRICS
 from ddpdoctor.metrics.catalog import RANK, RUN, group
+from ddpdoctor.rundir import PROCESS_GONE
 
 SCHEMA_VERSION = 1
 KIND = "ddpdoctor-baseline"
@@ -142,8 +143,8 @@ def incomplete(captures: Sequence[Mapping[str, Any]]) -> list[str]:
     out = []
     for c in captures:
         status = c.get("status")
-        if status == "running" and c.get("process_gone"):  # rundir.read_run_files: its process is gone
-            out.append(f"rank {c.get('rank')} died without finishing ({str(c['process_gone'])[:200]})")
+        if status == "running" and c.get(PROCESS_GONE):  # rundir.read_run_files: its process is gone
+            out.append(f"rank {c.get('rank')} died without finishing ({str(c[PROCESS_GONE])[:200]})")
             continue
         if status != "ok":
             why = _STATUS.get(str(status), f"ended with status {str(status)[:40]!r}")

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ddpdoctor.metrics import catalog
+from ddpdoctor.rundir import PROCESS_GONE
 
 HEALTH_METRICS = catalog.names("run", "health")
 
@@ -258,7 +259,7 @@ def _rank_records(manifest: Mapping[str, Any], captures: Mapping[int, Mapping[st
     for rank, cap in captures.items():
         recorded = cap.get("steps")
         steps: Mapping[str, Any] = recorded if isinstance(recorded, Mapping) else {}
-        gone = cap.get("process_gone") if cap.get("status") == "running" else None  # rundir.read_run_files
+        gone = cap.get(PROCESS_GONE) if cap.get("status") == "running" else None  # rundir.read_run_files
         out[int(rank)] = {
             "rank": int(rank),
             # a rank file still "running" whose process is gone from this host: the rank died without finishing
@@ -334,23 +335,27 @@ def _rank_entry(rank: int, rec: Mapping[str, Any], status: str | None, state: An
 
 def _where(state: Any, depth: int = 3) -> str:
     """``read_shard (train.py:14) ← main (train.py:30)``: a rank's innermost user-code frames."""
-    frames = tuple(getattr(state, "frames", ()) or ())[:depth]
-    return " ← ".join(_frame_text(f) for f in frames)
+    return _frames_text(tuple(getattr(state, "frames", ()) or ()), depth)
 
 
 def _record_where(rec: Mapping[str, Any], depth: int = 3) -> str:
     """``setup (train.py:4) ← <module> (train.py:7)``: the innermost user-code frames of the exception a rank's file
     recorded (``error_frames``, outermost first), where no dump says where the rank was (it failed before it made
     a process group)."""
+    import msgspec
+
     from ddpdoctor.flight.frames import user_frames
     from ddpdoctor.runfile_types import Frame
 
-    frames = []
-    for raw in rec.get("error_frames") or []:
-        if isinstance(raw, Mapping) and isinstance(raw.get("file"), str):
-            line = raw.get("line")
-            frames.append(Frame(raw["file"], line if isinstance(line, int) else 0, str(raw.get("name") or "")))
-    return " ← ".join(_frame_text(f) for f in user_frames(frames)[:depth])
+    try:  # checked as RankCapture's list[Frame] when the file was read; a record built otherwise may not fit
+        frames = msgspec.convert(list(rec.get("error_frames") or []), list[Frame])
+    except msgspec.ValidationError:
+        return ""
+    return _frames_text(user_frames(frames), depth)
+
+
+def _frames_text(frames: Any, depth: int) -> str:
+    return " ← ".join(_frame_text(f) for f in tuple(frames)[:depth])
 
 
 def _frame_text(frame: Any) -> str:
