@@ -74,6 +74,7 @@ from typing import Any
 
 import msgspec
 
+from ddpdoctor import liveness
 from ddpdoctor.runfile_types import (
     DROPPABLE,
     SCHEMA_VERSION,
@@ -664,57 +665,6 @@ def read_rank_captures(run_dir: Path) -> tuple[dict[int, dict[str, Any]], list[s
 PROCESS_GONE = "process_gone"
 
 
-def pid_namespace() -> str | None:
-    """This process's pid namespace (``pid:[4026531836]``), None where /proc does not say."""
-    try:
-        return os.readlink("/proc/self/ns/pid")
-    except OSError:
-        return None
-
-
-def rank_process_gone(data: dict[str, Any], path: str | Path | None = None) -> str | None:
-    """Why the process of a rank file that still says "running" is known to be gone, or None: it ran on this host
-    (``hostname``) and no process ``pid`` is there any more, or the one there now started after the file was last
-    written (the pid was reused), or the host restarted since. None where it cannot be told (another host, no pid,
-    /proc unreadable) or the process is still there: a run in progress."""
-    import socket
-
-    pid, host = data.get("pid"), data.get("hostname")
-    if not isinstance(pid, int) or pid <= 0 or not isinstance(host, str) or host != socket.gethostname():
-        return None
-    ns = data.get("pid_ns")
-    if isinstance(ns, str) and ns != pid_namespace():
-        return None  # another pid namespace (a container sharing the host's name): its pids are not ours to look up
-    try:
-        written = os.stat(path).st_mtime if path is not None else None
-    except OSError:
-        written = None
-    try:
-        with open("/proc/stat", "rb") as f:
-            boot = next(float(line.split()[1]) for line in f if line.startswith(b"btime "))
-    except (OSError, StopIteration, ValueError, IndexError):
-        boot = None
-    if boot is not None and written is not None and written < boot:
-        return f"{host} restarted after its rank file was last written"
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return f"no process {pid} on {host} any more (killed, or ended by a fatal signal)"
-    except (PermissionError, OSError):
-        return None  # there, and another user's (or cannot tell)
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[-1].split()
-        if fields[0] == b"Z":
-            return f"process {pid} on {host} has ended (not yet reaped)"
-        started = boot + int(fields[19]) / os.sysconf("SC_CLK_TCK") if boot is not None else None
-    except (OSError, IndexError, ValueError):
-        return None
-    if started is not None and written is not None and started > written + 2.0:
-        return f"no process {pid} on {host} any more (that pid is now another process, started later)"
-    return None
-
-
 def read_summaries(
     run_dir: Path, version: str, keep: Callable[[dict[str, Any], str], dict[str, Any]] | None = None
 ) -> tuple[dict[int, dict[str, Any]], list[str]]:
@@ -754,7 +704,7 @@ def read_run_files(run_dir: Path) -> tuple[dict[int, dict[str, Any]], dict[str, 
     captures, notes = read_rank_captures(run_dir)
     for rank, data in captures.items():
         if data.get("status") == "running":
-            gone = rank_process_gone(data, rank_file(run_dir, rank))
+            gone = liveness.rank_process_gone(data, rank_file(run_dir, rank))
             if gone:  # its process ended without finishing the file (kill -9, the OOM killer, a reboot)
                 captures[rank] = {**data, PROCESS_GONE: gone}
     manifest, more = read_manifest(run_dir)

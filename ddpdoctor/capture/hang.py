@@ -22,7 +22,7 @@ from typing import Any
 
 import msgspec
 
-from ddpdoctor import rundir
+from ddpdoctor import liveness, rundir
 from ddpdoctor.capture.flight import dump_path, request_path
 from ddpdoctor.runfile_types import FlightDump
 
@@ -207,10 +207,10 @@ def stop(term: Iterable[int], *, kill: Iterable[int], grace_s: float = STOP_GRAC
     for pid in term:
         _signal(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and any(_exists(p) for p in [*term, *kill]):
+    while time.monotonic() < deadline and any(liveness.exists(p) for p in [*term, *kill]):
         time.sleep(0.2)
     for pid in kill:
-        if _exists(pid):
+        if liveness.exists(pid):
             _signal(pid, signal.SIGKILL)
 
 
@@ -219,17 +219,3 @@ def _signal(pid: int, signum: int) -> None:
         os.kill(pid, signum)
     except (ProcessLookupError, PermissionError):
         pass
-
-
-def _exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie (ended, not yet reaped by its parent) is gone for our purpose
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
-    except OSError:
-        return True

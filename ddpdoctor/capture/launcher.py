@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ddpdoctor import rundir
+from ddpdoctor import liveness, rundir
 from ddpdoctor.capture import hang, interpreter
 from ddpdoctor.capture import manifest as manifest_mod
 from ddpdoctor.capture.config import CaptureConfig
@@ -138,7 +138,7 @@ class HangJudge:
         expected = hang.world_ranks(self.out)
         self.say._print(f"ddpdoctor: hang timeout: {request.get('by') or 'a rank'}; every rank dumps where it is")
         dumps = hang.wait_for_answers(
-            self.out, request["id"], expected, alive=lambda: any(hang._exists(p) for p in local.values())
+            self.out, request["id"], expected, alive=lambda: any(liveness.exists(p) for p in local.values())
         )
         if self._done:
             return  # the job ended meanwhile

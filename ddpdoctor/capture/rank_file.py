@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ddpdoctor import rundir
+from ddpdoctor import liveness, rundir
 from ddpdoctor._version import __version__
 from ddpdoctor.capture import ddp as ddp_capture
 from ddpdoctor.capture import knobs as knobs_capture
@@ -117,7 +117,7 @@ def record(session: Session) -> dict[str, Any]:
         "node_rank": who.node_rank,
         "hostname": socket.gethostname(),
         "pid": os.getpid(),
-        "pid_ns": rundir.pid_namespace(),  # whose pids these are: a reader in another namespace cannot look it up
+        "pid_ns": liveness.pid_namespace(),  # whose pids these are: a reader in another namespace cannot look it up
         "launch": session.config.launch,
         "status": session.status,
         "exit_code": session.exit_code,

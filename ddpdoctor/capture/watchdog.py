@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ddpdoctor import liveness
 from ddpdoctor.capture import hang
 from ddpdoctor.capture.step_clock import StepClock
 
@@ -163,5 +164,5 @@ def _config() -> Any:
 
 
 def _alive(pid: int) -> bool:
-    """Whether the launcher ``pid`` is still there to decide (a zombie is not: ``hang._exists``)."""
-    return pid > 0 and hang._exists(pid)
+    """Whether the launcher ``pid`` is still there to decide (a zombie is not: ``liveness.exists``)."""
+    return pid > 0 and liveness.exists(pid)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from helpers import SAMPLES, read_json, run_cli, write_script
 
-from ddpdoctor import rundir
+from ddpdoctor import liveness
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -81,7 +81,7 @@ def _assert_two_ranks_traced(out: Path, launch: str, *, steps: int = 8) -> dict:
         assert trace["distributedInfo"]["rank"] == entry["rank"] and trace["distributedInfo"]["world_size"] == 2
         rank = read_json(out / "ranks" / f"rank{entry['rank']}.json")
         assert rank["backend"] == "gloo" and rank["world_size"] == 2
-        assert rank["pid_ns"] == rundir.pid_namespace()  # whose pid it is (rundir.rank_process_gone reads it)
+        assert rank["pid_ns"] == liveness.pid_namespace()  # whose pid it is (rundir.rank_process_gone reads it)
         pids.add(rank["pid"])
     assert len(pids) == 2
     # Only the ranks wrote: no third rank file from a launcher or a helper process.

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ddpdoctor import rundir
+from ddpdoctor import liveness, rundir
 from ddpdoctor.compare.inputs import read_input
 from ddpdoctor.pipeline import analyze_run
 
@@ -84,7 +84,7 @@ def test_a_pid_now_held_by_a_later_process_is_not_the_rank(tmp_path):
     run = _run(tmp_path, {"pid": os.getpid()})
     os.utime(run / "ranks" / "rank1.json", (1_000_000_000, 1_000_000_000))  # written in 2001, before this process
     data = json.loads((run / "ranks" / "rank1.json").read_text())
-    why = rundir.rank_process_gone(data, run / "ranks" / "rank1.json")
+    why = liveness.rank_process_gone(data, run / "ranks" / "rank1.json")
     assert why is not None and ("restarted" in why or "started later" in why), why
 
 
@@ -92,7 +92,7 @@ def test_another_hosts_rank_cannot_be_told_and_stays_running(tmp_path):
     run = _run(tmp_path, {"pid": _dead_pid(), "hostname": socket.gethostname() + "-elsewhere"})
     captures, _, _ = rundir.read_run_files(run)
     assert captures[1]["status"] == "running" and rundir.PROCESS_GONE not in captures[1]
-    assert rundir.rank_process_gone(captures[1]) is None
+    assert liveness.rank_process_gone(captures[1]) is None
 
 
 def test_a_rank_in_another_pid_namespace_cannot_be_told(tmp_path):
@@ -100,6 +100,6 @@ def test_a_rank_in_another_pid_namespace_cannot_be_told(tmp_path):
     nothing of it. The rank file names its pid namespace; another one than the reader's stays "running"."""
     run = _run(tmp_path, {"pid": _dead_pid(), "pid_ns": "pid:[1]"})
     assert rundir.PROCESS_GONE not in rundir.read_run_files(run)[0][1]
-    same = _run(tmp_path / "same", {"pid": _dead_pid(), "pid_ns": rundir.pid_namespace()})
+    same = _run(tmp_path / "same", {"pid": _dead_pid(), "pid_ns": liveness.pid_namespace()})
     assert rundir.PROCESS_GONE in rundir.read_run_files(same)[0][1]
 
