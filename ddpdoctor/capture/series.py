@@ -16,7 +16,8 @@ against the same loop bare, in the same run (issue 28: <= 1% of the step time).
 
 Header line ``{"kind": "header", "version": 1, "rank", "world_size", "local_rank", "node", "pid", "started_at",
 "device", "mem_capacity_bytes"}``, then per step ``{"step", "t", "wall_s", "data_s", "forward_s", "backward_s",
-"optimizer_s", "mem_bytes", "mem_reserved_bytes", "ddp"?}`` (seconds, bytes, unix seconds); ``ddp`` is
+"optimizer_s", "mem_bytes", "mem_reserved_bytes", "cpu_s", "ddp"?}`` (seconds, bytes, unix seconds; ``cpu_s``: the
+process's CPU time in the step, all its threads); ``ddp`` is
 ``[step, forward_s, backward_compute_s, backward_comm_s, overlap_s, comm_start_t, forward_start_t]`` of an EARLIER
 step (DDP records a step's timings during the next forward); the reader moves it onto that step's row. Seconds are
 written to the microsecond (``wall_s`` to 0.1 us, ``t`` to 0.1 ms); a NaN or an infinity as null.
@@ -57,6 +58,7 @@ ROW_FIELDS = (
     "optimizer_s",
     "mem_bytes",
     "mem_reserved_bytes",
+    "cpu_s",
     *DDP_FIELDS,
 )
 # row field -> summary() key (after "ddpdoctor/")
@@ -107,6 +109,7 @@ class SeriesRecorder:
         self._wall_floor = float("inf")  # the fastest step so far (s): the DDP read's budget
         self._ddp_next = 0  # DDP's logging data is read again once this many steps are recorded
         self._ddp_last_start: int | None = None
+        self._cpu_last: float | None = None  # time.process_time() at the last step's end
         self.last_ddp: list[Any] | None = None  # the last DDP timing read (see _ddp)
         self.exporter: Any = None  # ddpdoctor.export.prometheus.Exporter once asked for
         self._textfile: str | None = None
@@ -141,7 +144,10 @@ class SeriesRecorder:
                 ddp = self._ddp(iteration, wall)
                 if ddp is not None:
                     self.last_ddp = ddp
-            raw = (iteration, time.time(), wall, spent, mem, reserved, ddp)
+            cpu_now = time.process_time()  # the process's CPU time (every thread): ~1 us
+            cpu_last, self._cpu_last = self._cpu_last, cpu_now
+            cpu = cpu_now - cpu_last if cpu_last is not None else None
+            raw = (iteration, time.time(), wall, spent, mem, reserved, ddp, cpu)
             self._raw = raw
             self._queue.append(raw)  # a full queue (the file cannot be written) drops its oldest line
             self.steps += 1
@@ -361,7 +367,8 @@ class SeriesRecorder:
 def _row(raw: tuple) -> dict[str, Any]:
     """A step's values as its line in the file (seconds to the microsecond, ``t`` to 0.1 ms, ``wall_s`` to 0.1 us):
     the lines are these dicts, made in bulk by :func:`_lines` with the same rounding."""
-    iteration, t, wall, spent, mem, reserved, ddp = raw
+    iteration, t, wall, spent, mem, reserved, ddp, *more = raw
+    cpu = more[0] if more else None
     d = f = b = o = None
     if spent:
         d = spent.get("data") if iteration else None  # step 0 has no data phase
@@ -376,6 +383,7 @@ def _row(raw: tuple) -> dict[str, Any]:
         "optimizer_s": None if o is None else _r6(o),
         "mem_bytes": mem,
         "mem_reserved_bytes": reserved,
+        "cpu_s": None if cpu is None else _r6(cpu),
     }
     if ddp is not None:
         row["ddp"] = ddp
@@ -410,7 +418,8 @@ def _lines(raws: list[tuple]) -> bytes:
 
         _ENCODER = msgspec.json.Encoder()  # NaN and infinities become null: every line stays JSON
     rows = []
-    for iteration, t, wall, spent, mem, reserved, ddp in raws:
+    for iteration, t, wall, spent, mem, reserved, ddp, *more in raws:
+        cpu = more[0] if more else None
         d = f = b = o = None
         if spent:
             d = spent.get("data") if iteration else None
@@ -425,6 +434,7 @@ def _lines(raws: list[tuple]) -> bytes:
             "optimizer_s": None if o is None else (o * 1e6 + 0.5) // 1 / 1e6,
             "mem_bytes": mem,
             "mem_reserved_bytes": reserved,
+            "cpu_s": None if cpu is None else (cpu * 1e6 + 0.5) // 1 / 1e6,
         }
         if ddp is not None:
             row["ddp"] = ddp

@@ -1,7 +1,7 @@
 """The "Over time" section of a diagnosis (``run.over_time`` of the report document, made by
 ``ddpdoctor.metrics.overtime``), as lines for each format: each finding with when and how often it held across
 the profiled windows, and the trends of the always-on series (step time drift, memory growth and the step at
-which it runs out). Every part that could not be decided says "not evaluated" and why.
+which it runs out, the rank that kept reaching DDP's all-reduce last and since when). Every part that could not be decided says "not evaluated" and why.
 
 ``lines(doc)`` is format-free text (the HTML report can show it as a list: ``html_items(doc)``).
 """
@@ -22,8 +22,8 @@ def lines(doc: dict[str, Any]) -> list[str]:
         return []
     out: list[str] = []
     found = ot.get("findings") or {}
-    step_time, memory = ot.get("step_time") or {}, ot.get("memory") or {}
-    if not any(part.get("evaluated") for part in (found, step_time, memory)):
+    step_time, memory, arrivals = ot.get("step_time") or {}, ot.get("memory") or {}, ot.get("arrivals") or {}
+    if not any(part.get("evaluated") for part in (found, step_time, memory, arrivals)):
         # a short run (one window, a few steps): one line, not three "not evaluated" in every report
         return [
             f"not evaluated: {found.get('reason')}; {step_time.get('reason')} "
@@ -41,7 +41,7 @@ def lines(doc: dict[str, Any]) -> list[str]:
             out += [f"  {r['name']}: {r['text']}" for r in records]
     else:
         out.append(f"findings over time: not evaluated: {found.get('reason')}")
-    for key, title in (("step_time", "step time"), ("memory", "memory")):
+    for key, title in (("step_time", "step time"), ("memory", "memory"), ("arrivals", "late arrivals")):
         part = ot.get(key) or {}
         if not part.get("evaluated"):
             out.append(f"{title}: not evaluated: {part.get('reason')}")
@@ -50,6 +50,8 @@ def lines(doc: dict[str, Any]) -> list[str]:
                 d["text"] if d.get("evaluated") else f"{d['device']}: not evaluated: {d['reason']}"
                 for d in part.get("devices") or []
             ]
+        elif key == "arrivals":
+            out.append(f"{title}: {part['text']}")
         else:
             out.append(part["text"])
     return out

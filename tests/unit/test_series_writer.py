@@ -45,13 +45,14 @@ def _session(out, rank=3, claimed=True):
         (8, 1796235929.5, 2.00000005, {}, 10, 20, None),  # no phase tracked: nulls, not zeros
         (9, 1796235929.5, 0.5, None, None, None, None),
         (10, 1796235929.5, 0.25, {"forward": 0.1}, None, None, None),  # a phase that did not run
+        (11, 1796235929.5, 0.25, None, None, None, None, 0.1234567),  # the process's CPU time in the step
     ],
 )
 def test_each_line_is_the_row_of_its_step(raw):
     (line,) = series._lines([raw]).decode().splitlines()
     assert json.loads(line) == series._row(raw)
     row = json.loads(line)
-    assert list(row)[: len(series.ROW_FIELDS) - len(series.DDP_FIELDS)] == list(series.ROW_FIELDS[:9])
+    assert list(row)[: len(series.ROW_FIELDS) - len(series.DDP_FIELDS)] == list(series.ROW_FIELDS[:10])
     if raw[3] is SPENT:  # seconds to the microsecond (the file stays compact), the step's end to 0.1 ms
         assert row["backward_s"] == 0.002346 and row["optimizer_s"] == 0.0005 and row["t"] == round(raw[1], 4)
     if raw[2] is not None:

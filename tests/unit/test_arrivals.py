@@ -1,0 +1,111 @@
+"""The always-on series' arrivals (issue 28 item 1, issue 25 item 5): which DDP rank reached its backward last,
+step after step, and since when; nothing said of a balanced job, however noisy, nor of a job that is not DDP."""
+
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+import pytest
+
+from ddpdoctor.metrics import overtime
+
+DDP = {"ddp": [{"module": "DistributedDataParallel"}]}
+
+
+def _series(arrive_ms, steps=200, world=2, step_ms=60.0, cpu=None):
+    """``arrive_ms(rank, step)``: the rank's data + forward time (ms) in that step; optimizer 2 ms, backward the
+    rest of the step."""
+    out = {}
+    for rank in range(world):
+        rows = []
+        for step in range(steps):
+            a = arrive_ms(rank, step)
+            rows.append(
+                {
+                    "step": step,
+                    "t": 1_800_000_000.0 + step * step_ms / 1000,
+                    "wall_s": step_ms / 1000,
+                    "data_s": a / 2000,
+                    "forward_s": a / 2000,
+                    "backward_s": max(step_ms - a - 2.0, 0.0) / 1000,
+                    "optimizer_s": 0.002,
+                    "cpu_s": (cpu(rank, step) if cpu else step_ms) / 1000,
+                }
+            )
+        out[rank] = SimpleNamespace(rows=rows, header={})
+    return out
+
+
+def _run(series, captures=None):
+    world = len(series)
+    caps = captures if captures is not None else dict.fromkeys(range(world), DDP)
+    clean = {r["step"] for r in series[0].rows} - {0}
+    return overtime.arrivals(series, caps, clean)
+
+
+def test_a_straggler_from_halfway_is_named_with_the_step_it_began():
+    rng = random.Random(1)
+    got = _run(_series(lambda r, s: 10 + rng.uniform(0, 2) + (30 if r == 1 and s >= 100 else 0)))
+    assert got["evaluated"] and got["ranks"] == [1] and got["pattern"] == "started", got
+    (stretch,) = got["stretches"]
+    assert stretch["first"] == 100 and stretch["last"] == 199 and stretch["late"] == 100
+    assert stretch["late_ms"] == pytest.approx(30, abs=2)
+    assert got["p_value"] < overtime.ARRIVAL_ALPHA
+    assert "rank 1 in 100 of 100 steps since step 100" in got["text"] and "before, no rank" in got["text"]
+
+
+def test_a_rank_that_does_more_work_and_one_that_waits_are_told_apart():
+    rng = random.Random(2)
+    work = _run(
+        _series(
+            lambda r, s: 10 + rng.uniform(0, 2) + (30 if r == 0 else 0), cpu=lambda r, s: 60 + (30 if r == 0 else 0)
+        )
+    )
+    assert work["pattern"] == "throughout" and "more work on that rank" in work["text"], work["text"]
+    wait = _run(_series(lambda r, s: 10 + rng.uniform(0, 2) + (30 if r == 0 else 0), cpu=lambda r, s: 40))
+    assert "it waited for something rather than working more" in wait["text"], wait["text"]
+
+
+def test_a_straggler_that_moves_between_ranks_is_said_to_move():
+    rng = random.Random(3)
+    got = _run(_series(lambda r, s: 10 + rng.uniform(0, 2) + (30 if r == (s // 50) % 2 else 0)))
+    assert got["pattern"] == "moved" and got["ranks"] == [0, 1], got
+    assert [(x["rank"], x["first"]) for x in got["stretches"]] == [
+        (0, 2),
+        (1, 50),
+        (0, 100),
+        (1, 150),
+    ]  # step 1 has no step before it in the analysis
+    assert "not at a node" in got["text"]
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_balanced_jobs_with_hiccups_name_no_rank(world):
+    """Noisy balanced jobs: jitter, and hiccups of up to 4 steps on a random rank (a rank off its CPU for a while,
+    as on a busy host) in 10% of the steps; 30 seeds each, none may name a rank."""
+    named = []
+    for seed in range(30):
+        rng = random.Random(seed)
+        hiccup: dict[tuple[int, int], float] = {}
+        for step in range(400):
+            if rng.random() < 0.10:
+                rank, length, ms = rng.randrange(world), rng.randint(1, 4), rng.uniform(10, 60)
+                for k in range(length):
+                    hiccup[(rank, step + k)] = ms
+        got = _run(_series(lambda r, s: 10 + rng.expovariate(1 / 3) + hiccup.get((r, s), 0.0), steps=400, world=world))
+        assert got["evaluated"], got
+        if got.get("ranks"):
+            named.append((seed, got["text"]))
+    assert not named, named
+
+
+def test_not_evaluated_without_ddp_or_with_too_few_steps():
+    rng = random.Random(4)
+    series = _series(lambda r, s: 10 + rng.uniform(0, 2) + (30 if r == 1 else 0))
+    fsdp = _run(series, captures={0: {"ddp": []}, 1: {"ddp": []}})
+    assert not fsdp["evaluated"] and "DistributedDataParallel" in fsdp["reason"]
+    short = _run(_series(lambda r, s: 10 + (30 if r == 1 else 0), steps=15))
+    assert not short["evaluated"] and "20 are needed" in short["reason"]
+    one = overtime.arrivals({0: series[0]}, {0: DDP}, {1, 2})
+    assert not one["evaluated"]
