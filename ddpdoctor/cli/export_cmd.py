@@ -3,12 +3,15 @@
 Opens in the Perfetto UI (ui.perfetto.dev: "Open trace file") and in ``chrome://tracing``. A process per rank
 (``rank N on HOST``), clocks aligned on the collectives, ddpdoctor's findings as instant events on the ranks they
 name. ``--steps N..M`` chooses the steps; at most ``--max-events`` events are written (whole steps, those closest
-to the median step time first), and the file says what was left out.
+to the median step time first; where one step or the window alone is over the cap, the events that start first), and
+the file says what was left out (a cut inside the steps is also a warning on stderr). ``diagnose FILE`` reads the
+file back as its ranks.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +43,7 @@ def register(subparsers: Any, name: str, help_text: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ddpdoctor.export.perfetto import export_perfetto
+    from ddpdoctor.export.perfetto import export_perfetto, step_ranges
     from ddpdoctor.pipeline import resolve_rules
 
     out = Path(args.perfetto)
@@ -59,13 +62,16 @@ def run(args: argparse.Namespace) -> int:
         max_events=args.max_events,
         rules=resolve_rules(rule_options(args)),
     )
-    steps = f"steps {done.steps[0]}-{done.steps[-1]}" if done.steps else "the profiled window"
+    steps = f"step(s) {step_ranges(done.steps)}" if done.steps else "the profiled window"
     print(
-        f"ddpdoctor: wrote {out} ({done.events:,} events, {len(done.ranks)} rank(s), {steps}, clocks aligned on "
-        "the collectives)",
+        f"ddpdoctor: wrote {out} ({done.events:,} events, {len(done.ranks)} rank(s), {steps}"
+        f"{', cut by the cap' if done.cut else ''}, clocks aligned on the collectives)",
         flush=True,
     )
     for note in done.notes:
-        print(f"ddpdoctor: note: {note}", flush=True)
+        if note == done.cut:  # less than the chosen steps or window: a warning, on stderr
+            print(f"ddpdoctor: warning: {note}", file=sys.stderr, flush=True)
+        else:
+            print(f"ddpdoctor: note: {note}", flush=True)
     print("ddpdoctor: open it in ui.perfetto.dev (Open trace file) or chrome://tracing", flush=True)
     return 0

@@ -90,6 +90,7 @@ class FileColumns:
     distributed_info: dict[str, Any] | None = None
     device_properties: list[dict[str, Any]] = field(default_factory=list)
     base_time_ns: int | None = None
+    other_data: dict[str, Any] | None = None  # the trace's ``otherData`` (ddpdoctor's export: ``load.exported``)
     window: tuple[float, float] | None = None
     x: dict[str, list[np.ndarray]] = field(default_factory=dict)
     mem: dict[str, list[np.ndarray]] = field(default_factory=dict)

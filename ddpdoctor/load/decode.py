@@ -53,6 +53,7 @@ class _Part(msgspec.Struct):
     deviceProperties: Any = msgspec.UNSET
     distributedInfo: Any = msgspec.UNSET
     baseTimeNanoseconds: Any = msgspec.UNSET
+    otherData: Any = msgspec.UNSET
 
 
 _PART = msgspec.json.Decoder(_Part)
@@ -155,7 +156,7 @@ def _locate(data: np.ndarray) -> tuple[int, int, _Part | None] | None:
     if end < start or data[end] != 0x5D or _EVENTS_NAME.search(data, end):  # "]", no second key
         return None
     header = before
-    for name in ("deviceProperties", "distributedInfo", "baseTimeNanoseconds"):
+    for name in ("deviceProperties", "distributedInfo", "baseTimeNanoseconds", "otherData"):
         if getattr(after, name) is not msgspec.UNSET:  # a key given twice: the last one counts, as in msgspec
             setattr(header, name, getattr(after, name))
     return start, end, header
@@ -296,6 +297,8 @@ def _set_header(out: FileColumns, header: Header | _Part) -> None:
     base = header.baseTimeNanoseconds
     if isinstance(base, int) and not isinstance(base, bool) and 0 <= base < 2**63:
         out.base_time_ns = base
+    if isinstance(header.otherData, dict):
+        out.other_data = header.otherData
 
 
 def _chunks(view: memoryview):

@@ -211,6 +211,7 @@ def _decode_group(
     from ddpdoctor.load.columns import RankTables
     from ddpdoctor.load.consistency import drop_copies
     from ddpdoctor.load.decode import decode_file
+    from ddpdoctor.load.exported import split
     from ddpdoctor.load.frames import build_rank_trace
 
     tables = RankTables()
@@ -222,8 +223,9 @@ def _decode_group(
         except TraceError as exc:
             errors.append(str(exc))
             continue
-        errors += f.notes()  # events left out of a file that is read (bad timestamps)
-        by_rank.setdefault(valid_rank((f.distributed_info or {}).get("rank")), []).append(f)
+        for part in split(f) or [f]:  # ddpdoctor's Perfetto export: a part per rank it holds
+            errors += part.notes()  # events left out of a file that is read (bad timestamps)
+            by_rank.setdefault(valid_rank((part.distributed_info or {}).get("rank")), []).append(part)
     traces = []
     for files in by_rank.values():
         kept, copies = drop_copies(files)

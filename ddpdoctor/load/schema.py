@@ -115,6 +115,7 @@ class Header(msgspec.Struct):
     deviceProperties: Any = None
     distributedInfo: Any = None
     baseTimeNanoseconds: Any = None
+    otherData: Any = None
 
 
 _INT_FIELDS = {

@@ -241,3 +241,37 @@ def _one_step(
     t0 = min(row["start_us"] for row in rows)
     t1 = max(row["end_us"] for row in rows)
     return {"label": label, "step": step, "t0_us": t0, "t1_us": t1, "ranks": rows}
+
+
+def step_rows(summaries: list[dict[str, Any]], step: int, offsets: dict[int, float]) -> list[dict[str, Any]] | None:
+    """Every rank's row of ``step`` in ``build``'s form (``{"rank", "start_us", "end_us", "compute", "comm",
+    "gather"}``, µs on the clocks ``offsets`` aligns), for any analysed step, not only the median and the worst;
+    None when a rank did not analyse it. A rank whose summary recorded no timeline has no compute lanes (its
+    collectives are there)."""
+    by_rank = {int(s["rank"]): s if s.get("timeline") is not None else {**s, "timeline": {}} for s in summaries}
+    ranks = sorted(by_rank)
+    windows = {r: _steps(by_rank[r]) for r in ranks}
+    if not ranks or any(step not in windows[r] for r in ranks):
+        return None
+    return _one_step("", step, ranks, by_rank, windows, offsets)["ranks"]
+
+
+def latest_arrival(row: dict[str, Any]) -> tuple[str, int, float, float] | None:
+    """(kind, index, arrival, lateness) of the collective this rank entered latest after the first rank to enter
+    it; None when it was never late."""
+    arrivals: dict[tuple[str, int], tuple[float, float]] = {}
+    for kind, index, _part, a, _b, late in row["comm"]:
+        if (kind, index) not in arrivals or a < arrivals[(kind, index)][0]:
+            arrivals[(kind, index)] = (a, late)
+    late = [(k[0], k[1], a, lateness) for k, (a, lateness) in arrivals.items() if lateness > 0]
+    return max(late, key=lambda c: (c[3], -c[2]), default=None)
+
+
+def exposed_after_backward(row: dict[str, Any]) -> list[tuple[float, float]]:
+    """The exposed-communication segments from the start of the rank's backward to its step's end, in time order;
+    empty when no backward was seen."""
+    starts = [a for lane, a, _ in row["compute"] if lane == "backward"]
+    if not starts:
+        return []
+    first = min(starts)
+    return sorted((a, b) for lane, a, b in row["compute"] if lane == "exposed_comm" and a >= first)

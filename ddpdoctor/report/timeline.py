@@ -17,6 +17,7 @@ from collections.abc import Iterable, Sequence
 from itertools import count
 from typing import Any
 
+from ddpdoctor.metrics.timeline import exposed_after_backward, latest_arrival
 from ddpdoctor.report import palette
 from ddpdoctor.report.fmt import esc
 
@@ -230,7 +231,7 @@ def _marks(
     for f in findings:
         attrs = f'class="tl-mark" data-rule="{esc(f.name)}" data-rank="{rank}" data-step="{step}"'
         if f.name == STRAGGLER and f.ranks:
-            late = _latest_arrival(row) if rank in f.ranks else None
+            late = latest_arrival(row) if rank in f.ranks else None
             if late is not None:
                 kind, index, a, late_us = late
                 px = x(a)
@@ -244,7 +245,7 @@ def _marks(
                     + "</g>"
                 )
             elif rank not in f.ranks:
-                culprit = next((_latest_arrival(r) for r in rows if r["rank"] in f.ranks), None)
+                culprit = next((latest_arrival(r) for r in rows if r["rank"] in f.ranks), None)
                 waits = [
                     (a, b)
                     for kind, index, part, a, b, _ in row["comm"]
@@ -261,7 +262,7 @@ def _marks(
                         + "</g>"
                     )
         elif f.name == OVERLAP and _finding_ranks(f, rank):
-            exposed = _exposed_after_backward(row)
+            exposed = exposed_after_backward(row)
             if exposed:
                 total = sum(b - a for a, b in exposed)
                 a, b = max(exposed, key=lambda s: s[1] - s[0])  # the longest: where the all-reduce waits
@@ -304,17 +305,6 @@ def _label(px: float, y: float, text: str) -> str:
     return f'<text x="{px + dx:.1f}" y="{y:.1f}" text-anchor="{anchor}" class="tl-label">{esc(text)}</text>'
 
 
-def _latest_arrival(row: dict[str, Any]) -> tuple[str, int, float, float] | None:
-    """(kind, index, arrival, lateness) of the collective this rank entered latest after the first rank to enter
-    it; None when it was never late."""
-    arrivals: dict[tuple[str, int], tuple[float, float]] = {}
-    for kind, index, _part, a, _b, late in row["comm"]:
-        if (kind, index) not in arrivals or a < arrivals[(kind, index)][0]:
-            arrivals[(kind, index)] = (a, late)
-    late = [(k[0], k[1], a, lateness) for k, (a, lateness) in arrivals.items() if lateness > 0]
-    return max(late, key=lambda c: (c[3], -c[2]), default=None)
-
-
 def _overlap(span: tuple[float, float], parts: list[tuple[float, float]]) -> float:
     """Time of ``span`` covered by ``parts`` (which may overlap one another: unioned first)."""
     covered, reach = 0.0, span[0]
@@ -324,13 +314,3 @@ def _overlap(span: tuple[float, float], parts: list[tuple[float, float]]) -> flo
             covered += b - a
             reach = b
     return covered
-
-
-def _exposed_after_backward(row: dict[str, Any]) -> list[tuple[float, float]]:
-    """The exposed-communication segments from the start of the rank's backward to its step's end, in time order;
-    empty when no backward was seen."""
-    starts = [a for lane, a, _ in row["compute"] if lane == "backward"]
-    if not starts:
-        return []
-    first = min(starts)
-    return sorted((a, b) for lane, a, b in row["compute"] if lane == "exposed_comm" and a >= first)
