@@ -75,23 +75,29 @@ def run(args: argparse.Namespace) -> int:
         print(f"ddpdoctor: warning: {why}; the PyTorch Profiler tab leaves it out", file=sys.stderr, flush=True)
     live = _follow_series(Path(args.run), path)
     url = server.start(path.resolve(), args.host, args.port)
-    warning = (
-        ("ddpdoctor: warning: serving on every network interface; anyone who can reach this machine can read the run\n")
-        if args.host in _ALL_INTERFACES
-        else ""
-    )
-    _serve_until_stopped(
-        f"{warning}ddpdoctor: TensorBoard at {url} (Ctrl-C to stop)\n"
-        f"  ddpdoctor dashboard: {url}#ddpdoctor\n"
-        f"  scalars:             {url}#timeseries\n"
-        f"  timeline:            ddpdoctor export {shlex.quote(args.run)} --perfetto run.perfetto.json, then open it "
-        "in ui.perfetto.dev (every rank, clocks aligned, findings marked; the PyTorch Profiler tab at "
-        f"{url}#pytorch_profiler needs the internet for its charts)"
-    )
+    _serve_until_stopped(banner(args.run, url, args.host))
     if live is not None:
         live.stop()
     print("ddpdoctor: TensorBoard stopped", flush=True)
     return 0
+
+
+def banner(run: str, url: str, host: str) -> str:
+    """What ``view`` prints once TensorBoard serves ``run`` at ``url``: where each view is, and for a timeline of
+    every event the Perfetto export's command for this run (the PyTorch Profiler tab needs the internet)."""
+    warning = (
+        ("ddpdoctor: warning: serving on every network interface; anyone who can reach this machine can read the run\n")
+        if host in _ALL_INTERFACES
+        else ""
+    )
+    return (
+        f"{warning}ddpdoctor: TensorBoard at {url} (Ctrl-C to stop)\n"
+        f"  ddpdoctor dashboard: {url}#ddpdoctor\n"
+        f"  scalars:             {url}#timeseries\n"
+        f"  timeline:            ddpdoctor export {shlex.quote(run)} --perfetto run.perfetto.json, then open it "
+        "in ui.perfetto.dev (every rank, clocks aligned, findings marked; the PyTorch Profiler tab at "
+        f"{url}#pytorch_profiler needs the internet for its charts)"
+    )
 
 
 def _follow_series(run: Path, logdir: Path) -> Any:

@@ -287,12 +287,12 @@ def _timeline_html(result: Diagnosis) -> list[str]:
     if not data.get("recorded") and not data.get("reason"):
         return []
     return [
-        "<h2>Step timeline</h2>",
+        f"<h2>{timeline.TITLE}</h2>",
         '<p class="note">One step of every rank on one clock: the upper row of a rank is its training loop (data '
         "wait, forward, backward, optimizer, communication it waited for; the rest of its step is idle or other "
         "work), the lower row its collectives: first waiting for the ranks not there yet, then the transfer. "
         "Hover a part for its time. For every event, open the Perfetto export "
-        "(<code>ddpdoctor export RUN --perfetto FILE</code>) in ui.perfetto.dev.</p>",
+        f"(<code>{timeline.PERFETTO_COMMAND}</code>) in ui.perfetto.dev.</p>",
         timeline.render(data, result.findings),
     ]
 

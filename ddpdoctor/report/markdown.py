@@ -6,6 +6,7 @@ from typing import Any, TextIO
 
 from ddpdoctor.diagnosis.findings import Diagnosis, format_ranks
 from ddpdoctor.report import fmt, fsdp_units, over_time
+from ddpdoctor.report import timeline as step_timeline
 from ddpdoctor.report.document import (
     RANK_STATUS_TITLE,
     build,
@@ -68,6 +69,9 @@ def _lines(result: Diagnosis) -> list[str]:
             "Evidence: " + "; ".join(f"{fmt.md(k)} = {fmt.md(fmt.evidence_value(v))}" for k, v in f.evidence.items()),
             "",
         ]
+    pointer = step_timeline.perfetto_pointer(result, lambda command: f"`{command}`")
+    if pointer:  # where the HTML report draws its step timeline
+        out += [f"## {step_timeline.TITLE}", "", pointer, ""]
     health = health_lines(doc)
     if health:
         out += [f"## {health_title(doc)}", ""] + [f"- {fmt.md(line)}" for line in health] + [""]

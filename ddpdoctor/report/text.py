@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from ddpdoctor.diagnosis.findings import Diagnosis, format_ranks
 from ddpdoctor.report import fmt, fsdp_units, over_time
+from ddpdoctor.report import timeline as step_timeline
 from ddpdoctor.report.document import (
     RANK_STATUS_TITLE,
     build,
@@ -356,6 +357,11 @@ def _write(console: Any, result: Diagnosis, doc: dict[str, Any], Text: Any, _t: 
     console.print()
     _input(console, doc, Text, _t)
     _findings(console, result, Text, _t)
+    pointer = step_timeline.perfetto_pointer(result)
+    if pointer:  # where the HTML report draws its step timeline
+        console.print(Text(step_timeline.TITLE, style="bold"))
+        console.print(_t("  " + pointer), overflow="fold")
+        console.print()
     health = health_lines(doc)
     if health:
         console.print(Text(health_title(doc), style="bold"))

@@ -54,6 +54,24 @@ STYLE = (
 )
 
 
+PERFETTO_COMMAND = "ddpdoctor export RUN --perfetto FILE"
+TITLE = "Step timeline"
+
+
+def perfetto_pointer(result: Any, code: Any = str) -> str | None:
+    """What the text and Markdown reports say where the HTML report draws the step timeline: the Perfetto export
+    holds every event of every rank, with the command that writes it (``code`` marks it up: backticks in Markdown).
+    None where the HTML report draws no timeline either (a result without metrics) or no step was analysed (a run
+    without a trace: nothing to export)."""
+    metrics = getattr(result, "metrics", None)
+    if getattr(metrics, "timeline", None) is None or not (getattr(metrics, "run", None) or {}).get("steps_analyzed"):
+        return None
+    return (
+        f"Every event of every rank on one clock, the findings marked: {code(PERFETTO_COMMAND)}, then open FILE in "
+        "ui.perfetto.dev (the HTML report draws one step of it: --format html)."
+    )
+
+
 def _ms(us: float) -> str:
     return f"{us / 1e3:,.1f} ms"
 

@@ -106,3 +106,13 @@ def test_every_document_renders_in_every_format(document):
         if fmt is OutputFormat.HTML:
             assert text.startswith("<!DOCTYPE html>") and text.rstrip().endswith("</html>")
             assert "<script" not in text
+
+
+@pytest.mark.parametrize("fmt", [OutputFormat.TEXT, OutputFormat.MARKDOWN, OutputFormat.HTML])
+def test_every_report_points_to_the_perfetto_export_where_the_html_draws_the_timeline(fmt):
+    result = analyze_run(RUNS["ddp_straggler"], rules=RULES).diagnosis
+    text = _render(Document.DIAGNOSIS, fmt, result)
+    assert "ddpdoctor export RUN --perfetto FILE" in text and "ui.perfetto.dev" in text
+    # under the findings, as the HTML report's step timeline, before the per-rank breakdown
+    title = "<h2>Step timeline</h2>" if fmt is OutputFormat.HTML else "Step timeline"
+    assert text.index("Findings (") < text.index(title) < text.index("ddpdoctor export RUN --perfetto FILE")

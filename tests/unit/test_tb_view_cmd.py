@@ -46,3 +46,16 @@ def test_a_bad_host_is_one_line(tmp_path, host, port):
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("ddpdoctor: error: cannot listen on ") and "--host" in line, line
     assert not (tmp_path / "tensorboard").exists()
+
+
+def test_the_banner_points_to_the_perfetto_export_of_this_run():
+    from ddpdoctor.cli.view_cmd import banner
+
+    url = "http://127.0.0.1:6006/"
+    lines = banner("runs/my run", url, "127.0.0.1").splitlines()
+    assert lines[0] == f"ddpdoctor: TensorBoard at {url} (Ctrl-C to stop)"
+    (timeline,) = [line for line in lines if line.lstrip().startswith("timeline:")]
+    # the command to copy, for this run (quoted for the shell), and where to open what it writes
+    assert "ddpdoctor export 'runs/my run' --perfetto run.perfetto.json, then open it in ui.perfetto.dev" in timeline
+    assert f"{url}#pytorch_profiler needs the internet" in timeline
+    assert "warning" not in banner("r", url, "127.0.0.1") and "every network interface" in banner("r", url, "0.0.0.0")

@@ -77,13 +77,14 @@ def test_view_of_a_committed_run_serves_a_copy_and_the_checkout_stays_clean(tmp_
             if not line:
                 break
             lines.append(line)
-            if "TensorBoard at" in line:
+            if line.lstrip().startswith("timeline:"):  # the banner's last line
                 break
     finally:
         os.killpg(proc.pid, signal.SIGINT)
         proc.wait(timeout=30)
     text = "".join(lines)
     assert "TensorBoard at" in text, text
+    assert f"ddpdoctor export {repo / 'run'} --perfetto run.perfetto.json, then open it in ui.perfetto.dev" in text
     assert "tracked by git: it stays as it is" in text, text
     status = subprocess.run(["git", "-C", str(repo), "status", "--porcelain"], capture_output=True, text=True)
     assert status.stdout == "" and not (repo / "run" / "tensorboard").exists()
