@@ -33,7 +33,9 @@ def test_the_readme_leads_with_the_two_commands_and_ci_runs_the_second():
     test_cmd = README.split("<!-- test-command -->", 1)[1].split("```")[1].strip()
     assert test_cmd == "python3 quickstart.py test"
     ci = (REPO / ".ci" / "run").read_text()
-    assert "test-command" in ci and "pip install -q torch==2.13.0" in ci, "CI pins the CPU torch before the README command"
+    assert "test-command" in ci and "pip install -q torch==2.13.0" in ci, (
+        "CI pins the CPU torch before the README command"
+    )
 
 
 @pytest.mark.parametrize(
@@ -93,3 +95,13 @@ def test_a_wrong_verb_is_one_usage_line_and_exit_2():
     done = subprocess.run([sys.executable, str(REPO / "quickstart.py"), "demos"], capture_output=True, text=True)
     assert done.returncode == 2 and done.stderr.strip().startswith("usage: python3 quickstart.py")
     assert "Traceback" not in done.stderr
+
+
+def test_the_suite_time_is_the_same_in_the_readme_and_in_what_the_test_command_says(qs):
+    assert qs.SUITE_TIME == "about 27 minutes on a loaded 2-core machine"
+    flat = " ".join(README.split())
+    assert f"The whole suite (about 1,780 tests) takes {qs.SUITE_TIME}" in flat
+    assert f"# all tests: {qs.SUITE_TIME}" in flat
+    assert not re.search(r"\b(?!27\b)\d+ minutes on (?:a|2)[ \w-]*(?:2-core|CPU cores)", flat), "another suite time"
+    source = (REPO / "quickstart.py").read_text()
+    assert 'say(f"the whole suite takes {SUITE_TIME}' in source
