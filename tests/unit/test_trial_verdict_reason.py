@@ -46,3 +46,28 @@ def test_the_verdict_line_prints_the_reason():
     out = io.StringIO()
     render._outcome(outcome, out)
     assert f"verdict: {m.HELPS} ({me.reason})" in out.getvalue()
+
+
+def test_the_findings_table_header_says_its_columns_are_gains():
+    from types import SimpleNamespace
+
+    from ddpdoctor.trial import render
+
+    me = m.measure([_run(100, 1), _run(101, 2)], _run(70, 3))
+    prescription = SimpleNamespace(rule="poor-comm-compute-overlap", estimated_gain_ms=26.0)
+    outcome = SimpleNamespace(
+        run=SimpleNamespace(label="ddp.bucket_cap_mb=2", out="t/1", log="t/1.log", error=None),
+        measurement=me,
+        prescribed=[prescription],
+        verdict=me.verdict,
+        code_lines=lambda: ["DDP(model, bucket_cap_mb=2)"],
+    )
+    session = SimpleNamespace(outcomes=[outcome], best=lambda: [("poor-comm-compute-overlap", outcome)])
+    out = io.StringIO()
+    render._findings(session, out)
+    lines = out.getvalue().splitlines()
+    header = lines[lines.index("Prescriptions tried") + 1].split("  ")
+    cells = [c.strip() for c in header if c.strip()]
+    assert cells == ["finding", "knob", "estimated gain", "measured gain per step (95% interval)", "verdict"]
+    row = lines[lines.index("Prescriptions tried") + 2]
+    assert "26.0 ms" in row and f"{me.gain_ms:.1f}" in row and m.HELPS in row  # the gain in ms, not B/A
