@@ -209,7 +209,7 @@ def trends(
     return {
         "step_time": _drift(series, clean),
         "memory": _memory(series, clean),
-        "arrivals": arrivals(series, captures, clean),
+        "arrivals": arrivals(series, captures),
     }
 
 
@@ -411,23 +411,49 @@ def _device_memory(key: str, g: dict[str, Any], clean: set[int]) -> dict[str, An
 ARRIVAL_MIN_STEPS = 20  # steps every rank has, with the phases of the step and of the step before
 ARRIVAL_MIN_MS = 5.0  # a step counts as one with a late rank when the last arrived this much after the others
 ARRIVAL_MIN_SHARE = 0.05  # ... and this share of the median step
-ARRIVAL_ALPHA = 1e-3  # the chance that the late ranks' persistence is luck, at most (over every rank)
-ARRIVAL_LAG = 5  # the late ranks of steps this far apart are compared (consecutive steps share a hiccup)
+ARRIVAL_ALPHA = 1e-3  # the chance that a late rank (or its persistence) is luck, at most (over every rank)
+# the late ranks of steps this far apart are compared, in steps and in time: neighbouring steps share a hiccup (a
+# rank off its CPU for a while delays every step it spans)
+ARRIVAL_LAG_STEPS = 3
+ARRIVAL_LAG_S = 0.2
 ARRIVAL_MIN_RUN = 5  # a stretch of steps with the same late rank is said from this many steps on
 ARRIVAL_MERGE_GAP = 2  # ... across gaps of this many steps without a late rank (or with another one)
 
 
-def arrivals(series: Mapping[int, Any], captures: Mapping[int, Mapping[str, Any]], clean: set[int]) -> dict[str, Any]:
+def arrival_skipped(captures: Mapping[int, Mapping[str, Any]]) -> set[int]:
+    """Steps whose time to the backward a profiled window may have made uneven between ranks: the first step, and
+    at each window the steps the profiler starts in and the last one with the two after it (its trace is written
+    there, longer on a rank with more events). The window's other steps stay: each rank records the same ops, so
+    the profiler's cost adds alike to every rank's arrival."""
+    out: set[int] = set()
+    for cap in captures.values():
+        steps = cap.get("steps") or {}
+        schedule = cap.get("schedule")
+        warmup = int(schedule.get("warmup") or 0) if isinstance(schedule, dict) else 0
+        first = steps.get("first") if isinstance(steps.get("first"), int) else 1
+        out.add(first)
+        for w in steps.get("profiled") or []:
+            if isinstance(w, (list, tuple)) and len(w) == 2 and all(isinstance(v, int) for v in w):
+                lo, hi = w[0] - warmup, w[1]
+                out.update((lo - 1, lo, hi, hi + 1, hi + 2))
+    return out
+
+
+def arrivals(series: Mapping[int, Any], captures: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
     """Which rank reached its backward (where DDP's first all-reduce of the step starts) last, at every step of the
     series, and for how long the same rank kept being the late one.
 
     A DDP step's collectives end together on every rank (the last bucket's all-reduce), so each rank's time from
     that point to its next backward is its arrival: the optimizer's step after it, then the next step's data and
     forward (``optimizer_s`` of the step before + ``data_s`` + ``forward_s`` of the series). No clock is shared:
-    each rank measures its own span. Whether a late rank is a pattern is decided from steps ARRIVAL_LAG apart
+    each rank measures its own span. Whether a late rank is a pattern is decided from steps ``lag`` apart (at least
+    ARRIVAL_LAG_STEPS, and ARRIVAL_LAG_S of median steps)
     (issue 25: steps, not collectives, are the trials; neighbouring steps share a hiccup): in a job with no
     straggler the late rank of one step says nothing of a later one's (the same rank with chance 1/world size), a
-    straggler is late step after step. Only DDP jobs
+    straggler is late step after step. Two tests, either may decide: one rank late more often than 1 in the world
+    size at steps ``lag`` apart (binomial, times the ranks), and the same rank at both ends of pairs of late steps
+    ``lag`` apart more often than the ranks' own shares of the late steps make likely (a straggler that moves from
+    rank to rank over the run). Only DDP jobs
     (every rank built a DistributedDataParallel module): FSDP's all-gathers in the forward make every rank wait
     there, a pipeline's stages reach their backward at different times by design."""
     if len(series) < 2:
@@ -439,6 +465,7 @@ def arrivals(series: Mapping[int, Any], captures: Mapping[int, Mapping[str, Any]
             "rank reaches DDP's all-reduce only in a DDP job",
         }
     ranks = sorted(series)
+    skipped = arrival_skipped(captures)
     arrive: dict[int, dict[int, float]] = {}
     cpu: dict[int, dict[int, float]] = {}
     wall: list[float] = []
@@ -448,7 +475,7 @@ def arrivals(series: Mapping[int, Any], captures: Mapping[int, Mapping[str, Any]
         cpu[rank] = {}
         for step, r in rows.items():
             prev = rows.get(step - 1)
-            if step not in clean or prev is None or (step - 1) not in clean:
+            if step in skipped or prev is None or (step - 1) in skipped or step < 1:
                 continue
             parts = (prev.get("optimizer_s"), r.get("data_s"), r.get("forward_s"))
             if all(isinstance(v, Real) and math.isfinite(v) for v in parts):
@@ -461,7 +488,7 @@ def arrivals(series: Mapping[int, Any], captures: Mapping[int, Mapping[str, Any]
     if len(steps) < ARRIVAL_MIN_STEPS:
         return {
             "evaluated": False,
-            "reason": f"{len(steps)} steps with every rank's phases outside the profiled windows; "
+            "reason": f"{len(steps)} steps with every rank's phases (the profiler's start and export left out); "
             f"{ARRIVAL_MIN_STEPS} are needed",
         }
     a = np.array([[arrive[r][s] for r in ranks] for s in steps]) * 1000.0  # ms, steps x ranks
@@ -473,14 +500,25 @@ def arrivals(series: Mapping[int, Any], captures: Mapping[int, Mapping[str, Any]
     floor = max(ARRIVAL_MIN_MS, ARRIVAL_MIN_SHARE * step_ms)
     late = late_ms >= floor
     who = np.where(late, last, -1)  # the late rank's index per step, -1: no rank late
-    # pairs of late steps ARRIVAL_LAG steps apart: a hiccup shorter than that (a rank off its CPU for a few steps)
+    # pairs of late steps ``lag`` steps apart: a hiccup shorter than that (a rank off its CPU for a few steps)
     # makes no pair of its own, a straggler's steps pair up all along
+    lag = max(ARRIVAL_LAG_STEPS, math.ceil(ARRIVAL_LAG_S * 1000.0 / step_ms) if step_ms > 0 else 0)
     pos = {step: i for i, step in enumerate(steps)}
-    later = [(i, pos[st + ARRIVAL_LAG]) for i, st in enumerate(steps) if st + ARRIVAL_LAG in pos]
+    later = [(i, pos[st + lag]) for i, st in enumerate(steps) if st + lag in pos]
     pairs = sum(1 for i, j in later if late[i] and late[j])
     same = sum(1 for i, j in later if late[i] and late[j] and who[i] == who[j])
     w = len(ranks)
-    p = _binomial_tail(same, pairs, 1.0 / w)
+    # 1. one rank late more often than chance, counted at steps ``lag`` apart (independent trials)
+    first = steps[0]
+    thinned = [who[i] for i, st in enumerate(steps) if (st - first) % lag == 0 and who[i] >= 0]
+    counts = [sum(1 for k in thinned if k == r) for r in range(w)]
+    top = max(range(w), key=lambda r: counts[r])
+    p_rank = min(1.0, w * _binomial_tail(counts[top], len(thinned), 1.0 / w))
+    # 2. the late rank persists (a straggler that moves from rank to rank keeps each rank for a while): the same
+    # rank at both ends of a pair more often than the ranks' own shares of the late steps make likely
+    shares = [float(np.sum(who == r)) / max(int(late.sum()), 1) for r in range(w)]
+    p_same = _binomial_tail(same, pairs, sum(q * q for q in shares)) if pairs else 1.0
+    p = min(p_rank, p_same)
     out: dict[str, Any] = {
         "evaluated": True,
         "steps": len(steps),
@@ -488,16 +526,22 @@ def arrivals(series: Mapping[int, Any], captures: Mapping[int, Mapping[str, Any]
         "last_step": steps[-1],
         "late_steps": int(late.sum()),
         "threshold_ms": round(floor, 3),
+        "lag_steps": lag,
+        "sampled_late_steps": len(thinned),
+        "most_late_rank": ranks[top],
+        "most_late_count": counts[top],
         "late_pairs": pairs,
         "same_rank_pairs": same,
         "p_value": float(f"{p:.3g}"),
         "stretches": [],
     }
-    if pairs == 0 or p > ARRIVAL_ALPHA:
+    if p > ARRIVAL_ALPHA:
         out["text"] = (
-            f"no rank kept arriving last: {int(late.sum())} of {len(steps)} steps had a rank reach its backward "
-            f"{floor:.1f} ms or more after the others, the same rank in {same} of {pairs} pairs of "
-            f"them {ARRIVAL_LAG} steps apart (chance alone: 1 in {w})"
+            f"no rank shown to keep arriving last (p = {p:.2g}; under {ARRIVAL_ALPHA:g} is needed): "
+            f"{int(late.sum())} of {len(steps)} steps had a rank reach its backward {floor:.1f} ms or more after the "
+            f"others; at steps {lag} apart the most often late was rank {ranks[top]}, {counts[top]} of "
+            f"{len(thinned)} (chance alone: 1 in {w}), and the same rank was late at both ends of {same} of {pairs} "
+            "pairs"
         )
         return out
     stretches = _stretches(steps, who)
@@ -590,8 +634,9 @@ def _arrivals_text(out: Mapping[str, Any], world: int) -> str:
                 )
         parts.append(text)
     head = (
-        f"arrived last at the backward's all-reduce, step after step (the same rank in {out['same_rank_pairs']} of "
-        f"{out['late_pairs']} pairs of late steps {ARRIVAL_LAG} apart; chance alone 1 in {world}, "
+        f"arrived last at the backward's all-reduce, step after step (at steps {out['lag_steps']} apart: rank "
+        f"{out['most_late_rank']} late in {out['most_late_count']} of {out['sampled_late_steps']}, the same rank at "
+        f"both ends of {out['same_rank_pairs']} of {out['late_pairs']} pairs; chance alone 1 in {world}, "
         f"p = {out['p_value']:.2g}): "
     )
     tail = ""

@@ -146,6 +146,9 @@ def test_a_moving_straggler_is_said_to_move_and_a_steady_job_has_no_drift_or_lea
     rec = _record(report, "rank-straggler")
     assert rec is not None and rec["pattern"] == "moved", report["run"]["over_time"]["findings"]
     assert "the rank changes between windows" in rec["text"] and "not at a node" in rec["text"]
+    arr = report["run"]["over_time"]["arrivals"]  # the series says so too, stretch by stretch
+    assert arr["pattern"] == "moved" and arr["ranks"] == [0, 1], arr
+    assert [s["rank"] for s in arr["stretches"]] == [0, 1, 0, 1], arr["stretches"]
     ot = report["run"]["over_time"]
     assert ot["step_time"]["evaluated"] and ot["step_time"]["drift"] is False, ot["step_time"]
     assert ot["memory"]["evaluated"] and ot["memory"]["leak"] is False, ot["memory"]

@@ -39,9 +39,8 @@ def _series(arrive_ms, steps=200, world=2, step_ms=60.0, cpu=None):
 
 def _run(series, captures=None):
     world = len(series)
-    caps = captures if captures is not None else dict.fromkeys(range(world), DDP)
-    clean = {r["step"] for r in series[0].rows} - {0}
-    return overtime.arrivals(series, caps, clean)
+    caps = captures if captures is not None else dict.fromkeys(range(world), {**DDP, "steps": {"first": 0}})
+    return overtime.arrivals(series, caps)
 
 
 def test_a_straggler_from_halfway_is_named_with_the_step_it_began():
@@ -93,7 +92,11 @@ def test_balanced_jobs_with_hiccups_name_no_rank(world):
                 rank, length, ms = rng.randrange(world), rng.randint(1, 4), rng.uniform(10, 60)
                 for k in range(length):
                     hiccup[(rank, step + k)] = ms
-        got = _run(_series(lambda r, s: 10 + rng.expovariate(1 / 3) + hiccup.get((r, s), 0.0), steps=400, world=world))
+        got = _run(
+            _series(
+                lambda r, s, rng=rng, h=hiccup: 10 + rng.expovariate(1 / 3) + h.get((r, s), 0.0), steps=400, world=world
+            )
+        )
         assert got["evaluated"], got
         if got.get("ranks"):
             named.append((seed, got["text"]))
@@ -104,8 +107,42 @@ def test_not_evaluated_without_ddp_or_with_too_few_steps():
     rng = random.Random(4)
     series = _series(lambda r, s: 10 + rng.uniform(0, 2) + (30 if r == 1 else 0))
     fsdp = _run(series, captures={0: {"ddp": []}, 1: {"ddp": []}})
+    assert not fsdp["evaluated"]
     assert not fsdp["evaluated"] and "DistributedDataParallel" in fsdp["reason"]
     short = _run(_series(lambda r, s: 10 + (30 if r == 1 else 0), steps=15))
     assert not short["evaluated"] and "20 are needed" in short["reason"]
-    one = overtime.arrivals({0: series[0]}, {0: DDP}, {1, 2})
+    one = overtime.arrivals({0: series[0]}, {0: DDP})
     assert not one["evaluated"]
+
+
+def test_the_profilers_start_and_export_steps_are_left_out_the_windows_steps_kept():
+    caps = {r: {**DDP, "steps": {"first": 1, "profiled": [[10, 14]]}, "schedule": {"warmup": 1}} for r in (0, 1)}
+    assert overtime.arrival_skipped(caps) == {1, 8, 9, 14, 15, 16}
+    rng = random.Random(5)
+    # rank 0 writes a bigger trace: late after the window's end only; nothing else
+    series = _series(lambda r, s: 10 + rng.uniform(0, 2) + (80 if r == 0 and s in (15, 16) else 0), steps=60)
+    got = overtime.arrivals(series, caps)
+    # steps 0-59 but 0, the 6 skipped and the 3 whose step before was skipped (2, 10, 17)
+    assert got["evaluated"] and got["steps"] == 50 and not got.get("ranks"), got
+
+
+def test_long_hiccups_of_a_fast_job_name_no_rank():
+    """10 ms steps and hiccups of up to 150 ms (15 steps) on a random rank: steps 200 ms apart are compared."""
+    named = []
+    for seed in range(20):
+        rng = random.Random(seed)
+        hiccup: dict[tuple[int, int], float] = {}
+        for step in range(1000):
+            if rng.random() < 0.03:
+                rank, length = rng.randrange(2), rng.randint(1, 15)
+                for k in range(length):
+                    hiccup[(rank, step + k)] = 8.0
+        got = _run(
+            _series(
+                lambda r, s, rng=rng, h=hiccup: 2 + rng.uniform(0, 0.3) + h.get((r, s), 0.0), steps=1000, step_ms=10
+            )
+        )
+        assert got["evaluated"] and got["lag_steps"] == 20, got
+        if got.get("ranks"):
+            named.append((seed, got["text"]))
+    assert not named, named
