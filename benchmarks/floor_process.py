@@ -91,6 +91,7 @@ class Trace(msgspec.Struct):
     deviceProperties: Any = None
     distributedInfo: Any = None
     baseTimeNanoseconds: Any = None
+    otherData: Any = None  # ddpdoctor reads it too (its own Perfetto export names the ranks there)
 
 
 def main(paths: list[str]) -> int:

@@ -1,7 +1,8 @@
 """The "Over time" section of a diagnosis (``run.over_time`` of the report document, made by
 ``ddpdoctor.metrics.overtime``), as lines for each format: each finding with when and how often it held across
 the profiled windows, and the trends of the always-on series (step time drift, memory growth and the step at
-which it runs out, the rank that kept reaching DDP's all-reduce last and since when). Every part that could not be decided says "not evaluated" and why.
+which it runs out, the rank that kept reaching DDP's all-reduce last and since when). Every part that could not
+be decided says "not evaluated" and why.
 
 ``lines(doc)`` is format-free text (the HTML report can show it as a list: ``html_items(doc)``).
 """
