@@ -36,7 +36,8 @@ def summary() -> dict:
 
     Keys (``ddpdoctor/`` prefixed): ``rank``, ``step`` (the last step completed), ``steps_recorded``,
     ``step_seconds``, ``data_wait_seconds``, ``forward_seconds``, ``backward_seconds``, ``optimizer_seconds``
-    (the last step's), ``mean_step_seconds`` (over the run so far), ``memory_bytes`` (CUDA allocated on the rank's
+    (the last step's), ``cpu_seconds`` (the process's CPU time in the last step, all its threads),
+    ``mean_step_seconds`` (over the run so far), ``memory_bytes`` (CUDA allocated on the rank's
     device, the process RSS on CPU), ``memory_reserved_bytes`` (CUDA), ``ddp_comm_seconds`` (DDP's backward
     communication, a recent step's); a key is absent when its value was not measured. ``{}`` outside
     ``ddpdoctor trace`` or before the first step. Costs a dict copy: call it as often as you log.

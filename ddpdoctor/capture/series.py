@@ -68,6 +68,7 @@ SUMMARY_NAMES = (
     ("forward_s", "forward_seconds"),
     ("backward_s", "backward_seconds"),
     ("optimizer_s", "optimizer_seconds"),
+    ("cpu_s", "cpu_seconds"),
 )
 _MAX_PENDING = 100_000  # lines kept while the file cannot be written (never more memory than this)
 # the live DDP modules (the WeakSet's own set: its truth value costs no len() call)

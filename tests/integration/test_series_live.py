@@ -406,5 +406,6 @@ def test_series_covers_every_step_of_every_rank(finished):
     assert summary["ddpdoctor/rank"] == 0 and summary["ddpdoctor/step"] == last["step"]
     assert summary["ddpdoctor/step_seconds"] == last["wall_s"]
     assert summary["ddpdoctor/data_wait_seconds"] == last["data_s"]
+    assert summary["ddpdoctor/cpu_seconds"] == last["cpu_s"] > 0  # the process's CPU time in that step
     assert summary["ddpdoctor/memory_bytes"] == [r["mem_bytes"] for r in series[0].rows if r["mem_bytes"]][-1]
     assert summary["ddpdoctor/steps_recorded"] == len(series[0].rows)
