@@ -79,27 +79,41 @@ def test_a_straggler_that_moves_between_ranks_is_said_to_move():
     assert "not at a node" in got["text"]
 
 
-@pytest.mark.parametrize("world", [2, 4, 8])
-def test_balanced_jobs_with_hiccups_name_no_rank(world):
-    """Noisy balanced jobs: jitter, and hiccups of up to 4 steps on a random rank (a rank off its CPU for a while,
-    as on a busy host) in 10% of the steps; 30 seeds each, none may name a rank."""
+def _hiccups(rng, steps, world, rate, max_len, ms):
+    """Hiccups on a random rank: from ``rate`` of the steps, 1 to ``max_len`` steps long, ``ms()`` late each."""
+    out: dict[tuple[int, int], float] = {}
+    for step in range(steps):
+        if rng.random() < rate:
+            rank, length, late = rng.randrange(world), rng.randint(1, max_len), ms()
+            for k in range(length):
+                out[(rank, step + k)] = late
+    return out
+
+
+def _named_in_null_jobs(seeds, steps, world, rate, max_len, ms, base, step_ms=60.0):
+    """The texts of the null jobs (balanced, jitter from ``base(rng)``, hiccups) in which a rank was named."""
     named = []
-    for seed in range(30):
+    for seed in range(seeds):
         rng = random.Random(seed)
-        hiccup: dict[tuple[int, int], float] = {}
-        for step in range(400):
-            if rng.random() < 0.10:
-                rank, length, ms = rng.randrange(world), rng.randint(1, 4), rng.uniform(10, 60)
-                for k in range(length):
-                    hiccup[(rank, step + k)] = ms
+        h = _hiccups(rng, steps, world, rate, max_len, lambda rng=rng: ms(rng))
         got = _run(
             _series(
-                lambda r, s, rng=rng, h=hiccup: 10 + rng.expovariate(1 / 3) + h.get((r, s), 0.0), steps=400, world=world
+                lambda r, s, rng=rng, h=h: base(rng) + h.get((r, s), 0.0), steps=steps, world=world, step_ms=step_ms
             )
         )
         assert got["evaluated"], got
         if got.get("ranks"):
             named.append((seed, got["text"]))
+    return named
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_balanced_jobs_with_hiccups_name_no_rank(world):
+    """Noisy balanced jobs: jitter, and hiccups of up to 4 steps on a random rank (a rank off its CPU for a while,
+    as on a busy host) in 10% of the steps; 30 seeds each, none may name a rank."""
+    named = _named_in_null_jobs(
+        30, 400, world, 0.10, 4, lambda rng: rng.uniform(10, 60), lambda rng: 10 + rng.expovariate(1 / 3)
+    )
     assert not named, named
 
 
@@ -128,21 +142,6 @@ def test_the_profilers_start_and_export_steps_are_left_out_the_windows_steps_kep
 
 def test_long_hiccups_of_a_fast_job_name_no_rank():
     """10 ms steps and hiccups of up to 150 ms (15 steps) on a random rank: steps 200 ms apart are compared."""
-    named = []
-    for seed in range(20):
-        rng = random.Random(seed)
-        hiccup: dict[tuple[int, int], float] = {}
-        for step in range(1000):
-            if rng.random() < 0.03:
-                rank, length = rng.randrange(2), rng.randint(1, 15)
-                for k in range(length):
-                    hiccup[(rank, step + k)] = 8.0
-        got = _run(
-            _series(
-                lambda r, s, rng=rng, h=hiccup: 2 + rng.uniform(0, 0.3) + h.get((r, s), 0.0), steps=1000, step_ms=10
-            )
-        )
-        assert got["evaluated"] and got["lag_steps"] == 20, got
-        if got.get("ranks"):
-            named.append((seed, got["text"]))
+    assert _run(_series(lambda r, s: 2.0, steps=100, step_ms=10))["lag_steps"] == 20  # 0.2 s of 10 ms steps
+    named = _named_in_null_jobs(20, 1000, 2, 0.03, 15, lambda rng: 8.0, lambda rng: 2 + rng.uniform(0, 0.3), 10)
     assert not named, named
