@@ -24,6 +24,14 @@ def pytest_configure(config):
     import os
     import tempfile
 
+    # Tests send Ctrl-C (SIGINT) to the jobs and views they start. A suite started in the background of a
+    # non-interactive shell (`bash .ci/run &`, nohup) inherits SIGINT ignored, and so would every process it starts:
+    # Python keeps an ignored SIGINT ignored, and the job never sees the Ctrl-C (2026-12-04: three tests hung until
+    # their timeouts that way). Its own handler is reset to the default at exec, so this restores it for them.
+    import signal
+
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     if "DDPDOCTOR_TEST_CONFIG_HOME" not in os.environ:
         home = tempfile.mkdtemp(prefix="ddpdoctor-test-config-")
         os.environ["DDPDOCTOR_TEST_CONFIG_HOME"] = home
