@@ -103,9 +103,7 @@ class View:
             if match:
                 return match.group(1)
         self.stop()
-        raise AssertionError(
-            f"ddpdoctor view did not print its URL: {self.stdout} {Path(self.log.name).read_text()}"
-        )
+        raise AssertionError(f"ddpdoctor view did not print its URL: {self.stdout} {Path(self.log.name).read_text()}")
 
     def stop(self, timeout: float = 30) -> int | None:
         if self.proc.poll() is None:
@@ -171,9 +169,7 @@ def view(run_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def profiler_run(view):
-    runs = wait_for(
-        lambda: view.get("data/plugin/pytorch_profiler/runs"), lambda r: r["runs"] and not r["loading"]
-    )
+    runs = wait_for(lambda: view.get("data/plugin/pytorch_profiler/runs"), lambda r: r["runs"] and not r["loading"])
     assert runs["runs"] == [RUN_NAME]
     return q(RUN_NAME)
 
@@ -197,9 +193,7 @@ def test_view_writes_event_files_per_rank_and_tensorboard_reads_them(view, run_d
     capture = read_json(run_dir / "ranks" / "rank0.json")["steps"]
     assert [p[1] for p in points] == list(range(capture["first"], capture["first"] + len(capture["wall_ms"])))
     assert [p[2] for p in points] == pytest.approx(capture["wall_ms"], rel=1e-5)
-    assert view.get("data/plugin/text/tags") == {
-        f"tensorboard/rank{r}": ["ddpdoctor/findings"] for r in (0, 1)
-    }
+    assert view.get("data/plugin/text/tags") == {f"tensorboard/rank{r}": ["ddpdoctor/findings"] for r in (0, 1)}
     (entry,) = view.get(f"data/plugin/text/text?run={q('tensorboard/rank1')}&tag={q('ddpdoctor/findings')}")
     assert "find-unused-parameters-cost" in entry["text"] and "Recommendation" in entry["text"]
 
@@ -218,9 +212,7 @@ def test_profiler_plugin_shows_one_worker_per_rank_with_its_views(view, profiler
 
 def test_profiler_plugin_builds_the_distributed_view(view, profiler_run):
     assert "Distributed" in view.get(f"data/plugin/pytorch_profiler/views?run={profiler_run}")
-    overlap = view.get(
-        f"data/plugin/pytorch_profiler/distributed/overlap?run={profiler_run}&worker=All&span=1"
-    )
+    overlap = view.get(f"data/plugin/pytorch_profiler/distributed/overlap?run={profiler_run}&worker=All&span=1")
     assert set(overlap["data"]["all"]) == {"rank0", "rank1"}
     ops = view.get(f"data/plugin/pytorch_profiler/distributed/commops?run={profiler_run}&worker=All&span=1")
     assert [row[0] for row in ops["data"]["rank0"]["rows"]] == ["gloo:all_reduce"]
@@ -238,11 +230,7 @@ def test_report_route_gives_the_diagnosis_and_chart_tables(view):
     runs = view.get("data/plugin/ddpdoctor/runs")["runs"]
     assert runs == [{"run": ".", "label": RUN_NAME}]
     report = view.get("data/plugin/ddpdoctor/report?run=.")
-    assert (
-        report["schema_version"] == 1
-        and report["run"]["world_size"] == 2
-        and report["run"]["name"] == RUN_NAME
-    )
+    assert report["schema_version"] == 1 and report["run"]["world_size"] == 2 and report["run"]["name"] == RUN_NAME
     assert "find-unused-parameters-cost" in [f["name"] for f in report["findings"]]
     assert {r["rank"] for r in report["steps"]} == {0, 1} and {r["rank"] for r in report["per_step"]} == {
         0,
@@ -318,3 +306,57 @@ def test_ctrl_c_stops_view_and_frees_the_port(run_dir, tmp_path):
     with socket.socket() as probe:  # the port is free again
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         probe.bind(("127.0.0.1", port))
+
+
+STRAGGLER = Path(__file__).resolve().parents[2] / "samples" / "recorded" / "ddp_straggler"
+
+
+@pytest.fixture(scope="module")
+def straggler_view(tmp_path_factory):
+    run = tmp_path_factory.mktemp("straggler") / "ddp_straggler"
+    shutil.copytree(STRAGGLER, run)
+    server = View(run, tmp_path_factory.mktemp("logs") / "straggler_view.log")
+    yield server
+    server.stop()
+
+
+def _lane_of(y: float, lanes: dict[str, tuple[float, float]]) -> str | None:
+    return next((rank for rank, (top, bottom) in lanes.items() if top <= y <= bottom), None)
+
+
+@needs_chromium
+def test_dashboard_timeline_marks_the_straggler_on_its_own_lane_in_both_steps(straggler_view, tmp_path):
+    """Issue 27: the dashboard's step timeline, as Chromium built it from the report route, marks rank 1's late
+    arrival in rank 1's lane and the wait it causes in rank 0's, in the median and the worst step (the SVG's own
+    coordinates: the lane groups' data-y / data-h, the mark's line)."""
+    page = f"{straggler_view.url}data/plugin/ddpdoctor/dashboard.html?run=."
+    dom = _chromium(tmp_path, "--window-size=1400,1000", "--virtual-time-budget=15000", "--dump-dom", page)
+    assert 'data-state="ready"' in dom, dom[-2000:]
+    panels = re.split(r'class="tl-panel" data-step="', dom)[1:]
+    assert len(panels) == 2, len(panels)
+    steps = set()
+    for panel in panels:
+        step = panel[: panel.index('"')]
+        lanes = {
+            r: (float(y), float(y) + float(h))
+            for r, y, h in re.findall(
+                r'<g class="tl-rank" data-rank="(\d+)" data-y="([\d.]+)" data-h="([\d.]+)"', panel
+            )
+        }
+        assert set(lanes) == {"0", "1"}, lanes
+        marks = []  # (rank, step, part, the middle of its shape's height)
+        for rank, mstep, part, body in re.findall(
+            r'<g class="tl-mark" data-rule="rank-straggler" data-rank="(\d+)" data-step="(\d+)" '
+            r'data-part="([\w-]+)">(.*?)</g>',
+            panel,
+        ):
+            line = re.search(r'<line [^>]*y1="([\d.]+)" y2="([\d.]+)"', body)
+            box = re.search(r'<rect [^>]*\by="([\d.]+)"[^>]*\bheight="([\d.]+)"', body)
+            top, bottom = (float(line[1]), float(line[2])) if line else (float(box[1]), float(box[1]) + float(box[2]))
+            marks.append((rank, mstep, part, (top + bottom) / 2))
+        late = [m for m in marks if m[2] == "late-arrival"]
+        waits = [m for m in marks if m[2] == "wait-caused"]
+        assert len(late) == 1 and late[0][:2] == ("1", step) and _lane_of(late[0][3], lanes) == "1", (late, lanes)
+        assert waits and all(m[:2] == ("0", step) and _lane_of(m[3], lanes) == "0" for m in waits), (waits, lanes)
+        steps.add(step)
+    assert len(steps) == 2  # the median and the worst step are different steps

@@ -28,7 +28,7 @@ opt = torch.optim.SGD(model.parameters(), lr=0.01)
 slow_from = int(os.environ.get("SLOW_FROM", "-1")); move = int(os.environ.get("MOVE_EVERY", "0"))
 leak_bytes = int(os.environ.get("LEAK", "0")); leak = []
 for step in range(80):
-    time.sleep(0.01)
+    time.sleep(float(os.environ.get("STEP_S", "0.01")))
     slow = (step // move) % 2 if move else (1 if 0 <= slow_from <= step else -1)
     if rank == slow:
         time.sleep(0.15)  # the straggler: 150 ms more per step
@@ -76,6 +76,23 @@ def moving(tmp_path_factory):
     """Rank 0 slow in steps 0-19 and 40-59, rank 1 in 20-39 and 60-79: a different rank in each window."""
     tmp = tmp_path_factory.mktemp("every")
     return _trace(tmp, "moving", {"MOVE_EVERY": "20"})
+
+
+@pytest.fixture(scope="module")
+def by_time(tmp_path_factory):
+    """--every 1s: a 2-rank job of 80 steps of ~55 ms (about 4.5 s), a window of 8 steps at each new second."""
+    tmp = tmp_path_factory.mktemp("every")
+    args = ["--wait", "1", "--warmup", "1", "--active", "8", "--every", "1s"]
+    script = write_script(tmp / "by_time.py", JOB)
+    out = tmp / "by_time"
+    traced = run_cli(
+        "trace", "--out", str(out), *args, "--standalone", "--nproc-per-node", "2", str(script),
+        timeout=400, env={**os.environ, "STEP_S": "0.05"},
+    )  # fmt: skip
+    assert traced.returncode == 0, traced.stderr[-3000:]
+    diagnosed = run_cli("diagnose", str(out), "--format", "json", timeout=120)
+    assert diagnosed.returncode == 0, diagnosed.stderr[-3000:]
+    return out, traced.stderr, json.loads(diagnosed.stdout)
 
 
 def _record(report, name):
@@ -174,3 +191,25 @@ def test_bad_every_is_one_line_and_exit_2(tmp_path):
         r = run_cli("trace", "--active", "8", "--warmup", "1", "--every", bad, str(script), timeout=60)
         assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr, r.stderr
         assert len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.timeout(600)
+def test_every_duration_takes_a_window_each_new_second_the_same_on_both_ranks(by_time):
+    out, stderr, report = by_time
+    assert "a window every 1 s: steps 3-10, then at the first step of each new 1 s of the clock" in stderr
+    windows = [read_json(out / "ranks" / f"rank{r}.json")["steps"]["profiled"] for r in (0, 1)]
+    # ~4.5 s of steps: the first window, then one per new second after it (a window's own 8 steps take ~0.5 s)
+    assert len(windows[0]) >= 3 and windows[0][0] == [3, 10], windows
+    # the ranks leave each step together (DDP's all-reduce): the same windows, or one a step later at most
+    assert len(windows[0]) == len(windows[1]), windows
+    for a, b in zip(*windows, strict=True):
+        assert abs(a[0] - b[0]) <= 1 and b[1] - b[0] == a[1] - a[0], windows
+    # 8 steps each, but a last one the job's end cut short (it ended at step 79)
+    assert all(w[1] - w[0] == 7 for w in windows[0][:-1]) and (
+        windows[0][-1][1] - windows[0][-1][0] == 7 or windows[0][-1][1] == 79
+    ), windows
+    starts = [w[0] for w in windows[0]]
+    # no window before the last one ended
+    assert all(b - a >= 8 for a, b in zip(starts, starts[1:], strict=False)), starts
+    found = report["run"]["over_time"]["findings"]
+    assert found["evaluated"] and found["windows"] == len(windows[0]), found
