@@ -3,12 +3,14 @@ traced rank does at each step end: capture/series.py, its writer thread, DDP's l
 rate) vs the same loop without it, in the same run (issue 28 item 1). Target: <= 1.01x.
 
 One child process (a 1-rank gloo DDP job: forward, backward through DDP's all-reduce, the optimizer; the phase
-tracker installed in all arms, as in every traced rank) runs ROUNDS rounds of a block of 8 steps in each of three
-arms: with the recorder, bare, and bare again (an A/A control: how far two identical arms differ on this machine
-now), their order rotating each round, so that the steps compared are milliseconds apart and what the machine does
-hits them alike (the 6 orders in turn: each arm as often in each place and after each other arm, so that what a
-block leaves behind weighs on all alike). Per round and arm the median step (CPU time of the whole process, and
-wall time); per round the ratio of the recorded arm to the mean of the two bare ones (and bare again to bare: the
+tracker installed in the first three arms, as in every traced rank) runs ROUNDS rounds of a block of 8 steps in each
+of four arms: with the recorder, bare, bare again (an A/A control: how far two identical arms differ on this machine
+now), and with none of ddpdoctor (no hooks, no step clock, no memory sample: the whole always-on capture's cost
+is the recorder arm against it; DDP times iterations at its own rate in every arm, as outside a window), their
+order rotating each round, so that the steps compared are milliseconds apart and what the machine does hits them
+alike (the 24 orders in turn: each arm as often in each place and after each other arm, so that what a block leaves
+behind weighs on all alike). Per round and arm the median step (CPU time of the whole process, and wall time); per
+round the ratio of the recorded arm to the mean of the two bare ones (and bare again to bare: the
 A/A ratio); the median of those ratios over rounds with its 95% percentile bootstrap interval (2,000 resamples of
 the rounds). PASS only when the whole interval is <= 1.01, MISS when all of it is above, UNSURE otherwise: a
 loaded 2-core machine can leave the A/A interval wider than the 1% to be shown.
@@ -68,7 +70,10 @@ WARMUP, ACTIVE = 2, 5  # each window of the per-window measure: --warmup 2 --act
 WIDTH = 512  # the model: Linear(WIDTH, WIDTH), ReLU, Linear(WIDTH, 10) on a batch of 64; a ~5 ms CPU step
 
 
-ARMS = ("on", "off", "off2")  # the series recorded; bare; bare again (the A/A control: the noise floor)
+# the series recorded; bare (the rest of the always-on capture still there); bare again (the A/A control: the noise
+# floor); none: the user's loop with nothing of ddpdoctor (no phase hooks, step clock, memory sample or series, DDP's
+# own sample rate): "on" against it is the whole always-on capture's cost
+ARMS = ("on", "off", "off2", "none")
 LIMIT = 1.01  # issue 28: the always-on series costs <= 1% of step time
 RESAMPLES = 2000  # of the bootstrap intervals
 
@@ -92,7 +97,7 @@ def _child(rounds: int, block: int, width: int, stretch: int, stretch_ms: int = 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 2000))
     dist.init_process_group("gloo", rank=0, world_size=1)
-    ddp_capture.install()  # as in a traced rank: DDP modules tracked, DDP timing every iteration
+    ddp_capture.install()  # as in a traced rank outside its windows: DDP modules tracked, DDP timing at its own rate
     model = DDP(torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.ReLU(), torch.nn.Linear(width, 10)))
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     x = torch.randn(64, width)
@@ -116,13 +121,19 @@ def _child(rounds: int, block: int, width: int, stretch: int, stretch_ms: int = 
     recorder = SeriesRecorder(session)
     own: list[float] = []  # CPU time of each recorder.step call (s)
 
-    def run_block(recorded: bool, steps: int) -> tuple[float, float]:
+    def run_block(recorded: bool, steps: int, bare: bool = False) -> tuple[float, float]:
+        if bare:  # nothing of ddpdoctor: the hooks out (outside the timed steps)
+            phase.uninstall()
         cpu, wall = [], []
         for _ in range(steps):
             c, t = time.process_time(), time.perf_counter()
             model(x).square().mean().backward()
             opt.step()
             opt.zero_grad()
+            if bare:
+                cpu.append(time.process_time() - c)
+                wall.append(time.perf_counter() - t)
+                continue
             iteration = clock.iteration
             clock.tick("optimizer", recording=False)  # what the session does at every step end, both ways
             phase.step_ended(clock.iteration)
@@ -133,6 +144,8 @@ def _child(rounds: int, block: int, width: int, stretch: int, stretch_ms: int = 
                 own.append(time.thread_time() - r)
             cpu.append(time.process_time() - c)
             wall.append(time.perf_counter() - t)
+        if bare:
+            phase.install()
         return statistics.median(cpu) * 1e6, statistics.median(wall) * 1e6
 
     run_block(False, 100)  # warm-up
@@ -145,7 +158,7 @@ def _child(rounds: int, block: int, width: int, stretch: int, stretch_ms: int = 
     orders = list(itertools.permutations(ARMS))  # each arm in each place, and after each other arm, as often
     for r in range(rounds):
         for arm in orders[r % len(orders)]:
-            cpu, wall = run_block(arm == "on", block)
+            cpu, wall = run_block(arm == "on", block, bare=arm == "none")
             out[f"{arm}_cpu"].append(cpu)
             out[f"{arm}_wall"].append(wall)
             if arm == "on":
@@ -309,6 +322,8 @@ def measure(rounds: int, block: int, width: int = WIDTH, stretch: int = 800, str
         on, off, off2 = r[f"on_{m}"], r[f"off_{m}"], r[f"off2_{m}"]
         out[f"on_{m}_ratio"] = interval([a / ((b + c) / 2) for a, b, c in zip(on, off, off2, strict=True)])
         out[f"off2_{m}_ratio"] = interval([c / b for b, c in zip(off, off2, strict=True)])
+        out[f"whole_{m}_ratio"] = interval([a / n for a, n in zip(on, r[f"none_{m}"], strict=True)])
+        out[f"none_{m}_us"] = statistics.median(r[f"none_{m}"])
         out[f"off_{m}_us"] = statistics.median(off + off2)
     # the recorder's work, timed directly over the stretch: its call's CPU time (mean per step; the interval over
     # its blocks) plus its writer thread's per step, as a share of the bare step's CPU time (median of the rounds)
@@ -341,31 +356,42 @@ def _x(t: tuple[float, float, float]) -> str:
 
 
 def run(report, quick: bool) -> None:
-    rounds, block = (120, 8) if quick else (300, 8)
+    rounds, block = (120, 8) if quick else (312, 8)  # a multiple of the 24 orders
     r = measure(rounds, block)
     load = f"load average {r['load_1min'][0]:.1f} before, {r['load_1min'][1]:.1f} after"
     report.say(
-        f"  always-on: {rounds} rounds of {block} steps each of the loop with the series, bare, and bare again (the "
-        f"6 orders in turn), 1-rank gloo DDP, {r['off_cpu_us'] / 1e3:.2f} ms CPU ({r['off_wall_us'] / 1e3:.2f} ms "
-        f"wall) a bare step; {load}; per round the median step, then the median over rounds of the paired ratios "
-        "(with the series vs the round's two bare blocks), with 95% bootstrap intervals"
+        f"  always-on: {rounds} rounds of {block} steps each of the loop with the series, bare, bare again, and "
+        f"with none of ddpdoctor (the 24 orders in turn), 1-rank gloo DDP, {r['off_cpu_us'] / 1e3:.2f} ms CPU "
+        f"({r['off_wall_us'] / 1e3:.2f} ms wall) a bare step; {load}; per round the median step, then the median "
+        "over rounds of the paired ratios (with the series vs the round's two bare blocks), with 95% bootstrap "
+        "intervals"
     )
     aa_lo, aa_hi = r["off2_cpu_ratio"][1:]
     what_cpu = "CPU time of the whole process (the writer's flush once a second mostly falls outside the medians)"
+
+    def ratio_entry(name: str, ratio: tuple[float, float, float], note: str, **extra: Any) -> None:
+        report.add(
+            name, ratio[0], target=("<=", LIMIT), status=verdict(ratio[1], ratio[2]), note=note, interval=ratio[1:],
+            **extra,
+        )  # fmt: skip
+
     for m, what in (("cpu", what_cpu), ("wall", "wall time")):
         ratio, aa = r[f"on_{m}_ratio"], r[f"off2_{m}_ratio"]
-        report.add(
+        ratio_entry(
             f"series-step-cost-{m}",
-            ratio[0],
-            target=("<=", LIMIT),
-            status=verdict(ratio[1], ratio[2]),
-            note=(
-                f"step {what} with the series vs bare, in the same run: {_x(ratio)}; bare vs bare (the noise "
-                f"floor) {_x(aa)}"
-            ),
-            interval=ratio[1:],
+            ratio,
+            f"step {what} with the series vs bare, in the same run: {_x(ratio)}; bare vs bare (the noise floor) "
+            f"{_x(aa)}",
             aa=aa,
             **{k: v for k, v in r.items() if not k.endswith("_ratio")},
+        )
+        whole = r[f"whole_{m}_ratio"]
+        ratio_entry(
+            f"always-on-capture-cost-{m}",
+            whole,
+            f"step {what.split(' (')[0]} with the whole always-on capture (phase hooks, step clock, memory sample, "
+            f"the series; DDP times iterations at its own rate outside a window) vs the same loop with none of "
+            f"ddpdoctor ({r[f'none_{m}_us'] / 1e3:.2f} ms a step), in the same run: {_x(whole)}",
         )
     added = r["added"]
     report.add(

@@ -2,7 +2,9 @@
 
 ``_get_ddp_logging_data()`` carries the bucket layout, bucket_cap, find_unused_parameters, gradient_as_bucket_view,
 static_graph and DDP's own timing of forward, backward, communication and their overlap (ns). DDP samples those
-timings only on some iterations; we ask it to time every iteration so the numbers cover the profiled window.
+timings only on some iterations (its first 10, then every 100th); inside a profiled window we ask it to time every
+iteration so the numbers cover the window, and outside one to go back to its own rate: timing every iteration costs
+~30 us a step (benchmarks/bench_series.py), more than the rest of the always-on series.
 """
 
 from __future__ import annotations
@@ -23,6 +25,26 @@ _listeners: list[Callable[[Any], None]] = []
 _TEARDOWN_GRACE_S = 0.05
 # time.monotonic() when the script last called destroy_process_group() (every collective was issued before it)
 destroy_started: float | None = None
+# DDP's own timing rate: torch's default (kDDPRuntimeLoggingSampleRate) outside a profiled window, 1 inside one
+DEFAULT_SAMPLE_RATE = 100
+_every_iteration = False
+
+
+def time_every_iteration(on: bool) -> None:
+    """Have every DDP module time each iteration (``on``: a profiled window is open) or at DDP's own rate."""
+    global _every_iteration
+    if on == _every_iteration:
+        return
+    _every_iteration = on
+    for module in list(_instances):
+        _set_rate(module)
+
+
+def _set_rate(module: Any) -> None:
+    try:
+        module._set_ddp_runtime_logging_sample_rate(1 if _every_iteration else DEFAULT_SAMPLE_RATE)
+    except Exception:  # older torch or a subclass without a logger
+        pass
 
 
 def install() -> None:
@@ -45,10 +67,8 @@ def install() -> None:
             pass
         for listener in list(_listeners):
             listener(self)
-        try:
-            self._set_ddp_runtime_logging_sample_rate(1)
-        except Exception:  # older torch or a subclass without a logger
-            pass
+        if _every_iteration:  # built inside a window; outside one DDP keeps its own rate
+            _set_rate(self)
 
     __init__.__wrapped__ = _original_init  # type: ignore[attr-defined]
     DDP.__init__ = invisible(__init__)

@@ -349,7 +349,9 @@ class Session:
             self.hostload.step(self.clock.iteration, recording_next(self._prof))  # before the export, not after
             self._prof.step()
             progress.after_step(self)
-            if self._window_open():
+            window = self._window_open()
+            ddp_capture.time_every_iteration(window)  # DDP times each iteration of a window only
+            if window:
                 self.gil.start()
             else:
                 self.gil.stop()
