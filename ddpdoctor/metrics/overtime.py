@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from ddpdoctor.metrics.slow_ranks import binomial_sf
+
 MIN_WINDOWS = 3  # findings over time: at least this many windows
 MIN_TREND_STEPS = 20  # trends: at least this many clean steps of the series
 DRIFT_MIN_SHARE = 0.2  # step time: a change of 20% or more between the first and the last quarter of the run
@@ -513,11 +515,11 @@ def arrivals(series: Mapping[int, Any], captures: Mapping[int, Mapping[str, Any]
     thinned = [who[i] for i, st in enumerate(steps) if (st - first) % lag == 0 and who[i] >= 0]
     counts = [sum(1 for k in thinned if k == r) for r in range(w)]
     top = max(range(w), key=lambda r: counts[r])
-    p_rank = min(1.0, w * _binomial_tail(counts[top], len(thinned), 1.0 / w))
+    p_rank = min(1.0, w * binomial_sf(counts[top], len(thinned), 1.0 / w))
     # 2. the late rank persists (a straggler that moves from rank to rank keeps each rank for a while): the same
     # rank at both ends of a pair more often than the ranks' own shares of the late steps make likely
     shares = [float(np.sum(who == r)) / max(int(late.sum()), 1) for r in range(w)]
-    p_same = _binomial_tail(same, pairs, sum(q * q for q in shares)) if pairs else 1.0
+    p_same = binomial_sf(same, pairs, min(1.0, sum(q * q for q in shares))) if pairs else 1.0
     p = min(p_rank, p_same)
     out: dict[str, Any] = {
         "evaluated": True,
@@ -560,6 +562,15 @@ def arrivals(series: Mapping[int, Any], captures: Mapping[int, Mapping[str, Any]
         del s["index"]
     out["stretches"] = stretches
     out["ranks"] = sorted({s["rank"] for s in stretches})
+    if not stretches:  # late far more often than chance, but never ARRIVAL_MIN_RUN times in a row
+        out["ranks"] = [ranks[top]]
+        out["pattern"] = "intermittent"
+        out["text"] = (
+            f"rank {ranks[top]} arrived last at the backward's all-reduce more often than chance, on and off: at "
+            f"steps {lag} apart late in {counts[top]} of {len(thinned)} (chance alone 1 in {w}, p = {p:.2g}), never "
+            f"{ARRIVAL_MIN_RUN} late steps in a row"
+        )
+        return out
     if len(out["ranks"]) > 1:
         out["pattern"] = "moved"
     elif _covers(stretches, steps):
@@ -570,17 +581,6 @@ def arrivals(series: Mapping[int, Any], captures: Mapping[int, Mapping[str, Any]
         out["pattern"] = "stretch"
     out["text"] = _arrivals_text(out, w)
     return out
-
-
-def _binomial_tail(k: int, n: int, p: float) -> float:
-    """P(X >= k) for X ~ Binomial(n, p)."""
-    if k <= 0:
-        return 1.0
-    if n <= 0:
-        return 1.0
-    from math import comb
-
-    return min(1.0, sum(comb(n, i) * p**i * (1 - p) ** (n - i) for i in range(k, n + 1)))
 
 
 def _stretches(steps: Sequence[int], who: np.ndarray) -> list[dict[str, Any]]:

@@ -145,3 +145,20 @@ def test_long_hiccups_of_a_fast_job_name_no_rank():
     assert _run(_series(lambda r, s: 2.0, steps=100, step_ms=10))["lag_steps"] == 20  # 0.2 s of 10 ms steps
     named = _named_in_null_jobs(20, 1000, 2, 0.03, 15, lambda rng: 8.0, lambda rng: 2 + rng.uniform(0, 0.3), 10)
     assert not named, named
+
+
+def test_a_long_run_is_decided_without_overflow():
+    """5,000 steps (the binomial tail of thousands of trials: an exact sum of huge integers overflowed a float)."""
+    rng = random.Random(6)
+    got = _run(_series(lambda r, s: 10 + rng.uniform(0, 2) + (30 if r == 1 and s >= 4000 else 0), steps=5000))
+    assert got["ranks"] == [1] and got["pattern"] == "started" and got["stretches"][0]["first"] == 4000, got
+    quiet = _run(_series(lambda r, s: 10 + rng.uniform(0, 2), steps=5000))
+    assert not quiet.get("ranks") and "no rank shown to keep arriving last" in quiet["text"], quiet
+
+
+def test_a_rank_late_every_few_steps_is_named():
+    rng = random.Random(7)
+    every3 = _run(_series(lambda r, s: 10 + rng.uniform(0, 2) + (30 if r == 1 and s % 3 == 0 else 0), steps=400))
+    assert every3["ranks"] == [1] and every3["pattern"] == "throughout", every3  # gaps of 2 steps are bridged
+    every5 = _run(_series(lambda r, s: 10 + rng.uniform(0, 2) + (30 if r == 1 and s % 5 == 0 else 0), steps=400))
+    assert every5["ranks"] == [1] and every5["pattern"] == "intermittent" and "on and off" in every5["text"], every5
