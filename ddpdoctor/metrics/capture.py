@@ -8,6 +8,8 @@ comma-separated strings (``"bucket_sizes": "1071144, 526336"``).
 
 from __future__ import annotations
 
+import math
+import statistics
 from typing import Any
 
 from ddpdoctor.metrics import catalog
@@ -132,6 +134,11 @@ HOST_BUSY_CORES = 0.5
 # either. Measured on a quiet 2-core host: the 4 small-op threads of samples/gil_small_ops.py (0.45-0.5x the speed
 # of serial) got 0.48-0.58 of it and read 0.09-0.13; the same work on one thread got 0.89-0.998.
 THREADS_STARVED_SHARE = 0.8
+# A low gilwatch ratio passes only when its upper bound (the ratio plus twice its standard error: from the spread
+# of the steps' ratios, and from the samples as independent looks, whichever is larger) is at or below
+# GIL_READABLE too. CI clone, 2026-12-04, quiet host: 4 mostly-Python threads (0.31-0.46 in 9 other runs) read 0.144
+# over 4 steps of 0.05-0.26 and 107 samples, and the rule passed them; the bound there was 0.23.
+UPPER_SE = 2.0
 # A reading above GIL_READABLE cannot decide either when the job's threads with work used this many CPU cores or
 # more between them: GIL-bound threads take turns on about one core, so they also ran native code in parallel, and
 # how much of their time the GIL cost is not in the data. Measured: the 4 threads of samples/gil_small_ops.py
@@ -158,10 +165,12 @@ def thread_metrics(capture: dict[str, Any] | None, ranks_on_host: int | None) ->
     others = _other_cores(capture) if contention else None
     median_cores = _quantile(cores, 0.5) if cores else None
     share = _quantile(shares, 0.5) if shares else None
+    upper = None
     if watched is not None:  # gilwatch: the job's threads' GIL wait over their time not waiting for a CPU, pooled
         wait, ready, ticks = watched
         mean = wait / ready if ready > 0 else None
-        unreadable = _watch_undecided(mean, ticks, working, share, others) is not None
+        upper = _upper(mean, contention, ticks)
+        unreadable = _watch_undecided(mean, ticks, working, share, others, upper) is not None
     else:
         unreadable = _undecided(mean, working, median_cores, share, others) is not None
     info = capture.get("threads") or {}
@@ -169,6 +178,7 @@ def thread_metrics(capture: dict[str, Any] | None, ranks_on_host: int | None) ->
         "gil_contention": None if unreadable else mean,
         "gil_probe_reading": mean,
         "gil_samples": watched[2] if watched is not None else None,
+        "gil_contention_upper": upper,
         "gil_contention_spread": _quantile(contention, 0.9) - _quantile(contention, 0.1) if contention else None,
         "threads": max(threads) if threads else None,
         "active_python_threads": working,
@@ -225,7 +235,20 @@ def _undecided(reading: Any, threads: Any, cores: Any, share: Any, others: Any) 
     return "starved" if busy or (_number(share) and share < THREADS_STARVED_SHARE) else None
 
 
-def _watch_undecided(reading: Any, samples: Any, threads: Any, share: Any, others: Any) -> str | None:
+def _upper(reading: float | None, steps: list[float], samples: int) -> float | None:
+    """The ratio plus UPPER_SE standard errors: the larger of the steps' spread (their standard deviation over the
+    square root of their number) and the samples' (a proportion of ``samples`` independent looks)."""
+    if reading is None or samples <= 0:
+        return None
+    se = math.sqrt(max(reading * (1.0 - reading), 0.0) / samples)
+    if len(steps) >= 2:
+        se = max(se, statistics.stdev(steps) / math.sqrt(len(steps)))
+    return min(1.0, reading + UPPER_SE * se)
+
+
+def _watch_undecided(
+    reading: Any, samples: Any, threads: Any, share: Any, others: Any, upper: Any = None
+) -> str | None:
     """Why gilwatch's ratio cannot decide: "few" (under ``WATCH_MIN_TICKS`` samples), "cpu" (two or more of the
     job's threads at work, a ratio at or below ``GIL_READABLE``, while other processes kept ``HOST_BUSY_CORES`` of
     the host busy and the threads got less than ``THREADS_STARVED_SHARE`` of the CPU time they were runnable for):
@@ -238,7 +261,9 @@ def _watch_undecided(reading: Any, samples: Any, threads: Any, share: Any, other
     if not (_number(reading) and _number(threads) and threads >= 2) or reading > GIL_READABLE:
         return None
     busy = _number(others) and others >= HOST_BUSY_CORES
-    return "cpu" if busy and _number(share) and share < THREADS_STARVED_SHARE else None
+    if busy and _number(share) and share < THREADS_STARVED_SHARE:
+        return "cpu"
+    return "close" if _number(upper) and upper > GIL_READABLE else None
 
 
 def gil_reasons(ranks: list[dict[str, Any]]) -> dict[str, str]:
@@ -252,7 +277,8 @@ def gil_reasons(ranks: list[dict[str, Any]]) -> dict[str, str]:
         samples = r.get("gil_samples")
         if _number(samples):
             share, others = r.get("python_cpu_share"), r.get("gil_host_other_cores")
-            kind = _watch_undecided(reading, samples, threads, share, others)
+            upper = r.get("gil_contention_upper")
+            kind = _watch_undecided(reading, samples, threads, share, others, upper)
             if kind == "few":
                 text = (
                     f"too few samples on rank {r.get('rank')}: gilwatch looked at the job's Python threads"
@@ -269,6 +295,15 @@ def gil_reasons(ranks: list[dict[str, Any]]) -> dict[str, str]:
                     " CPUs to spare is not in the data: trace again on a quieter host"
                 )
                 why["cpu"] = max(why.get("cpu", (-share, text)), (-share, text))
+            elif kind == "close":
+                text = (
+                    f"too close to call on rank {r.get('rank')}: the job's {threads:.0f} Python threads at work"
+                    f" waited for the GIL {100 * reading:.0f}% of their time, but that reading could be as high as"
+                    f" {100 * upper:.0f}% ({samples:.0f} samples; its steps ranged over"
+                    f" {100 * (r.get('gil_contention_spread') or 0.0):.0f} points), and the rule fires above"
+                    f" {100 * GIL_READABLE:.0f}%: profile more steps (--active N)"
+                )
+                why["close"] = max(why.get("close", (upper, text)), (upper, text))
             else:
                 return {}
             continue
@@ -296,7 +331,8 @@ def gil_reasons(ranks: list[dict[str, Any]]) -> dict[str, str]:
         why[kind] = max(why.get(kind, (key, text)), (key, text))  # the worst rank of each kind speaks for it
     if not why:
         return {}
-    return {"gil_contention": "; ".join(why[k][1] for k in ("few", "cpu", "starved", "parallel") if k in why)}
+    kinds = ("few", "cpu", "close", "starved", "parallel")
+    return {"gil_contention": "; ".join(why[k][1] for k in kinds if k in why)}
 
 
 def _number(value: Any) -> bool:

@@ -7,7 +7,8 @@ a quiet host; 0.00 for one). So the threaded job fires on a quiet host, and besi
 rationed the CPUs; the twin never fires: one of the job's threads has work, nothing contends with it (the threads
 with work are counted from their own CPU time in ns, as a share of the busiest thread's, so a busy host cannot make
 the waiting main thread look like a second worker). Where gilwatch cannot run, gilknocker's probe may say it cannot
-tell (a starved probe under-reads), never pass. Each job is traced once per module (8 steps, 4 profiled).
+tell (a starved probe under-reads), never pass; a low reading too close to the threshold to call (its upper bound
+above it) says so, never passes. Each job is traced once per module (12 steps, 8 profiled).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from ddpdoctor.metrics.capture import WATCH_MIN_TICKS
 
 pytestmark = [pytest.mark.integration]
 
-WINDOW = ["--wait", "2", "--warmup", "1", "--active", "4"]
+WINDOW = ["--wait", "2", "--warmup", "1", "--active", "8"]  # 8 steps: a ratio known well enough to decide
 # Mostly Python bookkeeping between a few small ops: the sample's default (150 ops, 40 iterations of Python each)
 # read 0.13-0.27 on a quiet host here on 2026-12-04 (its torch ops release the GIL, and the threads ran on 1.4-1.6
 # cores between them), astride the rule's 0.2; this work read 0.31-0.39 (1.2 cores: the GIL serialises it).
@@ -54,7 +55,7 @@ def _traced(tmp_path_factory, threads: int, burners: int, session: str = "other"
     out = tmp_path_factory.mktemp("gil_load") / f"t{threads}_b{burners}_{session}"
     args = [
         "trace", "-q", "--out", str(out), *WINDOW, str(SAMPLES / "gil_small_ops.py"),
-        "--threads", str(threads), "--steps", "8", *WORK,
+        "--threads", str(threads), "--steps", "12", *WORK,
     ]  # fmt: skip
     if session == "job":
         run = subprocess.run(
@@ -145,6 +146,12 @@ def _fires(report: dict, rationed: bool = False) -> None:
         # 74 samples in the profiled steps): it says so, never passes
         why = {n["name"]: n["reason"] for n in report["not_evaluated"]}["gil-contention"]
         assert "too few samples on rank 0" in why, why
+        return
+    if rank["gil_contention"] is None and rank["gil_probe_reading"] <= 0.2 < (rank["gil_contention_upper"] or 0):
+        # a low reading whose upper bound is over the threshold (CI clone, quiet, 2026-12-04: 0.144 of 4 steps of
+        # 0.05-0.26) is too close to call, said with its numbers; never a pass
+        why = {n["name"]: n["reason"] for n in report["not_evaluated"]}["gil-contention"]
+        assert "too close to call on rank 0: " in why or "the host rationed the CPUs on rank 0" in why, why
         return
     if rationed and rank["gil_contention"] is None:
         why = {n["name"]: n["reason"] for n in report["not_evaluated"]}["gil-contention"]

@@ -140,6 +140,28 @@ def test_too_few_samples_is_not_evaluated_with_the_count() -> None:
     assert why.startswith("too few samples on rank 3: gilwatch looked at the job's Python threads 12 times")
 
 
+def test_a_low_reading_too_close_to_the_threshold_is_not_a_pass() -> None:
+    """The CI clone's quiet run of 4 mostly-Python threads (2026-12-04): 0.144 over 4 steps of 0.05-0.26 and 107
+    samples passed; its upper bound is over 0.2, so it is not evaluated, with the numbers. A reading that is low
+    step after step, or with one thread at work, still decides."""
+    steps = [0.05, 0.26, 0.1, 0.17]
+    per_step = {"contention": steps, "gil_wait_s": [0.0154 * x / 0.144 for x in steps], "gil_ready_s": [0.1] * 4,
+                "gil_ticks": [27, 27, 27, 26], "active_threads": [4] * 4}  # fmt: skip
+    m = thread_metrics({"gil": {"per_step": per_step}}, None)
+    assert m["gil_contention"] is None and 0.2 < m["gil_contention_upper"] < 0.3, m
+    why = gil_reasons([{"rank": 0, **m}])["gil_contention"]
+    reading = f"{100 * m['gil_probe_reading']:.0f}%"
+    assert why.startswith(
+        f"too close to call on rank 0: the job's 4 Python threads at work waited for the GIL {reading}"
+    )
+    assert f"as high as {100 * m['gil_contention_upper']:.0f}% (107 samples" in why and "--active N" in why
+    steady = {**per_step, "contention": [0.01, 0.02, 0.01, 0.0], "gil_wait_s": [0.001, 0.002, 0.001, 0.0]}
+    low = thread_metrics({"gil": {"per_step": steady}}, None)
+    assert low["gil_contention"] == pytest.approx(0.01) and low["gil_contention_upper"] < 0.2, low
+    one = thread_metrics({"gil": {"per_step": {**per_step, "active_threads": [1] * 4}}}, None)
+    assert one["gil_contention"] == pytest.approx(m["gil_probe_reading"])  # one thread: nothing to call
+
+
 def test_the_ratio_pools_the_steps_and_ignores_steps_gilknocker_measured() -> None:
     per_step = {
         "contention": [0.9, 0.5, 0.1],
@@ -159,4 +181,3 @@ def test_a_syscall_line_is_a_gil_wait_only_as_a_futex_on_the_runtime() -> None:
     assert gilwatch.classify(b"230 0x1800 0x0\n", b"202", ranges) == gilwatch.OTHER  # a sleep
     assert gilwatch.classify(b"running\n", b"202", ranges) == gilwatch.RUNNING
     assert gilwatch.classify(b"-1 0x7ffd 0x7f\n", b"202", ranges) == gilwatch.RUNNING  # preempted in user space
-
