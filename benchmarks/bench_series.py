@@ -67,6 +67,9 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 NAME = "series"
 WARMUP, ACTIVE = 2, 5  # each window of the per-window measure: --warmup 2 --active 5
+# a larger model for the same comparison nearer a real step: ~9 MiB weights (below the 32 MiB that glibc maps and
+# unmaps each step), a ~10x longer step
+WIDTH_LARGE = 1536
 WIDTH = 512  # the model: Linear(WIDTH, WIDTH), ReLU, Linear(WIDTH, 10) on a batch of 64; a ~5 ms CPU step
 
 
@@ -421,6 +424,17 @@ def run(report, quick: bool) -> None:
         ),
         interval=added[1:],
     )
+
+    # The cost is fixed per step: the same four arms on a model whose step is nearer a real training step's
+    big = measure(48 if quick else 120, block, width=WIDTH_LARGE, stretch=200, stretch_ms=2000)
+    for m in ("cpu", "wall"):
+        whole = big[f"whole_{m}_ratio"]
+        ratio_entry(
+            f"always-on-capture-cost-{m}-larger-step",
+            whole,
+            f"the same on Linear({WIDTH_LARGE}) layers, a {big[f'none_{m}_us'] / 1e3:.1f} ms step ({m}) with none of "
+            f"ddpdoctor: {_x(whole)}; the series alone {_x(big[f'on_{m}_ratio'])}",
+        )
 
     steps, every, reps = (300, 100, 2) if quick else (600, 100, 3)
     w = measure_windows(steps, every, reps)
