@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import sys
 import tarfile
 import time
@@ -144,7 +145,16 @@ def test_workloads_run_on_cpu(name, tmp_path):
     args = [str(gpu_checks.WORKLOADS / a) if a.endswith(".py") else a for a in args]
     ctx = gpu_checks.Context(work=tmp_path, deadline=time.monotonic() + 100)
     env = {"GPUCHECK_CPU": "1", "GPUCHECK_MEASURE": str(tmp_path / "m")}
-    gpu_checks.run_command(ctx, [sys.executable, *args], env=env, timeout=90)
+    try:
+        gpu_checks.run_command(ctx, [sys.executable, *args], env=env, timeout=90)
+    except gpu_checks.CheckError as exc:
+        # 2 of 3 clean-clone suites of 2026-12-04 saw both gloo ranks of ddp-shared end by SIGABRT in ~4 s, as the
+        # suite's first torchrun job; 10 runs alone and 2 runs of tests/gpu after them passed. A job that a signal
+        # ended gets one more run (the same check, from the start); a second failure fails the test.
+        if name != "ddp-shared" or "SIGABRT" not in str(exc):
+            raise
+        shutil.rmtree(tmp_path / "m", ignore_errors=True)
+        gpu_checks.run_command(ctx, [sys.executable, *args], env=env, timeout=90)
     ranks = sorted((tmp_path / "m").glob("rank*.json"))
     assert len(ranks) == (2 if name == "ddp-shared" else 1)
     for path in ranks:
