@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from ddpdoctor.metrics import overtime
+from ddpdoctor.metrics import arrivals
 
 DDP = {"ddp": [{"module": "DistributedDataParallel"}]}
 
@@ -40,7 +40,7 @@ def _series(arrive_ms, steps=200, world=2, step_ms=60.0, cpu=None):
 def _run(series, captures=None):
     world = len(series)
     caps = captures if captures is not None else dict.fromkeys(range(world), {**DDP, "steps": {"first": 0}})
-    return overtime.arrivals(series, caps)
+    return arrivals.arrivals(series, caps)
 
 
 def test_a_straggler_from_halfway_is_named_with_the_step_it_began():
@@ -50,7 +50,7 @@ def test_a_straggler_from_halfway_is_named_with_the_step_it_began():
     (stretch,) = got["stretches"]
     assert stretch["first"] == 100 and stretch["last"] == 199 and stretch["late"] == 100
     assert stretch["late_ms"] == pytest.approx(30, abs=2)
-    assert got["p_value"] < overtime.ARRIVAL_ALPHA
+    assert got["p_value"] < arrivals.ARRIVAL_ALPHA
     assert "rank 1 in 100 of 100 steps since step 100" in got["text"] and "before, no rank" in got["text"]
 
 
@@ -125,17 +125,17 @@ def test_not_evaluated_without_ddp_or_with_too_few_steps():
     assert not fsdp["evaluated"] and "DistributedDataParallel" in fsdp["reason"]
     short = _run(_series(lambda r, s: 10 + (30 if r == 1 else 0), steps=15))
     assert not short["evaluated"] and "20 are needed" in short["reason"]
-    one = overtime.arrivals({0: series[0]}, {0: DDP})
+    one = arrivals.arrivals({0: series[0]}, {0: DDP})
     assert not one["evaluated"]
 
 
 def test_the_profilers_start_and_export_steps_are_left_out_the_windows_steps_kept():
     caps = {r: {**DDP, "steps": {"first": 1, "profiled": [[10, 14]]}, "schedule": {"warmup": 1}} for r in (0, 1)}
-    assert overtime.arrival_skipped(caps) == {1, 8, 9, 14, 15, 16}
+    assert arrivals.arrival_skipped(caps) == {1, 8, 9, 14, 15, 16}
     rng = random.Random(5)
     # rank 0 writes a bigger trace: late after the window's end only; nothing else
     series = _series(lambda r, s: 10 + rng.uniform(0, 2) + (80 if r == 0 and s in (15, 16) else 0), steps=60)
-    got = overtime.arrivals(series, caps)
+    got = arrivals.arrivals(series, caps)
     # steps 0-59 but 0, the 6 skipped and the 3 whose step before was skipped (2, 10, 17)
     assert got["evaluated"] and got["steps"] == 50 and not got.get("ranks"), got
 
