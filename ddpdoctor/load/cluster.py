@@ -7,8 +7,12 @@ not their bytes: a folder on shared storage is read by the workers, never shippe
 back the rank's summary. The merge is the single-process path's own, in the same order, so the analysis is the
 same, to the byte.
 
-Failures stay per rank: Dask runs a task again on another worker when its worker dies (``retries``); a rank whose
-task still fails is reported as a file that could not be read (``Run.skipped``), and the other ranks are analysed.
+Failures stay per rank. When a worker dies, the scheduler runs the tasks it was running again on the workers left
+(the scheduler's ``distributed.scheduler.allowed-failures``, 3 by default; then the task fails with ``KilledWorker``),
+and computes again the summaries it held that the client had not fetched yet; a task that raises is run again
+``RETRIES`` times. A file that cannot be decoded is skipped inside its rank's task, as in one process. A rank whose
+task still fails is reported as a file that could not be read (``Run.skipped``, with the reason), and the other ranks
+are analysed.
 
 Dask is an optional dependency: ``pip install 'ddpdoctor[dask]'``.
 """
@@ -17,13 +21,15 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import uuid
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from ddpdoctor.errors import UsageError
 
-# How many times a rank's task is run again after its worker died (or it failed in a way that may not repeat).
+# How many times a rank's task that raised is run again (a failure that may not repeat: a read error on shared
+# storage, memory). A task whose worker died is run again by the scheduler's own rule (allowed-failures).
 RETRIES = 2
 
 
@@ -64,6 +70,9 @@ class DaskCluster:
                 processes=True,
                 host="127.0.0.1",
                 dashboard_address=None,
+                # the scheduler's HTTP routes (health, metrics) on a free port of 127.0.0.1: not 8787 on every
+                # interface, nor a warning on stderr when another cluster holds 8787
+                scheduler_kwargs={"dashboard_address": "127.0.0.1:0"},
                 silence_logs=40,  # logging.ERROR: a worker restart is reported per rank, not as a log storm
             )
             self.client = distributed.Client(self._local, set_as_default=False)
@@ -89,8 +98,11 @@ class DaskCluster:
         """``fn(*args)`` for each ``(key, args)`` on the cluster, results in the order of ``tasks``; a task that
         still fails after ``RETRIES`` gives ``failed(key, exception)`` in its place."""
         tasks = list(tasks)
+        # Keys name tasks on the whole scheduler: a key another load (of this process, or of another client of a
+        # shared scheduler) still holds would give back that load's result. One token per call keeps them apart.
+        token = uuid.uuid4().hex
         futures = [
-            self.client.submit(fn, *args, key=f"ddpdoctor-{i}-{key}", retries=RETRIES, pure=False)
+            self.client.submit(fn, *args, key=f"ddpdoctor-{token}-{i}-{key}", retries=RETRIES, pure=False)
             for i, (key, args) in enumerate(tasks)
         ]
         results: list[Any] = []
