@@ -196,6 +196,24 @@ def test_per_rank_metric_must_be_aggregated_in_a_run_level_rule(tmp_path):
         load_rule_file(_write(tmp_path, text, "low-collective-bandwidth"))
 
 
+def test_a_rule_file_is_parsed_again_only_when_its_bytes_change(tmp_path):
+    """A process that diagnoses again reuses the rule it checked; an edited file is read as it is now, an edit
+    that breaks it is an error again, and a file put back as it was is the rule it was."""
+    path = _write(tmp_path, _rule_text())
+    first = load_rule_file(path)
+    assert load_rule_file(path) is first
+    path.write_text(_rule_text().replace("[params]\n", "[params]\n# edited\n"))
+    edited = load_rule_file(path)
+    assert edited is not first and edited == first  # same rule, parsed from the new bytes
+    path.write_text(_rule_text().replace('when = "dataloader_ms >', 'when = "data_loader_ms >'))
+    with pytest.raises(RuleError, match="data_loader_ms"):
+        load_rule_file(path)
+    with pytest.raises(RuleError, match="data_loader_ms"):  # a broken file is never remembered as good
+        load_rule_file(path)
+    path.write_text(_rule_text())
+    assert load_rule_file(path) is first
+
+
 def test_file_name_must_match_rule_name(tmp_path):
     path = tmp_path / "loader.toml"
     path.write_text(_rule_text())
