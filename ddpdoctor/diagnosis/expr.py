@@ -20,7 +20,8 @@ from __future__ import annotations
 import ast
 import math
 import operator
-from collections.abc import Collection, Mapping, Sequence
+import weakref
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -334,90 +335,159 @@ def aggregate(fn: str, values: Sequence[Any]) -> Any:
     return _AGG_FUNCS[fn]([float(v) for v in known])
 
 
-def _call(node: ast.Call, values: Values) -> Any:
-    fn = node.func.id if isinstance(node.func, ast.Name) else None
-    if node.keywords:
-        raise ExprError(f"call not allowed: {_snippet(node)!r}")
-    if fn in AGGREGATES and len(node.args) == 1 and isinstance(node.args[0], ast.Name):
-        name = node.args[0].id
-        if name not in ALL_RANK:
-            raise ExprError(f"{fn}() over ranks needs a per-rank metric, not {name!r}")
-        if values.columns is None:
-            return aggregate(fn, values.column(name))
-        key = f"{fn}({name})"  # the same over all ranks: once per evaluation
-        if key not in values.columns:
-            values.columns[key] = aggregate(fn, values.column(name))
-        return values.columns[key]
-    if fn == "coalesce":
-        for arg in node.args:
-            value = _eval(arg, values)
-            if value is not None:
-                return value
-        return None
-    if fn == "abs" and len(node.args) == 1:
-        return _lift(abs)(_eval(node.args[0], values))
-    if fn in ("max", "min") and len(node.args) >= 2:
-        return _lift(max if fn == "max" else min)(*(_eval(a, values) for a in node.args))
-    raise ExprError(f"call not allowed: {_snippet(node)!r}")
-
-
-def _boolop(node: ast.BoolOp, values: Values) -> Any:
-    unknown = False
-    stop_on = isinstance(node.op, ast.Or)  # `or` stops at the first true, `and` at the first false
-    for value in node.values:
-        result = _eval(value, values)
-        if result is None:
-            unknown = True
-        elif bool(result) is stop_on:
-            return stop_on
-    return None if unknown else not stop_on
-
-
-def _compare(node: ast.Compare, values: Values) -> Any:
-    left = _eval(node.left, values)
-    result: Any = True
-    for op, comp in zip(node.ops, node.comparators, strict=True):
-        right = _eval(comp, values)
-        outcome = _OPERATORS[type(op)](left, right)
-        if outcome is False:
-            return False
-        if outcome is None:
-            result = None
-        left = right
-    return result
-
-
 def _eval(node: ast.AST, values: Values) -> Any:
     """The value of a checked tree: numbers, bools, or None for unknown. Node types the checker does not admit
     are refused here too (a second fence for trees that did not come through ``compile_expr``)."""
+    return _compiled(node)(values)
+
+
+# node -> its closure (``_build``): a per-rank rule's tree is evaluated for every rank, 16,384 times at 16,384
+# ranks, and a walk that asks each node's type every time was most of the rule engine's time
+_CLOSURES: weakref.WeakKeyDictionary[ast.AST, Callable[[Values], Any]] = weakref.WeakKeyDictionary()
+
+
+def _compiled(node: ast.AST) -> Callable[[Values], Any]:
+    """``node`` as a function of the values: the same value, the same errors at the same moment as a walk of
+    the tree (an error is raised when the node is evaluated, never when it is built)."""
+    fn = _CLOSURES.get(node)
+    if fn is None:
+        fn = _CLOSURES[node] = _build(node)
+    return fn
+
+
+def _raises(message: str) -> Callable[[Values], Any]:
+    def fail(values: Values) -> Any:
+        raise ExprError(message)
+
+    return fail
+
+
+def _build(node: ast.AST) -> Callable[[Values], Any]:
     if isinstance(node, ast.Constant) and (node.value is None or type(node.value) in (bool, int, float)):
-        return node.value
+        constant = node.value
+        return lambda values: constant
     if isinstance(node, ast.Name):
         if describe(node.id) is None:
-            raise ExprError(f"unknown metric {node.id!r}")
-        return values.scalar(node.id)
+            return _raises(f"unknown metric {node.id!r}")
+        name = node.id
+        return lambda values: values.scalar(name)
     if isinstance(node, ast.Attribute):
         if not (isinstance(node.value, ast.Name) and node.value.id == "params") or node.attr.startswith("_"):
-            raise ExprError("only params.NAME attributes are allowed")
-        if node.attr not in values.params:
-            raise ExprError(f"unknown parameter params.{node.attr}")
-        return clean_value(values.params[node.attr])
+            return _raises("only params.NAME attributes are allowed")
+        attr = node.attr
+
+        def param(values: Values) -> Any:
+            if attr not in values.params:
+                raise ExprError(f"unknown parameter params.{attr}")
+            return clean_value(values.params[attr])
+
+        return param
     if isinstance(node, ast.Call):
-        return _call(node, values)
+        return _build_call(node)
     if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
-        return _OPERATORS[type(node.op)](_eval(node.left, values), _eval(node.right, values))
+        binop, left, right = _OPERATORS[type(node.op)], _compiled(node.left), _compiled(node.right)
+        return lambda values: binop(left(values), right(values))
     if isinstance(node, ast.UnaryOp) and type(node.op) in _OPERATORS:
-        return _OPERATORS[type(node.op)](_eval(node.operand, values))
+        unop, operand = _OPERATORS[type(node.op)], _compiled(node.operand)
+        return lambda values: unop(operand(values))
     if isinstance(node, ast.BoolOp):
-        return _boolop(node, values)
+        return _build_boolop(node)
     if isinstance(node, ast.Compare) and all(type(op) in _OPERATORS for op in node.ops):
-        return _compare(node, values)
+        return _build_compare(node)
     if isinstance(node, ast.IfExp):
-        test = _eval(node.test, values)
-        if test is None:
+        test, body, orelse = _compiled(node.test), _compiled(node.body), _compiled(node.orelse)
+
+        def choose(values: Values) -> Any:
+            truth = test(values)
+            if truth is None:
+                return None
+            return body(values) if truth else orelse(values)
+
+        return choose
+    return _raises(f"{type(node).__name__} is not allowed ({_snippet(node)!r})")
+
+
+def _build_call(node: ast.Call) -> Callable[[Values], Any]:
+    fn = node.func.id if isinstance(node.func, ast.Name) else None
+    if node.keywords:
+        return _raises(f"call not allowed: {_snippet(node)!r}")
+    if fn in AGGREGATES and len(node.args) == 1 and isinstance(node.args[0], ast.Name):
+        name = node.args[0].id
+        if name not in ALL_RANK:
+            return _raises(f"{fn}() over ranks needs a per-rank metric, not {name!r}")
+        key = f"{fn}({name})"  # the same over all ranks: once per evaluation
+
+        def over_ranks(values: Values) -> Any:
+            if values.columns is None:
+                return aggregate(fn, values.column(name))
+            if key not in values.columns:
+                values.columns[key] = aggregate(fn, values.column(name))
+            return values.columns[key]
+
+        return over_ranks
+    args = [_compiled(a) for a in node.args]
+    if fn == "coalesce":
+
+        def coalesce(values: Values) -> Any:
+            for arg in args:
+                value = arg(values)
+                if value is not None:
+                    return value
             return None
-        return _eval(node.body, values) if test else _eval(node.orelse, values)
-    raise ExprError(f"{type(node).__name__} is not allowed ({_snippet(node)!r})")
+
+        return coalesce
+    if fn == "abs" and len(args) == 1:
+        lifted_abs, arg = _lift(abs), args[0]
+        return lambda values: lifted_abs(arg(values))
+    if fn in ("max", "min") and len(args) >= 2:
+        pick = _lift(max if fn == "max" else min)
+        return lambda values: pick(*[a(values) for a in args])
+    return _raises(f"call not allowed: {_snippet(node)!r}")
+
+
+def _build_boolop(node: ast.BoolOp) -> Callable[[Values], Any]:
+    parts = [_compiled(v) for v in node.values]
+    stop_on = isinstance(node.op, ast.Or)  # `or` stops at the first true, `and` at the first false
+
+    def boolop(values: Values) -> Any:
+        unknown = False
+        for part in parts:
+            result = part(values)
+            if result is None:
+                unknown = True
+            elif bool(result) is stop_on:
+                return stop_on
+        return None if unknown else not stop_on
+
+    return boolop
+
+
+def _build_compare(node: ast.Compare) -> Callable[[Values], Any]:
+    first = _compiled(node.left)
+    if len(node.ops) == 1:  # nearly every comparison of a rule
+        compare, right = _OPERATORS[type(node.ops[0])], _compiled(node.comparators[0])
+
+        def single(values: Values) -> Any:
+            outcome = compare(first(values), right(values))
+            return outcome if outcome is None or outcome is False else True
+
+        return single
+    steps = [(_OPERATORS[type(op)], _compiled(comp)) for op, comp in zip(node.ops, node.comparators, strict=True)]
+
+    def chain(values: Values) -> Any:
+        left = first(values)
+        result: Any = True
+        for compare, comp in steps:
+            right = comp(values)
+            outcome = compare(left, right)
+            if outcome is False:
+                return False
+            if outcome is None:
+                result = None
+            left = right
+        return result
+
+    return chain
 
 
 def evaluate(expr: Expr | str, values: Values, *, scope: Scope = "run") -> Any:
@@ -425,7 +495,7 @@ def evaluate(expr: Expr | str, values: Values, *, scope: Scope = "run") -> Any:
     if isinstance(expr, str):
         expr = compile_expr(expr, scope=scope, params=values.params)
     try:
-        return _eval(expr.tree, values)
+        return _compiled(expr.tree)(values)
     except ExprError:
         raise
     except (ArithmeticError, TypeError, ValueError, RecursionError) as exc:
