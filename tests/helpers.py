@@ -5,12 +5,18 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import queue
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -130,3 +136,61 @@ def step_snapshot(median: float, seed: int, spread: float = 0.15):
         findings=[],
         rules_evaluated=[],
     )
+
+
+class DashboardView:
+    """`ddpdoctor view RUN --port 0` in its own process group (its URL once TensorBoard prints it); stopped like
+    Ctrl-C in a terminal."""
+
+    def __init__(self, run_dir: Path, log: Path) -> None:
+        self.log = open(log, "w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "ddpdoctor", "view", str(run_dir), "--port", "0"],
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            text=True,
+            start_new_session=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.stdout: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+        self.url = self._wait_for_url(180)
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.stdout.append(line)
+            self.lines.put(line)
+
+    def _wait_for_url(self, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                line = self.lines.get(timeout=1)
+            except queue.Empty:
+                if self.proc.poll() is not None:
+                    break
+                continue
+            m = re.search(r"TensorBoard at (http://\S+)", line)
+            if m:
+                return m.group(1)
+        self.stop()
+        raise AssertionError(f"view printed no URL: {self.stdout} {Path(self.log.name).read_text()}")
+
+    def scalars(self, run: str, tag: str) -> list:
+        query = urllib.parse.urlencode({"run": run, "tag": tag})
+        try:
+            with urllib.request.urlopen(f"{self.url}data/plugin/scalars/scalars?{query}", timeout=30) as r:
+                return json.loads(r.read())
+        except urllib.error.HTTPError:
+            return []  # not loaded yet
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGINT)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        self.log.close()

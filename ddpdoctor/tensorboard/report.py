@@ -176,7 +176,9 @@ def analyze_for_dashboard(run_dir: Path, rules: RuleOptions | Sequence[Any] | No
     so (the dashboard still shows why it is empty)."""
     try:
         chosen = rules if rules is not None else DEFAULT_RULES
-        return analyze_run(Path(run_dir), rules=chosen, traces_optional=True)
+        # with the "Over time" section diagnose shows (a long run traced with --every: findings per window, the
+        # series' trends): the windows are read one by one, as diagnose reads them
+        return analyze_run(Path(run_dir), rules=chosen, traces_optional=True, over_time=True)
     except TraceError as exc:
         return Analysis(Path(run_dir), None, None, notes=[f"nothing to show yet: {exc}"])
 
@@ -232,8 +234,14 @@ def build_report(
     doc["override_lines"] = override_lines(doc)
     doc["health_title"] = health_title(doc)
     doc["health_lines"] = health_lines(doc) + (list(doc["run"]["notes"]) if doc["run"].get("health") else [])
+    from ddpdoctor.report import over_time
+
+    doc["over_time_title"] = over_time.TITLE
+    doc["over_time_lines"] = over_time.lines(doc)  # the text report's lines (none for a run without the section)
     if name is not None:  # a dashboard shows run names, never this machine's paths
-        for notes in (doc["notes"], doc["run"]["notes"], doc["run"]["skipped"], doc["health_lines"]):
+        for notes in (
+            doc["notes"], doc["run"]["notes"], doc["run"]["skipped"], doc["health_lines"], doc["over_time_lines"]
+        ):  # fmt: skip
             notes[:] = [str(n).replace(str(run_dir), name) for n in notes]
         doc["run"]["path"] = name
         doc["run"]["name"] = name

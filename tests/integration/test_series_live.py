@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import re
 import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.parse
@@ -22,7 +20,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from helpers import CHROMIUM, REPO, chromium, read_json, run_cli
+from helpers import CHROMIUM, REPO, DashboardView, chromium, read_json, run_cli
 
 from ddpdoctor.capture.series import read_series
 
@@ -207,64 +205,9 @@ def test_diagnose_reads_the_run_while_it_runs(job):
     assert job.proc.poll() is None  # it was read while running
 
 
-class _View:
-    def __init__(self, run_dir: Path, log: Path) -> None:
-        self.log = open(log, "w")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "ddpdoctor", "view", str(run_dir), "--port", "0"],
-            stdout=subprocess.PIPE,
-            stderr=self.log,
-            text=True,
-            start_new_session=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-        self.lines: queue.Queue[str] = queue.Queue()
-        self.stdout: list[str] = []
-        threading.Thread(target=self._read, daemon=True).start()
-        self.url = self._wait_for_url(180)
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            self.stdout.append(line)
-            self.lines.put(line)
-
-    def _wait_for_url(self, timeout: float) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                line = self.lines.get(timeout=1)
-            except queue.Empty:
-                if self.proc.poll() is not None:
-                    break
-                continue
-            m = re.search(r"TensorBoard at (http://\S+)", line)
-            if m:
-                return m.group(1)
-        self.stop()
-        raise AssertionError(f"view printed no URL: {self.stdout} {Path(self.log.name).read_text()}")
-
-    def scalars(self, run: str, tag: str) -> list:
-        query = urllib.parse.urlencode({"run": run, "tag": tag})
-        try:
-            with urllib.request.urlopen(f"{self.url}data/plugin/scalars/scalars?{query}", timeout=30) as r:
-                return json.loads(r.read())
-        except urllib.error.HTTPError:
-            return []  # not loaded yet
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGINT)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
-        self.log.close()
-
-
 @pytest.mark.timeout(400)
 def test_view_shows_the_series_as_scalars_that_follow_the_job(job, tmp_path):
-    view = _View(job.out, tmp_path / "view.log")
+    view = DashboardView(job.out, tmp_path / "view.log")
     try:
         assert any("followed live" in line for line in view.stdout)
 
@@ -315,7 +258,7 @@ def _series_table(dom: str) -> dict[int, tuple[int, list[str]]]:
 @pytest.mark.timeout(500)
 @pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium is not installed")
 def test_dashboard_in_chromium_shows_the_steps_so_far_then_all(job, tmp_path, request):
-    view = _View(job.out, tmp_path / "dashboard-view.log")
+    view = DashboardView(job.out, tmp_path / "dashboard-view.log")
     page = f"{view.url}data/plugin/ddpdoctor/dashboard.html?run=."
     try:
         assert view.url.startswith("http://127.0.0.1:")

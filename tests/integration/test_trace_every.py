@@ -8,14 +8,18 @@ Two traced jobs (module-scoped, shared by the asserts), each 80 short steps with
 
 from __future__ import annotations
 
+import html
 import json
 import os
+import re
 import statistics
+import urllib.request
 
 import pytest
-from helpers import read_json, run_cli, write_script
+from helpers import CHROMIUM, DashboardView, chromium, read_json, run_cli, write_script
 
 from ddpdoctor.capture.series import read_series
+from ddpdoctor.report import over_time
 
 pytestmark = [pytest.mark.integration]
 
@@ -182,6 +186,28 @@ def test_the_section_in_text_markdown_and_html(halfway):
     page = run_cli("diagnose", str(out), "--format", "html", timeout=120)
     assert page.returncode == 0 and '<ul class="over-time">' in page.stdout
     assert "rank-straggler: rank 1 in" in page.stdout
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium is not installed")
+def test_the_section_in_the_dashboard(halfway, tmp_path):
+    """`ddpdoctor view`'s dashboard shows the text report's "Over time" lines, a finding's windows under it."""
+    out, _, report = halfway
+    view = DashboardView(out, tmp_path / "view.log")
+    try:
+        served = json.loads(urllib.request.urlopen(f"{view.url}data/plugin/ddpdoctor/report?run=.", timeout=120).read())
+        dom = chromium(tmp_path / "profile", "--window-size=1400,1000", "--dump-dom",
+                       f"{view.url}data/plugin/ddpdoctor/dashboard.html?run=.")  # fmt: skip
+    finally:
+        view.stop()
+    assert served["over_time_lines"] == over_time.lines(report)  # the lines diagnose shows, for this run
+    assert 'data-state="ready"' in dom, dom[-3000:]
+    section = dom[dom.index('data-section="over-time"') :]
+    section = section[: section.index("</section>")]
+    assert "<h2>Over time</h2>" in section
+    items = [html.unescape(i) for i in re.findall(r"<li data-over-time=\"\">(.*?)</li>", section)]
+    assert any(i.startswith("rank-straggler: rank 1 in") for i in items), section[:3000]
+    assert "per 1,000 steps" in section
 
 
 @pytest.mark.timeout(60)

@@ -53,8 +53,8 @@ async function getJSON(path, params = {}) {
 function dashboard(report) {
   const parts = [sections.breakdown, sections.stepTimes, sections.overlap, sections.memory, sections.collectives,
     sections.skew, sections.gil].map((make) => make(report)).filter(Boolean);
-  return [sections.summary(report), sections.findings(report), sections.health(report), sections.timeline(report),
-    sections.trials(report), sections.rankTable(report), el("div", { class: "ddp-grid" }, parts)]
+  return [sections.summary(report), sections.findings(report), sections.health(report), sections.overTime(report),
+    sections.timeline(report), sections.trials(report), sections.rankTable(report), el("div", { class: "ddp-grid" }, parts)]
     .filter(Boolean);
 }
 

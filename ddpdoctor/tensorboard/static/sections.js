@@ -38,6 +38,22 @@ export function health(report) {
   return section("health", report.health_title || "How the job ended", null, el("ul", {}, lines.map((line) => el("li", {}, line))));
 }
 
+export function overTime(report) {
+  // a long run's "Over time" (diagnose's section, its lines as the text report shows them; report.py builds them):
+  // each finding with the windows it held in, and the series' trends. Lines starting with two spaces are items of
+  // the line before.
+  const lines = report.over_time_lines || [];
+  if (!lines.length) return null;
+  const items = [];
+  for (const line of lines) {
+    if (line.startsWith("  ") && items.length) items[items.length - 1].sub.push(line.trim());
+    else items.push({ line, sub: [] });
+  }
+  return section("over-time", report.over_time_title || "Over time", null,
+    el("ul", { class: "over-time" }, items.map(({ line, sub }) => el("li", {}, line,
+      sub.length ? el("ul", {}, sub.map((s) => el("li", { "data-over-time": "" }, s))) : null))));
+}
+
 export function findings(report) {
   const list = report.findings || [];
   const cards = list.map((f) => el("article", { class: `finding sev-${String(f.severity).replace(/[^a-z]/g, "")}`,
