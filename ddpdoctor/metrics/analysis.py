@@ -15,6 +15,7 @@ from ddpdoctor.metrics import catalog
 from ddpdoctor.metrics.capture import ddp_timers
 from ddpdoctor.metrics.compile import compile_note
 from ddpdoctor.metrics.cross_rank import (
+    Windows,
     all_collectives,
     cross_rank,
     transfer_bandwidth,
@@ -52,9 +53,10 @@ def analyze(run: Run, steps: tuple[int, int | None] | None = None, verdict: Any 
 
             summaries.append(summarize_rank(rt, run.capture.get(rt.rank), steps))
     colls = all_collectives(summaries)
-    waits, straggler = cross_rank(summaries, colls)
+    windows = Windows(summaries)  # every rank's analysed steps, for the three below
+    waits, straggler = cross_rank(summaries, colls, windows)
     transfer_us = transfer_times(summaries, colls)
-    transfer = transfer_metrics(summaries, colls, transfer_us)
+    transfer = transfer_metrics(summaries, colls, transfer_us, windows)
     hosts = Counter(c.get("hostname") for c in run.capture.values() if c.get("hostname"))
     setup_ranks, setup_run = setup_metrics(run.capture)  # the set-up checklist: from the capture, not traces
     ranks = []
@@ -105,7 +107,7 @@ def analyze(run: Run, steps: tuple[int, int | None] | None = None, verdict: Any 
         run=run_metrics,
         ranks=ranks,
         per_step=per_step,
-        collectives=transfer_bandwidth(summaries, colls, transfer_us),
+        collectives=transfer_bandwidth(summaries, colls, transfer_us, windows),
         devices=devices,
         timeline=LazyTimeline(summaries, colls),
         step_times=LazyTable(lambda: _step_times(run)),

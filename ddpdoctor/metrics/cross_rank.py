@@ -36,7 +36,7 @@ from ddpdoctor.metrics.group_sums import (
     running_max,
 )
 from ddpdoctor.metrics.slow_ranks import slow_ranks
-from ddpdoctor.table import Codes, Table, column, group_ids, group_median, group_min, group_nunique
+from ddpdoctor.table import Codes, Table, column, distinct, group_ids, group_median, group_min, group_nunique
 
 KEY = ["step", "kind", "index"]
 
@@ -46,10 +46,10 @@ _NUMERIC = ("start_us", "end_us", "dur_us", "bytes", "group_size")
 
 
 def cross_rank(
-    summaries: list[dict[str, Any]], colls: Table | None = None
+    summaries: list[dict[str, Any]], colls: Table | None = None, windows: Windows | None = None
 ) -> tuple[dict[int, dict[str, float | None]], dict[str, Any]]:
     """Per rank {collective_wait_ms, late_arrival_ms} and run-level {straggler_rank, straggler_wait_ms}.
-    ``colls``: ``all_collectives(summaries)`` when the caller has it."""
+    ``colls``: ``all_collectives(summaries)``, ``windows``: ``Windows(summaries)``, when the caller has them."""
     per_rank: dict[int, dict[str, float | None]] = {}
     run: dict[str, Any] = {
         "straggler_rank": None,
@@ -74,9 +74,10 @@ def cross_rank(
     colls["wait_us"] = colls["dur_us"] - group_min(colls["dur_us"], gid, n)[gid]
     colls["late_us"] = aligned - group_min(aligned, gid, n)[gid]
     colls = colls.sort("rank")
-    typical_wait = _per_rank_waits(colls, summaries, per_rank)
+    windows = Windows(summaries) if windows is None else windows
+    typical_wait = _per_rank_waits(colls, summaries, per_rank, windows)
     if len(per_rank) >= 2:
-        analysed = colls[np.isin(colls["step"], np.fromiter(_analysed_steps(summaries), dtype=np.int64))]
+        analysed = colls[np.isin(colls["step"], distinct(windows.step))]  # a step any rank analysed
         slow = slow_ranks(analysed, sorted(per_rank))
         for r, values in slow["ranks"].items():
             per_rank[r].update(values)
@@ -143,7 +144,10 @@ def clock_offsets(summaries: list[dict[str, Any]], colls: Table | None = None) -
 
 
 def _per_rank_waits(
-    colls: Table, summaries: list[dict[str, Any]], per_rank: dict[int, dict[str, float | None]]
+    colls: Table,
+    summaries: list[dict[str, Any]],
+    per_rank: dict[int, dict[str, float | None]],
+    windows: Windows | None = None,
 ) -> dict[int, float]:
     """Fill ``per_rank`` with each rank's collective_wait_ms and late_arrival_ms (``colls`` sorted by rank);
     returns each rank's median wait per analysed step (ms).
@@ -152,7 +156,7 @@ def _per_rank_waits(
     (``intervals.coverage``), and its mean lateness in each step; then the mean and median over the steps. All
     ranks at once, with the float operations of those functions in the same order (a rank's running sums are
     added one position at a time over all ranks), so the numbers are theirs to the last bit."""
-    windows = _Windows(summaries)
+    windows = Windows(summaries) if windows is None else windows
     win_rank, win_step, win_lo, win_hi, counts = (
         windows.rank,
         windows.step,
@@ -336,7 +340,7 @@ def _analysed(summary: dict[str, Any]) -> dict[str, np.ndarray]:
     }
 
 
-class _Windows:
+class Windows:
     """The analysed steps of every rank, one after the other (summaries' order): ``rank``, ``step``,
     ``start_us``, ``end_us`` per step and ``counts`` per summary; what ``_analysed`` gives each rank."""
 
@@ -361,15 +365,6 @@ def _flat(tables: list[dict[str, Any]], key: str, lengths: list[int], dtype: Any
     return np.concatenate(
         [np.asarray(p, dtype=dtype)[:n] for p, n in zip(parts, lengths, strict=True)] or [np.zeros(0)]
     )
-
-
-def _analysed_steps(summaries: list[dict[str, Any]]) -> set[int]:
-    steps: set[int] = set()
-    for s in summaries:
-        ps = s["per_step"]
-        flags = ps.get("analyzed") or []
-        steps.update(int(x) for x, a in zip(ps.get("step") or [], flags, strict=False) if a)
-    return steps
 
 
 def transfer_times(summaries: list[dict[str, Any]], colls: Table) -> np.ndarray:
@@ -408,7 +403,10 @@ def transfer_times(summaries: list[dict[str, Any]], colls: Table) -> np.ndarray:
 
 
 def transfer_metrics(
-    summaries: list[dict[str, Any]], colls: Table, transfer_us: np.ndarray | None = None
+    summaries: list[dict[str, Any]],
+    colls: Table,
+    transfer_us: np.ndarray | None = None,
+    windows: Windows | None = None,
 ) -> dict[int, dict[str, float | None]]:
     """Per rank over its analysed steps: ``exposed_transfer_ms`` (per step: the time some collective of the rank
     is transferring -- after its last peer arrived -- while no computation runs: the transfer intervals, unioned,
@@ -423,14 +421,13 @@ def transfer_metrics(
     from ddpdoctor.metrics.comm import bus_factor
 
     out: dict[int, dict[str, float | None]] = {}
-    windows = _Windows(summaries)
+    windows = Windows(summaries) if windows is None else windows
     ranks_all = [s["rank"] for s in summaries]
     n = len(summaries)
     t = transfer_times(summaries, colls) if transfer_us is None else transfer_us
-    pos_of = {r: i for i, r in enumerate(ranks_all)}
     if len(colls):
         analysed = _in_analysed_steps(colls, summaries, windows)
-        rid = np.array([pos_of.get(r, -1) for r in colls["rank"].tolist()], dtype=np.int64)
+        rid = _positions(ranks_all, colls["rank"])
         analysed &= rid >= 0
     else:
         analysed = np.zeros(0, dtype=bool)
@@ -526,7 +523,10 @@ def _groups(ivs: Any, lo: int, hi: int) -> Any:
 
 
 def transfer_bandwidth(
-    summaries: list[dict[str, Any]], colls: Table | None = None, transfer_us: np.ndarray | None = None
+    summaries: list[dict[str, Any]],
+    colls: Table | None = None,
+    transfer_us: np.ndarray | None = None,
+    windows: Windows | None = None,
 ) -> Table:
     """Per rank and kind over the analysed steps: ``count``, ``bytes``, ``ms`` (the rank's wall time in that kind,
     concurrent collectives counted once: waiting included), ``algbw_gbps``/``busbw_gbps`` (bytes over the union
@@ -540,15 +540,14 @@ def transfer_bandwidth(
     if len(colls) == 0:
         return Table.from_records([], out_columns)
     t_all = transfer_times(summaries, colls) if transfer_us is None else transfer_us
-    order = {s["rank"]: i for i, s in enumerate(summaries)}
-    keep = _in_analysed_steps(colls, summaries) & (colls["kind"].codes >= 0)
+    keep = _in_analysed_steps(colls, summaries, windows) & (colls["kind"].codes >= 0)
     c = colls[keep]
     t = t_all[keep]
     if len(c) == 0:
         return Table.from_records([], out_columns)
     nbytes = c["bytes"]
     sized = ~np.isnan(nbytes) & (nbytes > 0) & ~np.isnan(t) & (t > 0)
-    rank_order = np.array([order[r] for r in c["rank"].tolist()], dtype=np.int64)
+    rank_order = _positions([s["rank"] for s in summaries], c["rank"])
     gid, n = group_ids(rank_order, c["rank"], c["kind"])
     # one row per group, in group order (sorted by the rank's position, rank, kind)
     first = np.full(n, len(c), dtype=np.int64)
@@ -589,9 +588,23 @@ def transfer_bandwidth(
     return Table.from_records(rows, out_columns)
 
 
-def _in_analysed_steps(colls: Table, summaries: list[dict[str, Any]], windows: _Windows | None = None) -> np.ndarray:
+def _positions(ranks: list[int], rank: np.ndarray) -> np.ndarray:
+    """Per row's ``rank``: the position of that rank in ``ranks`` (the last where it is there twice, as a dict
+    made of them says), -1 where it is not there."""
+    listed = np.asarray(ranks, dtype=np.int64).reshape(len(ranks))
+    order = np.argsort(listed, kind="stable")
+    ordered = listed[order]
+    at = np.searchsorted(ordered, rank, side="right") - 1
+    clipped = np.maximum(at, 0)
+    found = (at >= 0) & (ordered[clipped] == rank) if len(ordered) else np.zeros(len(rank), dtype=bool)
+    return np.where(found, order[clipped], -1).astype(np.int64) if len(ordered) else np.full(len(rank), -1)
+
+
+def _in_analysed_steps(
+    colls: Table, summaries: list[dict[str, Any]], windows: Windows | None = None
+) -> np.ndarray:
     """Rows of ``colls`` whose step is one of its rank's analysed steps."""
-    windows = _Windows(summaries) if windows is None else windows
+    windows = Windows(summaries) if windows is None else windows
     ranks, steps = windows.rank, windows.step
     step_col = colls["step"]
     if step_col.dtype.kind != "i" or not len(steps):  # steps that are not whole numbers: one row at a time
