@@ -142,6 +142,12 @@ def arrivals(series: Mapping[int, Any], captures: Mapping[int, Mapping[str, Any]
         "p_value": float(f"{p:.3g}"),
         "stretches": [],
     }
+    if not late.any():
+        out["text"] = (
+            f"no rank shown to keep arriving last: in none of {len(steps)} steps did a rank reach its backward "
+            f"{floor:.1f} ms or more after the others"
+        )
+        return out
     if p > ARRIVAL_ALPHA:
         out["text"] = (
             f"no rank shown to keep arriving last (p = {p:.2g}; under {ARRIVAL_ALPHA:g} is needed): "

@@ -154,6 +154,9 @@ def test_a_long_run_is_decided_without_overflow():
     assert got["ranks"] == [1] and got["pattern"] == "started" and got["stretches"][0]["first"] == 4000, got
     quiet = _run(_series(lambda r, s: 10 + rng.uniform(0, 2), steps=5000))
     assert not quiet.get("ranks") and "no rank shown to keep arriving last" in quiet["text"], quiet
+    assert quiet["late_steps"] == 0 and "in none of 4998 steps did a rank reach its backward" in quiet["text"]
+    # no late step: the text says so and stops (no "0 of 0" counts of the tests that had nothing to test)
+    assert "0 of 0" not in quiet["text"] and "p =" not in quiet["text"]
 
 
 def test_a_rank_late_every_few_steps_is_named():
