@@ -1,7 +1,8 @@
 """The Dask path (issue 29): ``diagnose FOLDER --workers 2`` against ``diagnose FOLDER`` in one process, on a
 folder of synthetic foreign rank traces (64 ranks of about 50 MB of JSON each; ``--quick``: 16 of 10 MB), each in a
-fresh process: wall time, the client's peak RSS and the largest peak of its child processes (the Dask workers, or
-the loader's own worker processes), and whether the two reports are the same.
+fresh process: wall time; peak RSS of the client and of each process under it (the Dask workers, or the loader's
+own decoding processes: each one's VmHWM, read every 50 ms), the most memory all of them held at once (the sum of
+their PSS, sampled every 50 ms); and whether the two reports are the same. Full: 3 rounds, interleaved.
 
 The ranks are the recorded straggler sample's two traces, their events repeated (shifted by whole windows) up to
 the size, renumbered 0..N-1. Cached in ``benchmarks/.cache/``."""
@@ -11,6 +12,8 @@ from __future__ import annotations
 import copy
 import gzip
 import json
+import os
+import statistics
 import subprocess
 import sys
 import time
@@ -19,8 +22,8 @@ from pathlib import Path
 from bench_common import CACHE, REPO, Report
 
 NAME = "dask"
-FULL = {"ranks": 64, "mb": 50}
-QUICK = {"ranks": 16, "mb": 10}
+FULL = {"ranks": 64, "mb": 50, "reps": 3}
+QUICK = {"ranks": 16, "mb": 10, "reps": 1}
 
 
 def generate(ranks: int, mb_each: int) -> Path:
@@ -54,18 +57,55 @@ def generate(ranks: int, mb_each: int) -> Path:
 
 
 CHILD = """
-import resource, sys, time, io, contextlib
+import contextlib, hashlib, io, json, os, sys, threading, time
+import psutil
 from ddpdoctor.cli import main
+
+# Peak RSS of this process and of each process under it (the Dask workers, or the loader's own decoding processes):
+# VmHWM, the kernel's high-water mark of each, read every 50 ms while the process lives (ru_maxrss is not used: it
+# keeps the peak of the process this one was forked from, across exec). And the largest sum of PSS over all of them
+# at one sample, what the machine had to hold (PSS splits the pages a forked process shares with its parent).
+me = psutil.Process()
+hwm, total = {}, [0]
+stop = threading.Event()
+
+def vm_hwm_kb(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    return 0
+
+def sample():
+    while True:
+        now = 0
+        for proc in [me, *me.children(recursive=True)]:
+            with contextlib.suppress(psutil.Error, OSError):
+                hwm[proc.pid] = max(hwm.get(proc.pid, 0), vm_hwm_kb(proc.pid))
+                now += proc.memory_full_info().pss
+        total[0] = max(total[0], now // 1024)
+        if stop.wait(0.05):
+            return
+
+sampler = threading.Thread(target=sample, daemon=True)
+sampler.start()
 out = io.StringIO()
 t = time.perf_counter()
 with contextlib.redirect_stdout(out):
     code = main(sys.argv[1:])
 wall = time.perf_counter() - t
-me = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-import json, hashlib
-print(json.dumps({"code": code, "wall_s": wall, "peak_kb": me, "children_peak_kb": kids,
-                  "report_sha": hashlib.sha256(out.getvalue().encode()).hexdigest()}))
+stop.set()
+sampler.join()
+mine = vm_hwm_kb(os.getpid())
+print(json.dumps({
+    "code": code,
+    "wall_s": wall,
+    "peak_kb": mine,
+    # each process's peak, largest first; those under 30 MB (multiprocessing's resource tracker) left out
+    "child_peaks_kb": sorted((v for pid, v in hwm.items() if pid != os.getpid() and v >= 30 << 10), reverse=True),
+    "total_peak_kb": total[0],
+    "report_sha": hashlib.sha256(out.getvalue().encode()).hexdigest(),
+}))
 """
 
 
@@ -81,6 +121,16 @@ def _measure(folder: Path, *extra: str) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def _mb(kb: float) -> str:
+    return f"{kb / 1024:.0f}"
+
+
+def _memory(m: dict) -> str:
+    kids = m["child_peaks_kb"]
+    workers = f"{'+'.join(_mb(k) for k in kids)} MB in its {len(kids)} worker(s)" if kids else "no worker process"
+    return f"peaks: {_mb(m['peak_kb'])} MB in the client, {workers}"
+
+
 def run(report: Report, quick: bool) -> None:
     try:
         import distributed  # noqa: F401
@@ -92,21 +142,45 @@ def run(report: Report, quick: bool) -> None:
     folder = generate(params["ranks"], params["mb"])
     took = time.perf_counter() - t
     report.say(f"  {params['ranks']} synthetic ranks of ~{params['mb']} MB of JSON each ({took:.0f} s to make or find)")
-    alone = _measure(folder)
-    clustered = _measure(folder, "--workers", "2")
-    same = alone["report_sha"] == clustered["report_sha"]
+    # Interleaved, the order swapped each round, and paired: the machine is shared and its load drifts over minutes.
+    alones, clustereds = [], []
+    for i in range(params["reps"]):
+        for path in ("alone", "clustered") if i % 2 == 0 else ("clustered", "alone"):
+            if path == "alone":
+                alones.append(_measure(folder))
+            else:
+                clustereds.append(_measure(folder, "--workers", "2"))
+    same = len({m["report_sha"] for m in alones + clustereds}) == 1
+    ratios = sorted(c["wall_s"] / a["wall_s"] for a, c in zip(alones, clustereds, strict=True))
+
+    def times(ms: list[dict]) -> str:
+        walls = sorted(m["wall_s"] for m in ms)
+        return f"{statistics.median(walls):.1f} s" + (f" ({walls[0]:.1f}-{walls[-1]:.1f})" if len(walls) > 1 else "")
+
+    spread = f" (pairs {ratios[0]:.2f}-{ratios[-1]:.2f}x)" if len(ratios) > 1 else ""
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     report.add(
         "dask-vs-one-process",
-        clustered["wall_s"] / alone["wall_s"],
+        statistics.median(ratios),
         note=(
-            f"--workers 2: {clustered['wall_s']:.1f} s, client peak {clustered['peak_kb'] / 1024:.0f} MB, workers' "
-            f"peak {clustered['children_peak_kb'] / 1024:.0f} MB; one process: {alone['wall_s']:.1f} s, peak "
-            f"{alone['peak_kb'] / 1024:.0f} MB (its own decoding workers' peak "
-            f"{alone['children_peak_kb'] / 1024:.0f} MB); reports {'the same' if same else 'DIFFERENT'}"
+            f"time, median of {len(ratios)}{spread}: --workers 2 {times(clustereds)}, one process {times(alones)} "
+            f"({len(alones[0]['child_peaks_kb']) or 'no'} decoding process(es) of its own); reports "
+            f"{'the same' if same else 'DIFFERENT'}; load average after: {load}"
         ),
         status=None if same else "MISS",
-        alone=alone,
-        clustered=clustered,
+        alone=alones,
+        clustered=clustereds,
+    )
+    alone = max(alones, key=lambda m: m["total_peak_kb"])
+    clustered = max(clustereds, key=lambda m: m["total_peak_kb"])
+    report.add(
+        "dask-peak-memory-vs-one-process",
+        clustered["total_peak_kb"] / alone["total_peak_kb"],
+        note=(
+            f"most memory held at once (PSS of all processes; the largest of the runs): --workers 2 "
+            f"{_mb(clustered['total_peak_kb'])} MB ({_memory(clustered)}), one process "
+            f"{_mb(alone['total_peak_kb'])} MB ({_memory(alone)})"
+        ),
     )
 
 
