@@ -27,6 +27,7 @@ from ddpdoctor.diagnosis.findings import (
 )
 from ddpdoctor.diagnosis.rules import Rule
 from ddpdoctor.diagnosis.template import format_value
+from ddpdoctor.diagnosis.vector import per_rank_values
 from ddpdoctor.metrics import catalog
 from ddpdoctor.metrics.derived import derived_rank_metrics
 from ddpdoctor.metrics.setup import NO_STEP_REASON
@@ -152,6 +153,33 @@ def _gain(expr: Expr | None, values: Values) -> float | None:
     return round(max(0.0, float(value)), 3)
 
 
+def _per_rank(
+    rule: Rule, expr: Expr, run: dict[str, Any], rows: list[dict[str, Any]], columns: dict[str, Any]
+) -> dict[int, Any]:
+    """rank -> ``expr`` evaluated for that rank: every rank at once (``vector``), or rank by rank where that pass
+    cannot vouch for a value (an error on some rank: raised here as it always was)."""
+    values = per_rank_values(expr.tree, Values(run, rows, rule.params, columns=columns), rows)
+    if values is None:
+        return {r["rank"]: eval_expr(expr, Values(run, rows, rule.params, r, columns)) for r in rows}
+    return dict(zip([r["rank"] for r in rows], values, strict=True))
+
+
+def _gains(
+    rule: Rule, run: dict[str, Any], rows: list[dict[str, Any]], columns: dict[str, Any], firing: dict[int, Any]
+) -> dict[int, float | None]:
+    """rank -> the estimated gain (``_gain``) of each firing rank."""
+    expr = rule.estimated_gain
+    if expr is None:
+        return dict.fromkeys(firing)
+    values = per_rank_values(expr.tree, Values(run, rows, rule.params, columns=columns), list(firing.values()))
+    if values is None:
+        return {rank: _gain(expr, Values(run, rows, rule.params, row, columns)) for rank, row in firing.items()}
+    return {
+        rank: None if v is None or isinstance(v, bool) else round(max(0.0, float(v)), 3)
+        for rank, v in zip(firing, values, strict=True)
+    }
+
+
 def _fire(
     rule: Rule,
     run: dict[str, Any],
@@ -171,12 +199,15 @@ def _fire(
         if rule.ranks_where is None:
             ranks = [r["rank"] for r in rows]
         else:
-            ranks = [r["rank"] for r in rows if eval_expr(rule.ranks_where, Values(run, rows, rule.params, r, columns))]
+            where = per_rank_values(rule.ranks_where.tree, base, rows)
+            if where is None:  # rank by rank (an error on some rank, raised as it always was)
+                where = [eval_expr(rule.ranks_where, Values(run, rows, rule.params, r, columns)) for r in rows]
+            ranks = [r["rank"] for r, chosen in zip(rows, where, strict=True) if chosen]
         chosen = set(ranks)  # (a set: `in` a list of every rank was quadratic, 28 s at 16,384 ranks)
         firing = {r["rank"]: r for r in rows if r["rank"] in chosen}
         gain, shown = _gain(rule.estimated_gain, base), base
     else:
-        outcomes = {r["rank"]: eval_expr(rule.when, Values(run, rows, rule.params, r, columns)) for r in rows}
+        outcomes = _per_rank(rule, rule.when, run, rows, columns)
         if outcomes_seen is not None:
             outcomes_seen.update(outcomes)
         if all(v is None for v in outcomes.values()):
@@ -185,10 +216,7 @@ def _fire(
         if not firing:
             return False
         ranks = list(firing)
-        gains = {
-            rank: _gain(rule.estimated_gain, Values(run, rows, rule.params, row, columns))
-            for rank, row in firing.items()
-        }
+        gains = _gains(rule, run, rows, columns, firing)
         known = {rank: g for rank, g in gains.items() if g is not None}
         worst = max(known, key=known.__getitem__) if known else ranks[0]
         gain, shown = known.get(worst), Values(run, rows, rule.params, firing[worst], columns)
@@ -399,6 +427,79 @@ def _explain(node: ast.expr, values: Values) -> tuple[Any, list[_Decider]]:
     return False, [(text, text, value, None, None, None)]
 
 
+def _node_values(node: ast.expr, base: Values, rows: Sequence[Mapping[str, Any]]) -> list[Any]:
+    """``_node_value`` of ``node`` on each of ``rows`` (every rank at once where no rank's value raises)."""
+    values = per_rank_values(node, base, rows)
+    if values is None:
+        return [_node_value(node, Values(base.run, base.ranks, base.params, row, base.columns)) for row in rows]
+    return values
+
+
+def _explain_ranks(node: ast.expr, base: Values, rows: Sequence[Mapping[str, Any]]) -> list[tuple[Any, list[Any]]]:
+    """``_explain(node, values)`` for each of ``rows`` (``values``: ``base`` with ``rank=row``), node by node over
+    every rank at once: the same truths and the same parts. (``_explain`` explains only the parts a rank's ``or``
+    or ``if`` reaches; here every part is explained for every rank and those not reached are dropped: explaining
+    raises nothing, ``_node_value`` says None instead.)"""
+    n = len(rows)
+    if isinstance(node, ast.BoolOp):
+        parts = [_explain_ranks(part, base, rows) for part in node.values]
+        either = isinstance(node.op, ast.Or)
+        out: list[tuple[Any, list[Any]]] = []
+        for i in range(n):
+            unknown, false, found, decided = False, False, [], None
+            for part in parts:
+                truth, deciders = part[i]
+                if truth is None:
+                    unknown = True
+                elif truth and either:
+                    decided = (True, [])
+                    break
+                elif not truth:
+                    false = True
+                    found += deciders
+            if decided is not None:
+                out.append(decided)
+            elif not either and false:
+                out.append((False, found))
+            elif not either:
+                out.append(((None if unknown else True), []))
+            else:
+                out.append((None, []) if unknown else (False, found))
+        return out
+    if isinstance(node, ast.IfExp):
+        tests = _node_values(node.test, base, rows)
+        body, orelse = _explain_ranks(node.body, base, rows), _explain_ranks(node.orelse, base, rows)
+        return [(None, []) if t is None else (body[i] if t else orelse[i]) for i, t in enumerate(tests)]
+    if isinstance(node, ast.Compare) and len(node.ops) == 1 and type(node.ops[0]) in _NEGATED:
+        left, right, op = node.left, node.comparators[0], type(node.ops[0])
+        compare = _OPERATORS[op]
+        swap = not _reads_metrics(left) and _reads_metrics(right)
+        key = _unparse(node)
+        measured = _unparse(right if swap else left)
+        shown_op, threshold = (_MIRRORED[op], left) if swap else (op, right)
+        out = []
+        for lv, rv in zip(_node_values(left, base, rows), _node_values(right, base, rows), strict=True):
+            truth = compare(lv, rv) if lv is not None and rv is not None else None
+            if truth is not False:
+                out.append((truth, []))
+            elif swap:
+                out.append((False, [(key, measured, rv, shown_op, threshold, lv)]))
+            else:
+                out.append((False, [(key, measured, lv, shown_op, threshold, rv)]))
+        return out
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        text = _unparse(node.operand)
+        return [
+            (None, []) if v is None else (True, []) if not v else (False, [(text, text, v, None, None, None)])
+            for v in _node_values(node.operand, base, rows)
+        ]
+    text = _unparse(node)
+    return [
+        ((None if v is None else True), []) if v is None or v else (False, [(text, text, v, None, None, None)])
+        for v in _node_values(node, base, rows)
+    ]
+
+
 def _threshold_text(right: ast.expr | None, limit: Any) -> tuple[str, str | None]:
     """How a comparison's threshold is shown ("0.5 (min_overlap)", "0", "cpu_count * ... = 2") and its param."""
     if right is None:
@@ -453,16 +554,15 @@ def _passed_reason(
             params.update([param] if param else [])
     else:
         if outcomes is None:
-            outcomes = {r["rank"]: eval_expr(rule.when, Values(run, rows, rule.params, r, columns)) for r in rows}
+            outcomes = _per_rank(rule, rule.when, run, rows, columns)
         by_rank = {r["rank"]: r for r in rows}
         decided = [rank for rank, outcome in outcomes.items() if outcome is False]
-        shown = []
         groups: dict[str, tuple[str, Any, ast.expr | None, Any, dict[int, Any]]] = {}
-        for rank in decided:
-            values = Values(run, rows, rule.params, by_rank[rank], columns)
-            if len(shown) < _SENTENCE_RANKS:
-                shown.append(values)
-            for key, measured, value, op, right, limit in _explain(tree, values)[1]:
+        shown = [Values(run, rows, rule.params, by_rank[rank], columns) for rank in decided[:_SENTENCE_RANKS]]
+        base = Values(run, rows, rule.params, columns=columns)
+        explained = _explain_ranks(tree, base, [by_rank[rank] for rank in decided])
+        for rank, (_, deciders) in zip(decided, explained, strict=True):
+            for key, measured, value, op, right, limit in deciders:
                 groups.setdefault(key, (measured, op, right, limit, {}))[4][rank] = value
         for measured, op, right, limit, per_rank in groups.values():
             threshold, param = _threshold_text(right, limit)

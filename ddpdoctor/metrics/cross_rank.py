@@ -600,9 +600,7 @@ def _positions(ranks: list[int], rank: np.ndarray) -> np.ndarray:
     return np.where(found, order[clipped], -1).astype(np.int64) if len(ordered) else np.full(len(rank), -1)
 
 
-def _in_analysed_steps(
-    colls: Table, summaries: list[dict[str, Any]], windows: Windows | None = None
-) -> np.ndarray:
+def _in_analysed_steps(colls: Table, summaries: list[dict[str, Any]], windows: Windows | None = None) -> np.ndarray:
     """Rows of ``colls`` whose step is one of its rank's analysed steps."""
     windows = Windows(summaries) if windows is None else windows
     ranks, steps = windows.rank, windows.step
