@@ -32,11 +32,11 @@ def setup_metrics(
     Units: counts, flags, ``epoch_dataset_share`` ratio (0-1, more when a sampler oversamples),
     ``dp_gathered_bytes`` bytes per step, ``data_duplication_factor`` x (reads of each sample per epoch).
     """
-    per_rank = {int(rank): rank_setup_metrics(capture) for rank, capture in captures.items()}
+    epochs = {int(rank): _training_epochs(_setup(c or {})) for rank, c in captures.items()}  # once a rank
+    per_rank = {int(rank): rank_setup_metrics(capture, epochs[int(rank)]) for rank, capture in captures.items()}
     shared = _gpu_sharing(captures)
     for rank, metrics in per_rank.items():
         metrics["gpu_shared_ranks"] = shared.get(rank)
-    epochs = {int(rank): _training_epochs(_setup(c)) for rank, c in captures.items()}
     factor, why = _duplication(epochs, per_rank)
     detected = steps_detected(captures)
     run: dict[str, Any] = {
@@ -47,7 +47,7 @@ def setup_metrics(
     not_measured: dict[str, str] = {"data_duplication_factor": why} if why else {}
     if detected is False:
         run["notes"] = [NO_STEP_NOTE]
-    for name, reason in _why_unmeasured(captures, per_rank, detected).items():
+    for name, reason in _why_unmeasured(captures, per_rank, detected, epochs).items():
         not_measured.setdefault(name, reason)
     if not_measured:
         run["not_measured"] = not_measured
@@ -91,7 +91,10 @@ def steps_detected(captures: Mapping[int, Mapping[str, Any]]) -> bool | None:
 
 
 def _why_unmeasured(
-    captures: Mapping[int, Mapping[str, Any]], per_rank: Mapping[int, Mapping[str, Any]], detected: bool | None
+    captures: Mapping[int, Mapping[str, Any]],
+    per_rank: Mapping[int, Mapping[str, Any]],
+    detected: bool | None,
+    epochs: Mapping[int, list[dict[str, Any]]],
 ) -> dict[str, str]:
     """The true reason for set-up metrics that are None although their source was observed (the catalog's
     generic reason would be false): a DDP model without optimizer steps, a loader without a batch size."""
@@ -110,8 +113,7 @@ def _why_unmeasured(
             " the forwards counted over all of them say nothing of how often each one all-reduced per step, and a"
             " second model's round is no micro-batch of the first"
         )
-    loaders = [_training_epochs(_setup(c)) for c in captures.values() if isinstance(c, Mapping)]
-    if any(loaders) and all(m.get("batch_size") is None for m in per_rank.values()):
+    if any(epochs.values()) and all(m.get("batch_size") is None for m in per_rank.values()):
         out["batch_size"] = (
             "the training DataLoader was observed, but its batch size is unknown (a batch_sampler without a "
             "batch_size attribute)"
@@ -119,12 +121,13 @@ def _why_unmeasured(
     return out
 
 
-def rank_setup_metrics(capture: Mapping[str, Any] | None) -> dict[str, Any]:
-    """One rank's set-up metrics (``gpu_shared_ranks`` needs the other ranks: None here)."""
+def rank_setup_metrics(capture: Mapping[str, Any] | None, epochs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """One rank's set-up metrics (``gpu_shared_ranks`` needs the other ranks: None here). ``epochs``: its
+    ``_training_epochs``, when the caller has them."""
     capture = capture or {}
     setup = _setup(capture)
     out: dict[str, Any] = dict.fromkeys(SETUP_RANK_METRICS)
-    out.update(_loader_metrics(setup))
+    out.update(_loader_metrics(setup, epochs))
     if "join_contexts" in setup:
         out["join_used"] = bool(_int(setup.get("join_contexts")))
     models = [m for m in setup.get("ddp_models") or [] if isinstance(m, dict)]
@@ -185,8 +188,8 @@ def _first_seen(passes: list[dict[str, Any]], loader: Any) -> int:
     return next(i for i, e in enumerate(passes) if e.get("loader") == loader)
 
 
-def _loader_metrics(setup: Mapping[str, Any]) -> dict[str, Any]:
-    epochs = _training_epochs(setup)
+def _loader_metrics(setup: Mapping[str, Any], epochs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    epochs = _training_epochs(setup) if epochs is None else epochs
     if not epochs:
         return {}
     first = epochs[0]
