@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -41,8 +42,16 @@ _MODE_WORDS = {"dp": "DataParallel (dp)", "ddp": "DistributedDataParallel (ddp)"
 _PLAIN = frozenset((type(None), bool, int, str))
 
 
+_PLAIN_OR_FLOAT = _PLAIN | {float}
+
+
 def _clean_row(raw: Mapping[str, Any]) -> dict[str, Any]:
     """``clean_value`` of every value (plain values and finite floats, nearly all of them, as they are)."""
+    values = list(raw.values())
+    kinds = set(map(type, values))
+    # the usual row: only plain values and floats whose sum is finite (so is each): a copy, no test per value
+    if kinds <= _PLAIN_OR_FLOAT and (float not in kinds or math.isfinite(sum([v for v in values if type(v) is float]))):
+        return dict(raw)
     return {
         k: v if (t := type(v)) in _PLAIN or (t is float and v - v == 0.0) else clean_value(v) for k, v in raw.items()
     }
@@ -57,7 +66,8 @@ def _rows(metrics: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         row = _clean_row(raw)
         rank = row.get("rank")
         row["rank"] = int(rank) if rank is not None else i
-        rows.append({**derived.get(row["rank"], {}), **row})
+        extra = derived.get(row["rank"])
+        rows.append({**extra, **row} if extra else row)
     return run, rows
 
 

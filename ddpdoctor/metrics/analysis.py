@@ -60,14 +60,17 @@ def analyze(run: Run, steps: tuple[int, int | None] | None = None, verdict: Any 
     hosts = Counter(c.get("hostname") for c in run.capture.values() if c.get("hostname"))
     setup_ranks, setup_run = setup_metrics(run.capture)  # the set-up checklist: from the capture, not traces
     ranks = []
+    no_transfer, no_setup, no_waits = dict.fromkeys(catalog.group("transfer")), dict.fromkeys(SETUP_RANK_METRICS), {}
     for s in summaries:
-        m = {"rank": s["rank"], **dict(zip(RANK_METRICS, map(s["metrics"].get, RANK_METRICS), strict=True))}
-        m.update(waits.get(s["rank"], {}))
-        m.update(transfer.get(s["rank"]) or dict.fromkeys(catalog.group("transfer")))
-        host = (run.capture.get(s["rank"]) or {}).get("hostname")
+        rank = s["rank"]
+        capture = run.capture.get(rank)
+        m = {"rank": rank, **dict(zip(RANK_METRICS, map(s["metrics"].get, RANK_METRICS), strict=True))}
+        m.update(waits.get(rank, no_waits))
+        m.update(transfer.get(rank) or no_transfer)
+        host = (capture or {}).get("hostname")
         m["local_world_size"] = hosts.get(host) if host else None
-        m.update(setup_ranks.get(s["rank"]) or dict.fromkeys(SETUP_RANK_METRICS))
-        m.update(ddp_timers(run.capture.get(s["rank"])))
+        m.update(setup_ranks.get(rank) or no_setup)
+        m.update(ddp_timers(capture))
         ranks.append(m)
     per_step = LazyTable(lambda: _per_step_frame(summaries))  # made when a report or compare reads it
     devices = Table.from_records(

@@ -267,16 +267,21 @@ def _median(block: np.ndarray, axis: int = 1) -> np.ndarray:
 def all_collectives(summaries: list[dict[str, Any]]) -> Table:
     """The ``collectives`` lists of every rank as one table with a ``rank`` column (built once, not per
     rank). ``kind`` is categorical; the numeric columns are float64 (NaN where missing or not a number)."""
-    columns: dict[str, list[Any]] = {c: [] for c in COLUMNS}
-    ranks: list[int] = []
+    tables: list[dict[str, Any]] = []
+    counts: list[int] = []
+    owners: list[int] = []
     for s in summaries:
         c = s.get("collectives") or {}
         n = len(c.get("step") or [])
-        if n == 0:
-            continue
-        for col in COLUMNS:
-            columns[col].extend(c.get(col) or [None] * n)
-        ranks.extend([s["rank"]] * n)
+        if n:
+            tables.append(c)
+            counts.append(n)
+            owners.append(s["rank"])
+    columns = {  # each column of every rank joined in one pass (a rank's missing column: None in each row)
+        col: list(chain.from_iterable(t.get(col) or [None] * n for t, n in zip(tables, counts, strict=True)))
+        for col in COLUMNS
+    }
+    ranks = np.repeat(np.asarray(owners, dtype=np.int64), np.asarray(counts, dtype=np.int64))
     out: dict[str, Any] = {
         "step": column(columns["step"]),
         "kind": _codes(columns["kind"]),

@@ -211,11 +211,12 @@ def _rank_table_parts(doc: dict[str, Any]) -> tuple[str, list[str], str, list[li
     return _RANK_TITLE, header, "r" * len(header), rows
 
 
-def _rank_table(doc: dict[str, Any]) -> Table | None:
+def _rank_table(doc: dict[str, Any], parts: Any = None) -> Table | None:
+    """The rank table for rich (``parts``: ``_rank_table_parts(doc)`` when the caller has them)."""
     from rich import box
     from rich.table import Table
 
-    parts = _rank_table_parts(doc)
+    parts = _rank_table_parts(doc) if parts is None else parts
     if parts is None:
         return None
     title, columns, justify, rows = parts
@@ -232,9 +233,10 @@ def _rank_table(doc: dict[str, Any]) -> Table | None:
     return table
 
 
-def _rank_table_lines(doc: dict[str, Any], console: Console) -> list[str] | None:
-    """The rank table as rich draws it (``_rank_table``), as plain lines (``_plain_table``)."""
-    parts = _rank_table_parts(doc)
+def _rank_table_lines(doc: dict[str, Any], console: Console, parts: Any = None) -> list[str] | None:
+    """The rank table as rich draws it (``_rank_table``), as plain lines (``_plain_table``); ``parts``:
+    ``_rank_table_parts(doc)`` when the caller has them (16,384 rows are formatted once, not twice)."""
+    parts = _rank_table_parts(doc) if parts is None else parts
     if parts is None:
         return []
     title, header, justify, rows = parts
@@ -374,8 +376,9 @@ def _write(console: Any, result: Diagnosis, doc: dict[str, Any], Text: Any, _t: 
         for line in trials:
             console.print(_t("  " + line), overflow="fold")
         console.print()
-    if _rank_table_parts(doc) is not None:
-        _print_table(console, _rank_table_lines(doc, console), lambda: _rank_table(doc))
+    parts = _rank_table_parts(doc)
+    if parts is not None:
+        _print_table(console, _rank_table_lines(doc, console, parts), lambda: _rank_table(doc, parts))
     if any(r["devices"] for r in doc["ranks"]):
         _print_table(console, _memory_table_lines(doc, console), lambda: _memory_table(doc))
     timeline = over_time.text_lines(doc)

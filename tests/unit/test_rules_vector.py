@@ -107,3 +107,18 @@ def test_handwritten_conditions_at_once_and_alone(source: str) -> None:
             assert got == _each_rank(expr, run, rows, params)
         explained = engine._explain_ranks(expr.tree, Values(run, rows, params, columns={}), rows)
         assert explained == [engine._explain(expr.tree, Values(run, rows, params, row, {})) for row in rows]
+
+
+def test_a_clean_row_is_each_value_cleaned() -> None:
+    from ddpdoctor.values import clean_value
+
+    rows = [
+        {"rank": 0, "a": 1.5, "b": None, "c": True, "d": "x", "e": 3},
+        {"rank": 1, "a": float("nan"), "b": 2.0},
+        {"rank": 2, "a": float("inf"), "b": -float("inf")},
+        {"rank": 3, "a": 1e308, "b": 1e308},  # a sum that overflows: each value is still finite
+    ]
+    for raw in rows:
+        got = engine._clean_row(raw)
+        assert got == {k: clean_value(v) for k, v in raw.items()} and got is not raw
+        assert list(got) == list(raw)
