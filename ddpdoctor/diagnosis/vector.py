@@ -11,6 +11,7 @@ error gives None here and the caller evaluates rank by rank (the same errors, in
 from __future__ import annotations
 
 import ast
+import operator
 from collections.abc import Mapping, Sequence
 from itertools import repeat
 from typing import Any
@@ -26,6 +27,8 @@ class _PerRank(list):  # type: ignore[type-arg]
 def per_rank_values(tree: ast.AST, base: Values, rows: Sequence[Mapping[str, Any]]) -> list[Any] | None:
     """``tree``'s value on each of ``rows`` (each rank's ``Values`` is ``base`` with ``rank=row``), or None where
     some part raised (the caller then evaluates rank by rank)."""
+    if rows is not base.ranks and len(rows) == len(base.ranks) and all(map(operator.is_, rows, base.ranks)):
+        rows = base.ranks  # every rank: its metric columns are the ones the evaluation keeps (``Values.column``)
     try:
         out = _values(tree, base, rows)
     except Exception:  # noqa: BLE001 - any error: the rank-by-rank walk raises it, or not, as it always has
@@ -60,6 +63,8 @@ def _values(node: ast.AST, base: Values, rows: Sequence[Mapping[str, Any]]) -> A
         name = node.id
         if describe(name) is None:
             raise ValueError(f"unknown metric {name!r}")
+        if rows is base.ranks:
+            return _PerRank(base.column(name))
         return _PerRank(clean_value(row.get(name)) for row in rows)
     if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
         fn = _OPERATORS[type(node.op)]
