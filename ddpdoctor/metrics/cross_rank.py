@@ -63,7 +63,8 @@ def cross_rank(
     colls = all_collectives(summaries) if colls is None else colls
     if n_distinct(colls["rank"]) < 2:
         return per_rank, run
-    colls = _matched(colls)
+    # only the columns read below: each copy of 131,072 ranks' collectives is ~20 MB a column
+    colls = _matched(colls.select([c for c in _MATCHED_COLUMNS if c in colls.columns]))
     if len(colls) == 0:
         return per_rank, run
     gid, n = _key_ids(colls)
@@ -73,7 +74,7 @@ def cross_rank(
     colls["aligned_start"] = aligned
     colls["wait_us"] = colls["dur_us"] - group_min(colls["dur_us"], gid, n)[gid]
     colls["late_us"] = aligned - group_min(aligned, gid, n)[gid]
-    colls = colls.sort("rank")
+    colls = colls.select([c for c in colls.columns if c != "dur_us"]).sort("rank")
     windows = Windows(summaries) if windows is None else windows
     typical_wait = _per_rank_waits(colls, summaries, per_rank, windows)
     if len(per_rank) >= 2:
@@ -105,6 +106,9 @@ def cross_rank(
                 }
             )
     return per_rank, run
+
+
+_MATCHED_COLUMNS = ("step", "kind", "index", "rank", "start_us", "end_us", "dur_us")
 
 
 def _matched(colls: Table) -> Table:
