@@ -272,23 +272,24 @@ def _pow(base: Any, exponent: Any) -> Any:
     return base**exponent
 
 
-_OPERATORS = {
-    ast.Add: _lift(operator.add),
-    ast.Sub: _lift(operator.sub),
-    ast.Mult: _lift(operator.mul),
-    ast.Div: _lift(_div),
-    ast.Mod: _lift(_mod),
-    ast.Pow: _lift(_pow),
-    ast.USub: _lift(operator.neg),
-    ast.UAdd: _lift(operator.pos),
-    ast.Not: _lift(operator.not_),
-    ast.Eq: _lift(operator.eq),
-    ast.NotEq: _lift(operator.ne),
-    ast.Lt: _lift(operator.lt),
-    ast.LtE: _lift(operator.le),
-    ast.Gt: _lift(operator.gt),
-    ast.GtE: _lift(operator.ge),
+_RAW_OPERATORS: dict[type, Callable[..., Any]] = {  # each applied only to known values (``_OPERATORS``)
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: _div,
+    ast.Mod: _mod,
+    ast.Pow: _pow,
+    ast.USub: operator.neg,
+    ast.UAdd: operator.pos,
+    ast.Not: operator.not_,
+    ast.Eq: operator.eq,
+    ast.NotEq: operator.ne,
+    ast.Lt: operator.lt,
+    ast.LtE: operator.le,
+    ast.Gt: operator.gt,
+    ast.GtE: operator.ge,
 }
+_OPERATORS = {node: _lift(fn) for node, fn in _RAW_OPERATORS.items()}
 
 
 def _p90(values: list[float]) -> float:

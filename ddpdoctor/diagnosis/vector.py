@@ -16,7 +16,16 @@ from collections.abc import Mapping, Sequence
 from itertools import repeat
 from typing import Any
 
-from ddpdoctor.diagnosis.expr import _OPERATORS, AGGREGATES, ALL_RANK, Values, _compiled, _lift, describe
+from ddpdoctor.diagnosis.expr import (
+    _OPERATORS,
+    _RAW_OPERATORS,
+    AGGREGATES,
+    ALL_RANK,
+    Values,
+    _compiled,
+    _lift,
+    describe,
+)
 from ddpdoctor.values import clean_value
 
 
@@ -67,16 +76,19 @@ def _values(node: ast.AST, base: Values, rows: Sequence[Mapping[str, Any]]) -> A
             return _PerRank(base.column(name))
         return _PerRank(clean_value(row.get(name)) for row in rows)
     if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
-        fn = _OPERATORS[type(node.op)]
+        fn = _RAW_OPERATORS[type(node.op)]  # as ``_OPERATORS`` applies it: None where a side is unknown
         left, right = _values(node.left, base, rows), _values(node.right, base, rows)
-        return _PerRank(map(fn, _spread(left, n), _spread(right, n)))
+        pairs = zip(_spread(left, n), _spread(right, n), strict=False)
+        return _PerRank([None if a is None or b is None else fn(a, b) for a, b in pairs])
     if isinstance(node, ast.UnaryOp) and type(node.op) in _OPERATORS:
         return _PerRank(map(_OPERATORS[type(node.op)], _spread(_values(node.operand, base, rows), n)))
     if isinstance(node, ast.Compare) and all(type(op) in _OPERATORS for op in node.ops):
         sides = [_spread(_values(part, base, rows), n) for part in (node.left, *node.comparators)]
         fns = [_OPERATORS[type(op)] for op in node.ops]
         if len(fns) == 1:  # nearly every comparison: a bool or None, as ``expr`` gives it
-            return _PerRank(o if o is None or o is False else True for o in map(fns[0], *sides))
+            fn = _RAW_OPERATORS[type(node.ops[0])]
+            pairs = zip(*sides, strict=False)
+            return _PerRank([None if a is None or b is None else fn(a, b) is not False for a, b in pairs])
         return _PerRank(_chain(fns, values) for values in zip(*sides, strict=False))
     if isinstance(node, ast.BoolOp):
         stop_on = isinstance(node.op, ast.Or)
