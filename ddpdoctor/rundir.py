@@ -132,6 +132,21 @@ def summary_file(out: Path, rank: int) -> Path:
     return out / RANKS_DIR / f"rank{rank}.summary.json"
 
 
+WINDOW_SUMMARY_RE = re.compile(r"^rank(?P<rank>\d+)\.window(?P<first>\d+)-(?P<last>\d+)\.summary\.json$")
+
+
+def window_summary_file(out: Path, rank: int, first: int, last: int) -> Path:
+    """``ranks/rank<R>.window<first>-<last>.summary.json``: a window's summary, written as ``--keep`` removed its
+    trace (capture/window_summary.py)."""
+    return out / RANKS_DIR / f"rank{rank}.window{first}-{last}.summary.json"
+
+
+def window_pending_file(out: Path, rank: int, first: int, last: int, trace_name: str) -> Path:
+    """The link to a removed window's trace that its summariser reads (and removes): hidden, never a trace name."""
+    gz = ".gz" if trace_name.endswith(".gz") else ""
+    return out / RANKS_DIR / f".rank{rank}.window{first}-{last}.pending{gz}"
+
+
 def node_file(out: Path, node_rank: int) -> Path:
     return out / NODES_DIR / f"node{node_rank}.json"
 
@@ -360,7 +375,12 @@ _LAYOUT = {
     # groups/group<N>.json, and groups/group<N>/: the files of another process group of the job, a run's layout
     "groups": _Folder(rf"group\d+\.json|\.group\d+\.json\.{_RANDOM}\.tmp", {r"group\d+": "run"}),
     # rank<R>.series.jsonl: the rank's always-on step series (capture/series.py)
-    "ranks": _Folder(rf"rank\d+(\.summary)?\.json|\.rank\d+(\.summary)?\.json\.{_RANDOM}\.tmp|rank\d+\.series\.jsonl"),
+    # rank<R>.window<A>-<B>.summary.json: a window --keep removed, summarised (capture/window_summary.py), and the
+    # hidden link to its trace that the summariser reads meanwhile
+    "ranks": _Folder(
+        rf"rank\d+(\.window\d+-\d+)?(\.summary)?\.json|\.rank\d+(\.window\d+-\d+)?(\.summary)?\.json\.{_RANDOM}\.tmp"
+        r"|rank\d+\.series\.jsonl|\.rank\d+\.window\d+-\d+\.pending(\.gz)?"
+    ),
     # node<K>.log: torchrun's report; exits<K>.json: the exit status torchrun saw of each rank that failed
     "nodes": _Folder(rf"node\d+\.(json|log)|exits\d+\.json|\.(node|exits)\d+\.json\.{_RANDOM}\.tmp"),
     # tensorboard/rank<R>/, and the folders `view` writes it in and moves it aside to

@@ -29,7 +29,8 @@ from ddpdoctor import rundir
 
 _AGREE_S = 30.0
 _KEY = "ddpdoctor/group"
-_RANK_FILE = re.compile(r"^rank\d+(\.summary\.json|\.json|\.series\.jsonl)$")  # rank file, summary, step series
+# rank file, summary, step series, a removed window's summary
+_RANK_FILE = re.compile(r"^rank\d+(\.summary\.json|\.json|\.series\.jsonl|\.window\d+-\d+\.summary\.json)$")
 
 
 @dataclass(frozen=True)

@@ -213,6 +213,10 @@ def own_files(out: Path, rank: int) -> list[Path]:
     import stat
 
     files = [rundir.rank_file(out, rank), rundir.summary_file(out, rank)]
+    for path in (out / rundir.RANKS_DIR).glob(f"rank{rank}.window*.summary.json"):  # removed windows' summaries
+        match = rundir.WINDOW_SUMMARY_RE.match(path.name)
+        if match and int(match["rank"]) == rank:
+            files.append(path)
     for path in out.glob(f"rank{rank}.*"):
         match = rundir.TRACE_FILE_RE.match(path.name)
         if match and int(match["rank"]) == rank:

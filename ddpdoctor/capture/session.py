@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ddpdoctor import rundir
-from ddpdoctor.capture import compiled, flight, groups, progress, rank_file, series
+from ddpdoctor.capture import compiled, flight, groups, progress, rank_file, series, window_summary
 from ddpdoctor.capture import ddp as ddp_capture
 from ddpdoctor.capture import knobs as knobs_capture
 from ddpdoctor.capture.compress import GZ, Compressor
@@ -100,6 +100,7 @@ class Session:
         self._compressor = Compressor(self.out, self._compressed)
         self._compressed_files: list[tuple[str, BaseException | None]] = []  # done, not yet in the rank file
         self.dropped_windows: list[dict[str, Any]] = []  # --keep: the windows whose traces were removed
+        self._summarizing: list[window_summary.Pending] = []  # their summarisers still running
         self._window_steps: dict[str, tuple[int, int] | None] = {}  # trace file (uncompressed name) -> its steps
 
     @property
@@ -406,8 +407,9 @@ class Session:
         try:
             self.trace_files.append(name)
             self._window_steps[name] = self._last_window_steps()
-            self._keep_newest()
+            removed = self._keep_newest()
             self.write_rank_file()
+            self._summarize_removed(removed)
             if self.identity.local_rank == 0 and not self.config.quiet:
                 size_mb = (self.out / name).stat().st_size / 1e6
                 print(
@@ -432,27 +434,35 @@ class Session:
             return None
         return max(recorded[-1][0], recorded[-1][1] - self.config.active + 1), recorded[-1][1]
 
-    def _keep_newest(self) -> None:
+    def _keep_newest(self) -> list[window_summary.Pending]:
         """``--keep N``: remove the oldest traces beyond the newest N windows (lock held); a gzip of one still
-        being made is removed when it is done (``_apply_compressed``)."""
+        being made is removed when it is done (``_apply_compressed``). Each removed window's trace is first linked
+        to a hidden name for its summariser (``_summarize_removed``, once the rank file names the removal)."""
         keep = self.config.keep
+        removed = []
         while keep and len(self.trace_files) > keep:
             old = self.trace_files.pop(0)
             plain = old.removesuffix(GZ)
+            steps = self._window_steps.pop(plain, None)
+            entry: dict[str, Any] = {
+                "first_step": steps[0] if steps else None,
+                "last_step": steps[1] if steps else None,
+                "file": plain,
+                "bytes": None,
+            }
+            for name in (plain, old):  # the plain file while its gzip is being made: complete, unlike the gzip
+                if (self.out / name).is_file():
+                    pending = window_summary.link_for(self.out, self.rank, steps, self.out / name, entry)
+                    if pending is not None:
+                        removed.append(pending)
+                    break
             size = None
             for name in (old, plain):
                 with contextlib.suppress(OSError):
                     size = size or (self.out / name).stat().st_size
                     os.unlink(self.out / name)
-            steps = self._window_steps.pop(plain, None)
-            self.dropped_windows.append(
-                {
-                    "first_step": steps[0] if steps else None,
-                    "last_step": steps[1] if steps else None,
-                    "file": plain,
-                    "bytes": size,
-                }
-            )
+            entry["bytes"] = size
+            self.dropped_windows.append(entry)
             if self.identity.local_rank == 0 and not self.config.quiet:
                 where = f" (steps {steps[0]}-{steps[1]})" if steps else ""
                 mb = f", {size / 1e6:.2f} MB on disk" if size else ""
@@ -461,6 +471,17 @@ class Session:
                     file=sys.stderr,
                     flush=True,
                 )
+        return removed
+
+    def _summarize_removed(self, removed: list[window_summary.Pending]) -> None:
+        """Start the summarisers of the windows just removed, and settle those that ended (lock held; the rank file
+        is written again when one of them failed)."""
+        for pending in removed:
+            window_summary.start(self.out, self.rank, pending)
+        watched = self._summarizing + removed
+        self._summarizing = window_summary.reap(watched)
+        if any("summary_error" in p.entry for p in watched if p not in self._summarizing):
+            self.write_rank_file()  # a window without its summary after all: the rank file says why
 
     def _export(self, prof: Any) -> str:
         """Write the profiler's window as ``rank<R>.<span>.pt.trace.json`` (the profiler's own exporter, checked,
@@ -552,6 +573,8 @@ class Session:
             return  # a launcher of ranks (mp.spawn's parent): the ranks wrote the run
         if not self.claimed:
             self._claim()
+        if self._summarizing:  # the removed windows' summaries, before the rank file says how the run ended
+            self._summarizing = window_summary.reap(self._summarizing, window_summary.FINISH_WAIT_S)
         self.write_rank_file()
         # The summary reads the traces not yet compressed as they are (faster), while they are compressed.
         summary = rank_file.summarize(self)

@@ -459,6 +459,22 @@ def _summaries(root: Path, capture: dict[int, dict[str, Any]]) -> tuple[list[Ran
     return ranks, notes
 
 
+def window_from_summaries(run: Run, summaries: dict[int, dict[str, Any]]) -> Run:
+    """``run``'s ranks as the summaries of one of its windows (each covering that window's steps only: a window
+    ``trace --keep`` removed, summarised before its trace went: ``capture.window_summary``), with ``run``'s
+    capture files and manifest."""
+    shared: dict[Any, Any] = {}
+    ranks = [
+        RankTrace(
+            rank=r,
+            distributed_info=_read_groups(s.get("distributed_info"), f"the window summary of rank {r}", shared),
+            summary=s,
+        )
+        for r, s in sorted(summaries.items())
+    ]
+    return _make_run(run.path, ranks, "distributedInfo", run.capture, run.manifest, [])
+
+
 def _read_groups(info: dict[str, Any] | None, where: str, shared: dict[Any, Any]) -> dict[str, Any] | None:
     """``distributed_info`` with each process group's ranks as written back (``ranklist.read``): ranges become
     one ``RankRanges`` shared by the ranks that state the same ones (never a list of every rank per rank); a plain

@@ -52,14 +52,37 @@ def kept_windows(captures: Mapping[int, Mapping[str, Any]]) -> list[tuple[int, i
                 w = (lo, min(lo + step - 1, b))
                 if w in dropped:
                     continue
-                near = [c for c in clusters if abs(c["first0"] - w[0]) <= 1 and rank not in c["ranks"]]
-                if near:
-                    c = min(near, key=lambda c: abs(c["first0"] - w[0]))
-                    c["ranks"].add(rank)
-                    c["first"], c["last"] = min(c["first"], w[0]), max(c["last"], w[1])
-                else:
-                    clusters.append({"first0": w[0], "first": w[0], "last": w[1], "ranks": {rank}})
+                _join(clusters, rank, w)
     return sorted((c["first"], c["last"]) for c in clusters)
+
+
+def summarized_windows(captures: Mapping[int, Mapping[str, Any]]) -> list[tuple[int, int, dict[int, str]]]:
+    """The windows ``--keep`` removed whose ranks summarised them first (``capture.window_summary``), matched
+    across ranks as ``kept_windows`` matches them: [(first_step, last_step, {rank: summary file name})]."""
+    clusters: list[dict[str, Any]] = []
+    for rank, cap in captures.items():
+        for d in (cap.get("schedule") or {}).get("dropped") or []:
+            if not isinstance(d, dict) or not isinstance(d.get("summary"), str):
+                continue
+            a, b = d.get("first_step"), d.get("last_step")
+            if isinstance(a, int) and isinstance(b, int) and not isinstance(a, bool) and not isinstance(b, bool):
+                _join(clusters, rank, (a, b), d["summary"])
+    return sorted((c["first"], c["last"], c["files"]) for c in clusters)
+
+
+def _join(clusters: list[dict[str, Any]], rank: int, w: tuple[int, int], file: str | None = None) -> None:
+    """Put rank ``rank``'s window ``w`` in the cluster of the windows that began within one step of it, or a new
+    one."""
+    near = [c for c in clusters if abs(c["first0"] - w[0]) <= 1 and rank not in c["ranks"]]
+    if near:
+        c = min(near, key=lambda c: abs(c["first0"] - w[0]))
+        c["ranks"].add(rank)
+        c["first"], c["last"] = min(c["first"], w[0]), max(c["last"], w[1])
+    else:
+        c = {"first0": w[0], "first": w[0], "last": w[1], "ranks": {rank}, "files": {}}
+        clusters.append(c)
+    if file is not None:
+        c["files"][rank] = file
 
 
 def findings_over_time(
@@ -467,33 +490,63 @@ def analyze_over_time(
         series = {}
     series = {k: v for k, v in series.items() if v.rows}
     windows = kept_windows(captures)
-    if not series and len(windows) < 2:
+    summarized = summarized_windows(captures)  # windows --keep removed, from the summaries the ranks made of them
+    if not series and len(windows) + len(summarized) < 2:
         return None
     per_window = None
     reason = None
-    if len(windows) >= MIN_WINDOWS:
+    if len(windows) + len(summarized) >= MIN_WINDOWS:
         try:
-            windows, per_window = _diagnose_windows(path, windows, rules)
+            windows, per_window = _diagnose_windows(path, windows, rules, summarized)
         except Exception as exc:  # the run's own diagnosis stands; this section says why it has no windows
             reason = f"the windows could not be read one by one: {type(exc).__name__}: {exc}"
     return over_time(windows, per_window, series, captures, world_size=world_size, window_reason=reason)
 
 
 def _diagnose_windows(
-    path: Path, windows: Sequence[tuple[int, int]], rules: Sequence[Any]
+    path: Path,
+    windows: Sequence[tuple[int, int]],
+    rules: Sequence[Any],
+    summarized: Sequence[tuple[int, int, Mapping[int, str]]] = (),
 ) -> tuple[list[tuple[int, int]], list[list[dict]]]:
-    """The windows with steps in their traces, and each one's findings (a window none of whose steps could be
-    analysed is left out, not counted as one without findings)."""
+    """The windows with steps in their traces (or in the summaries of the windows ``--keep`` removed), in step
+    order, and each one's findings (a window none of whose steps could be analysed, or a removed one that a rank
+    has no summary of, is left out, not counted as one without findings)."""
     from ddpdoctor.diagnosis import evaluate
     from ddpdoctor.load import load
     from ddpdoctor.metrics.analysis import analyze
 
-    run = load(path, use_summaries=False, summarize=False)  # every window's events, decoded once
-    kept, out = [], []
+    run = load(path, use_summaries=False, summarize=False)  # every kept window's events, decoded once
+    done: list[tuple[tuple[int, int], list[dict]]] = []
     for lo, hi in windows:
         metrics = analyze(run, steps=(lo, hi))
-        if not metrics.run.get("steps_analyzed"):
+        if metrics.run.get("steps_analyzed"):
+            done.append(((lo, hi), [f.to_json() for f in evaluate(rules, metrics).findings]))
+    for lo, hi, files in summarized:
+        window = _summarized_window(path, run, files)
+        if window is None:
             continue
-        kept.append((lo, hi))
-        out.append([f.to_json() for f in evaluate(rules, metrics).findings])
-    return kept, out
+        metrics = analyze(window)
+        if metrics.run.get("steps_analyzed"):
+            done.append(((lo, hi), [f.to_json() for f in evaluate(rules, metrics).findings]))
+    done.sort(key=lambda d: d[0])
+    return [w for w, _ in done], [found for _, found in done]
+
+
+def _summarized_window(path: Path, run: Any, files: Mapping[int, str]) -> Any:
+    """The Run of a removed window from its ranks' summaries; None unless every rank of ``run`` has one this
+    version of ddpdoctor wrote (a window seen by some ranks only says nothing of the others)."""
+    from ddpdoctor import rundir
+    from ddpdoctor._version import __version__
+    from ddpdoctor.load.loader import window_from_summaries
+
+    summaries = {}
+    for rank in {rt.rank for rt in run.ranks} | set(run.capture):
+        name = files.get(rank)
+        if name is None or "/" in name or not rundir.WINDOW_SUMMARY_RE.match(name):
+            return None
+        data, _ = rundir.read_summary_again(str(path / rundir.RANKS_DIR / name))
+        if data is None or data.get("ddpdoctor_version") != __version__ or data.get("rank") != rank:
+            return None
+        summaries[rank] = data
+    return window_from_summaries(run, summaries)

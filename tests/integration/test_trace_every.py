@@ -114,8 +114,13 @@ def test_every_takes_the_windows_and_keep_bounds_them(halfway):
         cap = read_json(out / "ranks" / f"rank{rank}.json")
         assert cap["steps"]["profiled"] == [[3, 10], [23, 30], [43, 50], [63, 70]]
         assert [(d["first_step"], d["last_step"]) for d in cap["schedule"]["dropped"]] == [(3, 10)]
+        # summarised before it went (capture/window_summary.py): its summary stays, its link is gone
+        (dropped,) = cap["schedule"]["dropped"]
+        assert dropped.get("summary") == f"rank{rank}.window3-10.summary.json", dropped
+        assert (out / "ranks" / dropped["summary"]).is_file()
         assert len(cap["trace_files"]) == 3 and all((out / f).is_file() for f in cap["trace_files"])
         assert len(list(out.glob(f"rank{rank}.*.pt.trace.json*"))) == 3  # the dropped one is gone from disk
+    assert not list((out / "ranks").glob(".*pending*"))
     # the always-on series holds every step of both ranks, windows or not (the dropped window's steps too)
     series = read_series(out)
     assert sorted(series) == [0, 1]
@@ -133,19 +138,59 @@ def test_every_takes_the_windows_and_keep_bounds_them(halfway):
 def test_a_straggler_from_halfway_is_reported_with_when_it_started(halfway):
     _, _, report = halfway
     ot = report["run"]["over_time"]
-    assert ot["findings"]["window_steps"] == [[23, 30], [43, 50], [63, 70]]
+    # every window, the one --keep removed (3-10) from the summaries the ranks made of it before it went
+    assert ot["findings"]["window_steps"] == [[3, 10], [23, 30], [43, 50], [63, 70]]
     rec = _record(report, "rank-straggler")
     assert rec is not None, ot["findings"]
     assert rec["culprit"] == 1 and rec["pattern"] == "started", rec
-    # held in the windows after step 36 (43-50, 63-70), not in the one before (23-30)
-    assert (rec["since_step"], rec["absent_until_step"], rec["held_windows"]) == (43, 30, [2, 3]), rec
+    # held in the windows after step 36 (43-50, 63-70), not in the two before (3-10, 23-30)
+    assert (rec["since_step"], rec["absent_until_step"], rec["held_windows"]) == (43, 30, [3, 4]), rec
     # (on this loaded host a window before may name another rank too: said as "also rank 0 in window 1")
-    assert all(o["window"] == 1 and 1 not in o["ranks"] for o in rec.get("other_ranks") or [])
+    assert all(o["window"] in (1, 2) and 1 not in o["ranks"] for o in rec.get("other_ranks") or [])
     # the always-on series puts the start at the step the step time jumped (the straggler began at step 36)
     drift = ot["step_time"]
     assert drift["drift"] is True and abs(drift["jump_step"] - SLOW_FROM) <= 2, drift
     assert rec["started_step"] == drift["jump_step"] and "the step time jumped at step" in rec["text"]
     assert rec["started_time"].endswith("UTC")
+
+
+@pytest.mark.timeout(600)
+def test_a_window_read_from_its_summaries_is_the_window_read_from_its_trace(halfway, tmp_path):
+    """What a removed window's summaries give (capture/window_summary.py) is what its trace gave: a kept window
+    (63-70) summarised the way --keep summarises one, against the same window of the traces."""
+    import os
+    import shutil
+
+    from ddpdoctor import rundir
+    from ddpdoctor.capture.window_summary import summarize_window
+    from ddpdoctor.diagnosis import evaluate, load_rules
+    from ddpdoctor.load import load
+    from ddpdoctor.load.loader import window_from_summaries
+    from ddpdoctor.metrics.analysis import analyze
+
+    out = tmp_path / "run"
+    shutil.copytree(halfway[0], out)
+    run = load(out, use_summaries=False, summarize=False)
+    traced = analyze(run, steps=(63, 70))
+    summaries = {}
+    for rank in (0, 1):
+        last = read_json(out / "ranks" / f"rank{rank}.json")["trace_files"][-1]  # the newest window: 63-70
+        link = rundir.window_pending_file(out, rank, 63, 70, last)
+        os.link(out / last, link)
+        path = summarize_window(out, rank, 63, 70, link)
+        assert not link.exists()
+        summaries[rank], why = rundir.read_summary_again(str(path))
+        assert why is None, why
+    summarized = analyze(window_from_summaries(run, summaries))
+    rules = load_rules()
+    names = [(f.name, f.ranks) for f in evaluate(rules, traced).findings]
+    assert [(f.name, f.ranks) for f in evaluate(rules, summarized).findings] == names and names
+    for a, b in zip(traced.ranks, summarized.ranks, strict=True):
+        for key, value in a.items():
+            if isinstance(value, float):
+                assert b[key] == pytest.approx(value, rel=0.01, abs=1e-6), (a["rank"], key)
+            else:
+                assert b[key] == value, (a["rank"], key)
 
 
 @pytest.mark.timeout(600)
