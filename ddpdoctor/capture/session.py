@@ -450,12 +450,18 @@ class Session:
                 "file": plain,
                 "bytes": None,
             }
-            for name in (plain, old):  # the plain file while its gzip is being made: complete, unlike the gzip
-                if (self.out / name).is_file():
-                    pending = window_summary.link_for(self.out, self.rank, steps, self.out / name, entry)
-                    if pending is not None:
-                        removed.append(pending)
-                    break
+            self._summarizing = window_summary.reap(self._summarizing)
+            if len(self._summarizing) + len(removed) >= window_summary.MAX_RUNNING:  # the disk stays bounded
+                entry["summary_error"] = (
+                    f"the summaries of {window_summary.MAX_RUNNING} earlier windows were still being made"
+                )
+            else:
+                for name in (plain, old):  # the plain file while its gzip is made: complete, unlike the gzip
+                    if (self.out / name).is_file():
+                        pending = window_summary.link_for(self.out, self.rank, steps, self.out / name, entry)
+                        if pending is not None:
+                            removed.append(pending)
+                        break
             size = None
             for name in (old, plain):
                 with contextlib.suppress(OSError):

@@ -9,8 +9,9 @@ kept windows at the end), writes ``ranks/rank<R>.window<first>-<last>.summary.js
 rank file's ``schedule.dropped`` entry names the summary. ``diagnose`` reads those summaries for the windows whose
 traces are gone (``metrics.overtime``).
 
-The training never waits for it: the rank looks at its summarisers when it writes a window and waits for them
-only at the end of the run (at most ``FINISH_WAIT_S`` in all; one still running then is stopped, its link removed
+The training never waits for it: the rank looks at its summarisers when it writes a window (at most
+``MAX_RUNNING`` at once, so the disk holds at most that many windows more than ``--keep``) and waits for them only
+at the end of the run (at most ``FINISH_WAIT_S`` in all; one still running then is stopped, its link removed
 and the entry says why). If the rank dies first, the summariser still finishes its window.
 
     python -m ddpdoctor.capture.window_summary RUN_DIR RANK FIRST LAST LINK
@@ -30,6 +31,9 @@ from typing import Any
 from ddpdoctor import rundir
 
 FINISH_WAIT_S = 60.0  # the end of the run waits this long, in all, for the windows still being summarised
+# At most this many removed windows are being summarised at once (each holds its trace on disk until it is done):
+# a window removed while they all run goes without a summary, and its entry says so.
+MAX_RUNNING = 2
 _MAX_ERROR = 400
 
 
