@@ -96,7 +96,8 @@ def _own_parser() -> argparse.ArgumentParser:
         type=count(1),
         default=None,
         metavar="N",
-        help="keep the traces of the newest N windows per rank, removing older ones (disk bounded; default: all)",
+        help="keep the traces of the newest N windows per rank, removing older ones once summarised for Over time "
+        "(disk bounded; default: all)",
     )
     g.add_argument("--with-stack", action="store_true", help="record Python stacks (larger traces)")
     g.add_argument("--no-record-shapes", action="store_true", help="do not record operator input shapes")
