@@ -9,6 +9,10 @@ Layout of ``OUT/``::
                                            TensorBoard's profiler plugin shows worker "rank<R>"
     ranks/rank<R>.json                     capture data of rank R (``RankCapture`` below)
     ranks/rank<R>.summary.json             metrics rank R computed from its own trace at the end of the run
+    ranks/rank<R>.series.jsonl             rank R's always-on step series (``capture.series``)
+    ranks/rank<R>.window<A>-<B>.summary.json  a window of steps A-B that ``--keep`` removed, summarised first
+                                           (``capture.window_summary``; ``.rank<R>.window<A>-<B>.pending[.gz]``:
+                                           the link to its trace its summariser reads meanwhile)
     groups/group<N>.json                   a job that created more than one process group (an evaluation spawned
     groups/group<N>/                       after the training, a world-size-1 group of a helper): each group but
                                            the training one has its own folder with this same layout (``ranks/``,
