@@ -290,6 +290,11 @@ def group_ids(*keys: Column) -> tuple[np.ndarray, int]:
     if len(arrays) == 1:
         uniques, inverse = np.unique(arrays[0], return_inverse=True)
         return inverse.reshape(-1), len(uniques)
+    combined = _mixed_radix(arrays, limit=4 * len(arrays[0]) + 1024)
+    if combined is not None:  # one small integer per row, ordered as the keys are: numbered by counting, no sort
+        present = np.bincount(combined) > 0
+        number = np.cumsum(present) - 1
+        return number[combined], int(number[-1]) + 1
     order = np.lexsort(arrays[::-1])
     changed = np.zeros(len(order), dtype=bool)
     changed[0] = True
@@ -300,6 +305,24 @@ def group_ids(*keys: Column) -> tuple[np.ndarray, int]:
     ids = np.empty(len(order), dtype=np.int64)
     ids[order] = ids_sorted
     return ids, int(ids_sorted[-1]) + 1
+
+
+def _mixed_radix(arrays: list[np.ndarray], limit: int) -> np.ndarray | None:
+    """Integer keys as one int64 per row, 0 to the product of their spans, whose order is the keys' order (the first
+    key the most significant), or None where a key is not integer or that product exceeds ``limit``."""
+    if not all(a.dtype.kind in "ib" for a in arrays):
+        return None
+    out = np.zeros(len(arrays[0]), dtype=np.int64)
+    total = 1
+    for a in arrays:
+        lo, hi = int(a.min()), int(a.max())
+        span = hi - lo + 1
+        total *= span
+        if total > limit:
+            return None
+        out *= span
+        out += a.astype(np.int64, copy=False) - lo
+    return out
 
 
 def group_min(values: np.ndarray, ids: np.ndarray, n: int) -> np.ndarray:

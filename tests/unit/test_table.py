@@ -97,3 +97,29 @@ def test_distinct_is_np_unique() -> None:
     rng = np.random.default_rng(5)
     for values in (rng.integers(-3, 3, 40), rng.random(10), np.zeros(0, dtype=np.int64)):
         np.testing.assert_array_equal(tb.distinct(values), np.unique(values))
+
+
+def _lexsorted_ids(*keys: np.ndarray) -> tuple[np.ndarray, int]:
+    """Group numbers by sorting the rows on every key (``group_ids``' way for keys of a wide range)."""
+    order = np.lexsort(keys[::-1])
+    changed = np.zeros(len(order), dtype=bool)
+    changed[0] = True
+    for a in keys:
+        changed[1:] |= a[order][1:] != a[order][:-1]
+    ids = np.empty(len(order), dtype=np.int64)
+    ids[order] = np.cumsum(changed) - 1
+    return ids, int(ids.max()) + 1
+
+
+def test_group_ids_of_small_integer_keys_counted_not_sorted_are_the_same() -> None:
+    rng = np.random.default_rng(3)
+    for trial in range(300):
+        n = int(rng.integers(1, 200))
+        keys = [rng.integers(-3, int(rng.integers(1, 40)), n) for _ in range(int(rng.integers(2, 4)))]
+        if trial % 3 == 0:
+            keys.append(rng.integers(0, 2, n).astype(bool))
+        if trial % 5 == 0:  # a wide key: sorted, not counted
+            keys[0] = keys[0] * 10**9
+        ids, n_groups = tb.group_ids(*keys)
+        want, n_want = _lexsorted_ids(*[k.astype(np.int64) for k in keys])
+        assert n_groups == n_want and np.array_equal(ids, want) and ids.dtype == np.int64
