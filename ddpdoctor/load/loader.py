@@ -445,10 +445,11 @@ def _summaries(root: Path, capture: dict[int, dict[str, Any]]) -> tuple[list[Ran
     if not found or (capture and set(capture) - set(found)) or _trace_ranks(root) - set(found):
         return None, notes  # a rank with a capture file or a trace but no summary: the traces are read
     shared: dict[Any, Any] = {}
+    in_root = _in_folder(root)
     ranks = [
         RankTrace(
             rank=r,
-            files=[str(root / Path(f).name) for f in s.get("files", [])],
+            files=[in_root(f) for f in s.get("files", [])],
             distributed_info=_read_groups(
                 s.get("distributed_info"), f"{rundir.RANKS_DIR}/rank{r}.summary.json", shared
             ),
@@ -473,6 +474,19 @@ def window_from_summaries(run: Run, summaries: dict[int, dict[str, Any]]) -> Run
         for r, s in sorted(summaries.items())
     ]
     return _make_run(run.path, ranks, "distributedInfo", run.capture, run.manifest, [])
+
+
+def _in_folder(root: Path) -> Callable[[str], str]:
+    """``f -> str(root / Path(f).name)``, without two Path objects a file where the name is a plain one (131,072
+    ranks' files)."""
+    text = str(root)
+    prefix = "" if text == "." else text if text.endswith("/") else text + "/"
+
+    def in_root(f: str) -> str:
+        name = os.path.basename(f)
+        return prefix + name if name not in ("", ".") else str(root / Path(f).name)
+
+    return in_root
 
 
 def _read_groups(info: dict[str, Any] | None, where: str, shared: dict[Any, Any]) -> dict[str, Any] | None:

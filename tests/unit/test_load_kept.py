@@ -50,3 +50,12 @@ def test_a_summary_gone_before_its_timeline_is_read_is_one_error(tmp_path: Path)
     (copy / "ranks" / "rank0.summary.json").unlink()
     with pytest.raises(TraceError, match=r"rank0\.summary\.json: changed while it was analysed"):
         analyze(run).timeline.get()
+
+
+def test_a_summary_s_trace_files_are_named_in_the_run_folder_as_path_names_them() -> None:
+    from ddpdoctor.load.loader import _in_folder
+
+    names = ["rank0.1.pt.trace.json.gz", "a/b.json", "a/b/", ".", "..", "", "a/.", "x//y", "/abs/t.json", "a/../b"]
+    for root in (Path("."), Path("/"), Path("run"), Path("/tmp/run"), Path("a/b/")):
+        in_root = _in_folder(root)
+        assert [in_root(f) for f in names] == [str(root / Path(f).name) for f in names]
