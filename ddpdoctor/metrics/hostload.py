@@ -91,6 +91,9 @@ def _windows(capture: Mapping[str, Any] | None) -> tuple[list[dict[str, Any]], s
 
 
 def _sum(windows: list[dict[str, Any]], key: str) -> float | None:
+    if len(windows) == 1:  # the usual profiled window: sum() of one value is 0 + it
+        value = windows[0].get(key)
+        return None if value is None else float(0 + value)
     values = [w.get(key) for w in windows]
     if any(v is None for v in values):
         return None
