@@ -31,6 +31,10 @@ from ddpdoctor.metrics.setup import SETUP_RANK_METRICS, setup_metrics
 from ddpdoctor.metrics.timeline import LazyTimeline
 from ddpdoctor.table import Table, column
 
+# a rank's row starts as every rank metric, None (``rank`` first): a summary's metrics are copied into it
+_ROW_TEMPLATE: dict[str, Any] = dict.fromkeys(("rank", *RANK_METRICS))
+_ROW_KEYS = frozenset(_ROW_TEMPLATE)
+
 
 def analyze(run: Run, steps: tuple[int, int | None] | None = None, verdict: Any = None) -> RunMetrics:
     """All metrics of a loaded run. Pure: no I/O, no printing.
@@ -64,7 +68,13 @@ def analyze(run: Run, steps: tuple[int, int | None] | None = None, verdict: Any 
     for s in summaries:
         rank = s["rank"]
         capture = run.capture.get(rank)
-        m = {"rank": rank, **dict(zip(RANK_METRICS, map(s["metrics"].get, RANK_METRICS), strict=True))}
+        metrics = s["metrics"]
+        if metrics.keys() <= _ROW_KEYS:  # the usual summary: the row's template, then its values (same order)
+            m = _ROW_TEMPLATE.copy()
+            m.update(metrics)
+            m["rank"] = rank
+        else:
+            m = {"rank": rank, **dict(zip(RANK_METRICS, map(metrics.get, RANK_METRICS), strict=True))}
         m.update(waits.get(rank, no_waits))
         m.update(transfer.get(rank) or no_transfer)
         host = (capture or {}).get("hostname")

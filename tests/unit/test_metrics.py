@@ -114,3 +114,21 @@ def test_interval_algebra() -> None:
 )
 def test_collective_kinds(name: str, kind: str) -> None:
     assert kind_of(name) == kind
+
+
+def test_a_rank_row_from_the_template_is_the_row_of_metric_by_metric_lookups() -> None:
+    from ddpdoctor.metrics import analysis
+    from ddpdoctor.metrics.result import RANK_METRICS
+
+    run = load(Path(__file__).resolve().parents[2] / "samples" / "recorded" / "ddp_straggler", use_summaries=True)
+    summaries = [rt.summary for rt in run.ranks]
+    for row in analyze(run).ranks:  # every rank metric in catalog order after the rank, then the others
+        assert list(row)[: 1 + len(RANK_METRICS)] == ["rank", *RANK_METRICS]
+    partial = {k: v for i, (k, v) in enumerate(summaries[0]["metrics"].items()) if i % 3}  # metrics left out
+    for metrics, rank in [*((s["metrics"], s["rank"]) for s in summaries), (partial, 7)]:
+        want = {"rank": rank, **{k: metrics.get(k) for k in RANK_METRICS}}
+        assert metrics.keys() <= analysis._ROW_KEYS
+        got = analysis._ROW_TEMPLATE.copy()
+        got.update(metrics)
+        got["rank"] = rank
+        assert got == want and list(got) == list(want)
