@@ -76,16 +76,20 @@ def quiet(tmp_path_factory) -> dict:
 
 @pytest.mark.timeout(300)
 def test_a_rank_starved_by_the_burners_is_named_starved_not_a_straggler(starved) -> None:
-    assert not [f for f in _findings(starved, "rank-straggler") if 0 in f["ranks"]], starved["findings"]
     why = (starved["run"]["notes"], starved["findings"], starved["_metrics"])
-    rank0 = starved["_metrics"][0]
-    assert rank0["cpu_wait_share"] >= 0.1, why  # the burners took CPU 0 from it
-    if rank0["slow_rank"]:  # last at the collectives more often than chance (the usual case): named starved
-        found = _findings(starved, "rank-starved-of-cpu")
-        assert len(found) == 1 and found[0]["ranks"] == [0], why
-        assert "waited for a CPU, not on work of its own" in found[0]["message"]
-        assert "The host was busy, not this rank's work" in found[0]["message"]
-    # (when the machine's other load starved rank 1 as much, neither rank is late more often than chance)
+    # Both ranks do the same work: neither is a straggler, whichever the host starved
+    assert not _findings(starved, "rank-straggler"), why
+    shares = {r["rank"]: r["cpu_wait_share"] for r in starved["_metrics"]}
+    # the burners took CPU 0 from rank 0; on a machine where other sessions' work loads CPU 1 more (a clean-clone
+    # suite beside two benchmarks, 2026-12-05: rank 0 waited 1.6% of the window, rank 1 22%), rank 1 is the one
+    assert max(shares.values()) >= 0.1, why
+    starved_ranks = sorted(r["rank"] for r in starved["_metrics"] if r["slow_rank"])
+    if starved_ranks:  # last at the collectives more often than chance (the usual case): named starved
+        (found,) = _findings(starved, "rank-starved-of-cpu")
+        assert found["ranks"] == starved_ranks and all(shares[r] >= 0.1 for r in starved_ranks), why
+        assert "waited for a CPU, not on work of its own" in found["message"]
+        assert "The host was busy, not this rank's work" in found["message"]
+    # (when the host starved both ranks alike, neither is late more often than chance)
     # the header says so in every format (the notes): a fact about the host, not a finding about the job
     assert any(n.startswith("The host was busy: rank ") for n in starved["run"]["notes"]), why
 
