@@ -185,12 +185,34 @@ class DashboardView:
         except urllib.error.HTTPError:
             return []  # not loaded yet
 
-    def stop(self) -> None:
+    def get(self, path: str, timeout: float = 60):
+        """The JSON at ``path`` of the server (gunzipped where TensorBoard compressed it)."""
+        import gzip
+
+        with urllib.request.urlopen(self.url + path.lstrip("/"), timeout=timeout) as response:
+            body = response.read()
+            if response.headers.get("Content-Encoding") == "gzip":
+                body = gzip.decompress(body)
+        return json.loads(body)
+
+    def status(self, path: str) -> int:
+        try:
+            with urllib.request.urlopen(self.url + path.lstrip("/"), timeout=60) as response:
+                return response.status
+        except urllib.error.HTTPError as exc:
+            return exc.code
+
+    def stop(self, timeout: float = 30) -> int | None:
+        """Ctrl-C (SIGINT to its group); its exit status, None where it had to be killed."""
+        code = None
         if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGINT)
+            os.killpg(self.proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal sends: the whole group
             try:
-                self.proc.wait(30)
+                code = self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(10)
+        else:
+            code = self.proc.returncode
         self.log.close()
+        return code

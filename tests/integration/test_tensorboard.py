@@ -4,17 +4,10 @@ module."""
 
 from __future__ import annotations
 
-import gzip
-import json
 import os
-import queue
 import re
 import shutil
-import signal
 import socket
-import subprocess
-import sys
-import threading
 import time
 import urllib.error
 import urllib.parse
@@ -23,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from helpers import CHROMIUM, chromium, read_json, run_cli, write_script
+from helpers import DashboardView as View
 
 TRY_RESULTS = Path(__file__).resolve().parents[1] / "fixtures" / "try_results" / "results.json"
 
@@ -65,71 +59,6 @@ dist.destroy_process_group()
 RUN_NAME = "run <img src=x onerror=alert(1)>"
 FAST = ["--wait", "1", "--warmup", "1", "--active", "3"]
 needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium is not installed")
-
-
-class View:
-    """`ddpdoctor view RUN --port 0` in its own process group; stopped like Ctrl-C in a terminal."""
-
-    def __init__(self, run_dir: Path, log: Path) -> None:
-        self.log = open(log, "w")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "ddpdoctor", "view", str(run_dir), "--port", "0"],
-            stdout=subprocess.PIPE,
-            stderr=self.log,
-            text=True,
-            start_new_session=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-        self.lines: queue.Queue[str] = queue.Queue()
-        self.stdout: list[str] = []
-        threading.Thread(target=self._read, daemon=True).start()
-        self.url = self._wait_for_url(timeout=120)
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            self.stdout.append(line)
-            self.lines.put(line)
-
-    def _wait_for_url(self, timeout: float) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                line = self.lines.get(timeout=1)
-            except queue.Empty:
-                if self.proc.poll() is not None:
-                    break
-                continue
-            match = re.search(r"TensorBoard at (http://\S+)", line)
-            if match:
-                return match.group(1)
-        self.stop()
-        raise AssertionError(f"ddpdoctor view did not print its URL: {self.stdout} {Path(self.log.name).read_text()}")
-
-    def stop(self, timeout: float = 30) -> int | None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal sends: the whole group
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
-                return None
-        self.log.close()
-        return self.proc.returncode
-
-    def get(self, path: str, timeout: float = 60):
-        with urllib.request.urlopen(self.url + path.lstrip("/"), timeout=timeout) as response:
-            body = response.read()
-            if response.headers.get("Content-Encoding") == "gzip":
-                body = gzip.decompress(body)
-        return json.loads(body)
-
-    def status(self, path: str) -> int:
-        try:
-            with urllib.request.urlopen(self.url + path.lstrip("/"), timeout=60) as response:
-                return response.status
-        except urllib.error.HTTPError as exc:
-            return exc.code
 
 
 def wait_for(fetch, ok, timeout: float = 90):
