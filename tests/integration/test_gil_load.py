@@ -176,7 +176,10 @@ def _passes_with_one_thread(report: dict) -> None:
     if rank.get("gil_samples") is not None:  # gilwatch: the one worker hardly waits (nothing contends)
         if rank["gil_contention"] is None:  # one thread gives fewer samples: under the floor, no ratio is kept
             assert rank["gil_samples"] < WATCH_MIN_TICKS, rank
-        assert rank["gil_probe_reading"] < 0.1, rank
+        # under the rule's 20% (it passes here on the thread count alone): 0.00-0.05 quiet; 0.10 once beside burners
+        # in another session (clean-clone suite, 2026-12-05), the main thread, off its CPU while it held the GIL,
+        # keeping the worker waiting
+        assert rank["gil_probe_reading"] <= 0.2, rank
 
 
 @pytest.mark.timeout(400)
