@@ -439,7 +439,9 @@ class Session:
         being made is removed when it is done (``_apply_compressed``). Each removed window's trace is first linked
         to a hidden name for its summariser (``_summarize_removed``, once the rank file names the removal)."""
         keep = self.config.keep
-        removed = []
+        removed: list[window_summary.Pending] = []
+        if keep and len(self.trace_files) > keep:  # those that ended: their entries are in the rank file written next
+            self._summarizing = window_summary.reap(self._summarizing)
         while keep and len(self.trace_files) > keep:
             old = self.trace_files.pop(0)
             plain = old.removesuffix(GZ)
@@ -450,7 +452,6 @@ class Session:
                 "file": plain,
                 "bytes": None,
             }
-            self._summarizing = window_summary.reap(self._summarizing)
             if len(self._summarizing) + len(removed) >= window_summary.MAX_RUNNING:  # the disk stays bounded
                 entry["summary_error"] = (
                     f"the summaries of {window_summary.MAX_RUNNING} earlier windows were still being made"
@@ -480,14 +481,13 @@ class Session:
         return removed
 
     def _summarize_removed(self, removed: list[window_summary.Pending]) -> None:
-        """Start the summarisers of the windows just removed, and settle those that ended (lock held; the rank file
-        is written again when one of them failed)."""
+        """Start the summarisers of the windows just removed (lock held); those that ended are settled at the next
+        removal (``_keep_newest``) or at the end of the run."""
         for pending in removed:
             window_summary.start(self.out, self.rank, pending)
-        watched = self._summarizing + removed
-        self._summarizing = window_summary.reap(watched)
-        if any("summary_error" in p.entry for p in watched if p not in self._summarizing):
-            self.write_rank_file()  # a window without its summary after all: the rank file says why
+        self._summarizing += removed
+        if any("summary_error" in p.entry for p in removed):
+            self.write_rank_file()  # a summariser that could not start: the rank file says why
 
     def _export(self, prof: Any) -> str:
         """Write the profiler's window as ``rank<R>.<span>.pt.trace.json`` (the profiler's own exporter, checked,

@@ -444,35 +444,32 @@ def _summaries(root: Path, capture: dict[int, dict[str, Any]]) -> tuple[list[Ran
     found, notes = rundir.read_summaries(root, __version__, keep)
     if not found or (capture and set(capture) - set(found)) or _trace_ranks(root) - set(found):
         return None, notes  # a rank with a capture file or a trace but no summary: the traces are read
+    return _summary_ranks(found, root, lambda r: f"{rundir.RANKS_DIR}/rank{r}.summary.json"), notes
+
+
+def _summary_ranks(
+    found: dict[int, dict[str, Any]], root: Path, where: Callable[[int], str]
+) -> list[RankTrace]:
+    """Ranks that carry their summaries (no tables), their trace names in ``root``; ``where(rank)`` names the file
+    in an error about its process groups."""
     shared: dict[Any, Any] = {}
     in_root = _in_folder(root)
-    ranks = [
+    return [
         RankTrace(
             rank=r,
             files=[in_root(f) for f in s.get("files", [])],
-            distributed_info=_read_groups(
-                s.get("distributed_info"), f"{rundir.RANKS_DIR}/rank{r}.summary.json", shared
-            ),
+            distributed_info=_read_groups(s.get("distributed_info"), where(r), shared),
             summary=s,
         )
         for r, s in sorted(found.items())
     ]
-    return ranks, notes
 
 
 def window_from_summaries(run: Run, summaries: dict[int, dict[str, Any]]) -> Run:
     """``run``'s ranks as the summaries of one of its windows (each covering that window's steps only: a window
     ``trace --keep`` removed, summarised before its trace went: ``capture.window_summary``), with ``run``'s
     capture files and manifest."""
-    shared: dict[Any, Any] = {}
-    ranks = [
-        RankTrace(
-            rank=r,
-            distributed_info=_read_groups(s.get("distributed_info"), f"the window summary of rank {r}", shared),
-            summary=s,
-        )
-        for r, s in sorted(summaries.items())
-    ]
+    ranks = _summary_ranks(summaries, run.path, lambda r: f"the window summary of rank {r}")
     return _make_run(run.path, ranks, "distributedInfo", run.capture, run.manifest, [])
 
 
