@@ -336,8 +336,8 @@ class GilProbe:
         return [t.native_id for t in _job_threads() if t.native_id is not None]
 
     def _collect(self) -> None:
-        """Fill in the steps of the windows gilwatch has not reported yet (``contention``: the GIL wait / the time
-        not waiting for a CPU)."""
+        """Fill in the steps of the windows gilwatch has not reported yet (``contention``: the GIL wait / that wait
+        and the time on a CPU, ``metrics.capture.step_contention``)."""
         while self._answers and self._watcher is not None:
             self._answers -= 1
             steps = self._watcher.steps()
@@ -355,7 +355,7 @@ class GilProbe:
                     continue
                 self.series["gil_wait_s"][i], self.series["gil_run_s"][i] = wait, run
                 self.series["gil_ready_s"][i], self.series["gil_ticks"][i] = ready, ticks
-                self.series["contention"][i] = round(wait / ready, 4) if ready > 0 else None
+                self.series["contention"][i] = round(wait / (wait + run), 4) if wait + run > 0 else None
                 seen, counted = entry.get("active"), self.series["active_threads"][i]
                 if isinstance(seen, int) and (counted is None or seen > counted):
                     self.series["active_threads"][i] = seen  # threads gone by the step's end (DataParallel's)

@@ -6,12 +6,14 @@ Python's own locks, queues, events and futures wait on semaphores on the heap, s
 and a thread the host keeps off its CPU is runnable, in no system call at all. So every ``tick`` this process reads
 each of the rank's threads' ``/proc/<pid>/task/<tid>/syscall`` (is it in a futex on the runtime's state?) and
 ``schedstat`` (nanoseconds on a CPU, and runnable waiting for one), and per step adds up, over the job's Python
-threads with work, the time waited for the GIL (samples x tick) and the time alive and not waiting for a CPU. Their
-ratio is how much of that time the threads spent waiting for the GIL; threads competing one for one with other
-work for the CPUs do not move it much (measured on 2 cores: 4 threads of small torch ops 0.39 quiet, 0.27-0.43
-beside 2 CPU burners; 4 threads in large matmuls, or sleeping, 0.00-0.01). Where the kernel rations the CPUs
-between sessions and the job gets fewer than its threads want, they take turns on the CPU instead and the ratio
-falls (0.00-0.04 on the same job): ddpdoctor.metrics.capture says so rather than pass.
+threads with work, the time waited for the GIL (samples x tick), the time on a CPU, and the time alive and not
+waiting for a CPU. ``ddpdoctor.metrics.capture`` takes the GIL wait over that wait plus the time on a CPU: how much
+of the time the threads were working, or trying to, they spent waiting for the GIL (time blocked in a queue, a sleep
+or I/O says nothing of the GIL, and is left out). Threads competing one for one with other work for the CPUs do not
+move it much (measured on 2 cores: 4 threads of small torch ops 0.32-0.39 quiet, 0.27-0.39 beside 2 CPU burners;
+4 threads in large matmuls, or sleeping, 0.00). Where the kernel rations the CPUs between sessions and the job gets
+fewer than its threads want, they take turns on the CPU instead and the ratio falls: ddpdoctor.metrics.capture
+says so rather than pass.
 
 It is its own process so that it takes no GIL of the rank's: a sampler thread inside the rank would hold the GIL
 whenever it looks and be a contender itself. It imports nothing but the standard library.

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from ddpdoctor.metrics.capture import step_contention
 from ddpdoctor.metrics.profiled_steps import _int, disturbed_steps
 
 MIN_STEADY = 5  # fewer undisturbed steps than this: fall back to every step but the first
@@ -137,7 +138,7 @@ def gil_samples(captures: Sequence[Mapping[str, Any]]) -> list[float]:
         per_step = gil.get("per_step") if isinstance(gil, dict) else None
         if not isinstance(per_step, dict):
             continue
-        steps, values = per_step.get("step"), per_step.get("contention")
+        steps, values = per_step.get("step"), step_contention(per_step)
         if not isinstance(steps, list) or not isinstance(values, list):
             continue
         for step, value in zip(steps, values, strict=False):

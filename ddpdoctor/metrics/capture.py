@@ -8,6 +8,7 @@ comma-separated strings (``"bucket_sizes": "1071144, 526336"``).
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from typing import Any
@@ -137,7 +138,8 @@ THREADS_STARVED_SHARE = 0.8
 # A low gilwatch ratio passes only when its upper bound (the ratio plus twice its standard error: from the spread
 # of the steps' ratios, and from the samples as independent looks, whichever is larger) is at or below
 # GIL_READABLE too. CI clone, 2026-12-04, quiet host: 4 mostly-Python threads (0.31-0.46 in 9 other runs) read 0.144
-# over 4 steps of 0.05-0.26 and 107 samples, and the rule passed them; the bound there was 0.23.
+# over 4 steps of 0.05-0.26 and 107 samples, and the rule passed them; the bound there was 0.23 (the ratio as
+# counted then, with the threads' time blocked elsewhere in its denominator: ``_watched``).
 UPPER_SE = 2.0
 # A reading above GIL_READABLE cannot decide either when the job's threads with work used this many CPU cores or
 # more between them: GIL-bound threads take turns on about one core, so they also ran native code in parallel, and
@@ -145,6 +147,13 @@ UPPER_SE = 2.0
 # (0.45-0.5x the speed of the same work done serially) used 1.1-1.6 cores of a quiet 2-core host with probe
 # readings of 0.09-0.22; threads in large matmuls and sleeps read 0.02-0.15 at 0.7 cores.
 PARALLEL_CORES = 1.3
+# gilwatch's ratio says how much of their working time the threads waited for the GIL; this is how much of their
+# time in all (alive and not waiting for a CPU: blocked on queues, sleeps and I/O too) that wait took
+# (``gil_wait_share``), the rule's other condition. Threads that mostly sleep (4 threads each sleeping 1 ms between
+# small ops, 4% of a CPU each) meet the GIL now and then when they wake together: 1-2 samples of GIL wait against
+# 30 ms of CPU time read 0.1-0.3, but 0.006 of their time; at or below this share a ratio too close to call decides
+# (the rule passes on the share). The 4 small-op threads of samples/gil_small_ops.py: 0.13-0.27.
+MIN_WAIT_SHARE = 0.05
 
 
 def thread_metrics(capture: dict[str, Any] | None, ranks_on_host: int | None) -> dict[str, Any]:
@@ -154,7 +163,7 @@ def thread_metrics(capture: dict[str, Any] | None, ranks_on_host: int | None) ->
     ``gil_host_other_cores``, ``cpu_count``, ``intra_op_threads``, ``local_world_size``."""
     capture = capture or {}
     gil = (capture.get("gil") or {}).get("per_step") or {}
-    contention = [c for c in gil.get("contention") or [] if isinstance(c, (int, float))]
+    contention = [c for c in step_contention(gil) if isinstance(c, (int, float))]
     watched = _watched(gil)
     threads = [t for t in gil.get("threads") or [] if isinstance(t, (int, float))]
     active = [t for t in gil.get("active_threads") or [] if isinstance(t, (int, float))]
@@ -165,19 +174,22 @@ def thread_metrics(capture: dict[str, Any] | None, ranks_on_host: int | None) ->
     others = _other_cores(capture) if contention else None
     median_cores = _quantile(cores, 0.5) if cores else None
     share = _quantile(shares, 0.5) if shares else None
-    upper = None
-    if watched is not None:  # gilwatch: the job's threads' GIL wait over their time not waiting for a CPU, pooled
-        wait, ready, ticks = watched
-        mean = wait / ready if ready > 0 else None
-        upper = _upper(mean, contention, ticks)
-        unreadable = _watch_undecided(mean, ticks, working, share, others, upper) is not None
+    upper, wait_share = None, mean  # gilknocker: the probe's share of time it waited for the GIL, both
+    if watched is not None:  # gilwatch: the job's threads' GIL wait over their time on a CPU or in it, pooled
+        wait, spent, ready, ticks = watched
+        mean = wait / spent if spent > 0 else None
+        wait_share = wait / ready if ready > 0 else None
+        # the samples that saw the threads working (on a CPU or in the GIL's wait), not those of them blocked
+        upper = _upper(mean, contention, ticks * min(1.0, spent / ready) if ready > 0 else ticks)
+        unreadable = _watch_undecided(mean, ticks, working, share, others, upper, wait_share) is not None
     else:
         unreadable = _undecided(mean, working, median_cores, share, others) is not None
     info = capture.get("threads") or {}
     return {
         "gil_contention": None if unreadable else mean,
+        "gil_wait_share": None if unreadable else wait_share,
         "gil_probe_reading": mean,
-        "gil_samples": watched[2] if watched is not None else None,
+        "gil_samples": watched[3] if watched is not None else None,
         "gil_contention_upper": upper,
         "gil_contention_spread": _quantile(contention, 0.9) - _quantile(contention, 0.1) if contention else None,
         "threads": max(threads) if threads else None,
@@ -194,15 +206,34 @@ def thread_metrics(capture: dict[str, Any] | None, ranks_on_host: int | None) ->
     }
 
 
-def _watched(gil: dict[str, Any]) -> tuple[float, float, int] | None:
-    """gilwatch's steps summed: (seconds the job's Python threads waited for the GIL, seconds they were alive and not
-    waiting for a CPU, samples), None where gilknocker (or nothing) measured the steps."""
-    wait = ready = 0.0
+def _watched(gil: dict[str, Any]) -> tuple[float, float, float, int] | None:
+    """gilwatch's steps summed: (seconds the job's Python threads waited for the GIL, seconds they waited for it or
+    ran on a CPU, seconds they were alive and not waiting for a CPU, samples), None where gilknocker (or nothing)
+    measured the steps."""
+    wait = spent = ready = 0.0
     ticks, any_step = 0, False
-    for w, r, t in zip(gil.get("gil_wait_s") or [], gil.get("gil_ready_s") or [], gil.get("gil_ticks") or []):
+    columns = [gil.get(k) or [] for k in ("gil_wait_s", "gil_run_s", "gil_ready_s", "gil_ticks")]
+    for w, r, alive, t in itertools.zip_longest(*columns):
         if _number(w) and _number(r) and _number(t):
-            wait, ready, ticks, any_step = wait + w, ready + r, ticks + int(t), True
-    return (wait, ready, ticks) if any_step else None
+            wait, spent, ready = wait + w, spent + w + r, ready + max(alive if _number(alive) else 0.0, w + r)
+            ticks, any_step = ticks + int(t), True
+    return (wait, spent, ready, ticks) if any_step else None
+
+
+def step_contention(gil: dict[str, Any]) -> list[Any]:
+    """The GIL contention of each step of a capture's ``gil.per_step`` (0-1, None where not measured): where
+    gilwatch measured the step, the time the job's Python threads waited for the GIL over that time plus their time
+    on a CPU; else the stored reading (gilknocker's probe)."""
+    stored = list(gil.get("contention") or [])
+    waits, runs = gil.get("gil_wait_s") or [], gil.get("gil_run_s") or []
+    out = []
+    for i, value in enumerate(stored):
+        w = waits[i] if i < len(waits) else None
+        r = runs[i] if i < len(runs) else None
+        if _number(w) and _number(r):
+            value = round(w / (w + r), 4) if w + r > 0 else None
+        out.append(value)
+    return out
 
 
 def _other_cores(capture: dict[str, Any]) -> float | None:
@@ -247,15 +278,17 @@ def _upper(reading: float | None, steps: list[float], samples: int) -> float | N
 
 
 def _watch_undecided(
-    reading: Any, samples: Any, threads: Any, share: Any, others: Any, upper: Any = None
+    reading: Any, samples: Any, threads: Any, share: Any, others: Any, upper: Any = None, wait_share: Any = None
 ) -> str | None:
     """Why gilwatch's ratio cannot decide: "few" (under ``WATCH_MIN_TICKS`` samples), "cpu" (two or more of the
     job's threads at work, a ratio at or below ``GIL_READABLE``, while other processes kept ``HOST_BUSY_CORES`` of
     the host busy and the threads got less than ``THREADS_STARVED_SHARE`` of the CPU time they were runnable for):
     with the host's CPU rationed, the threads wait for a CPU, not for the GIL, and take turns on what they get (4
-    threads of small torch ops: 0.36-0.44 quiet, 0.01-0.04 in their own session beside two burners in another, where
-    the kernel gives each session half of the 2 CPUs; 0.43 where the burners shared the job's session). A low
-    ratio there says nothing of a host with CPUs to spare. None when it decides."""
+    threads of small torch ops, 2026-12-05: 0.27-0.39 quiet, 0.00-0.01 in their own session beside two burners in
+    another, where the kernel gives each session half of the 2 CPUs; 0.27-0.39 where the burners shared the job's
+    session). A low ratio there says nothing of a host with CPUs to spare. "close": a ratio at or below
+    ``GIL_READABLE`` whose upper bound is above it, unless the wait took ``MIN_WAIT_SHARE`` or less of the threads'
+    time (``wait_share``: the rule passes on that). None when it decides."""
     if not _number(samples) or samples < WATCH_MIN_TICKS:
         return "few"
     if not (_number(reading) and _number(threads) and threads >= 2) or reading > GIL_READABLE:
@@ -263,6 +296,8 @@ def _watch_undecided(
     busy = _number(others) and others >= HOST_BUSY_CORES
     if busy and _number(share) and share < THREADS_STARVED_SHARE:
         return "cpu"
+    if _number(wait_share) and wait_share <= MIN_WAIT_SHARE:
+        return None
     return "close" if _number(upper) and upper > GIL_READABLE else None
 
 
@@ -366,12 +401,12 @@ def step_rows(rank: int, capture: dict[str, Any]) -> list[dict[str, Any]]:
         for i, ms in enumerate(steps.get("wall_ms") or [])
     }
     gil = (capture.get("gil") or {}).get("per_step") or {}
+    contention = step_contention(gil)
     for i, step in enumerate(gil.get("step") or []):
         row = rows.setdefault(
             int(step), {"rank": rank, "step": int(step), "step_ms": None, "profiled": int(step) in profiled}
         )
-        for key, column in (("contention", "gil_contention"), ("threads", "threads")):
-            values = gil.get(key) or []
+        for values, column in ((contention, "gil_contention"), (gil.get("threads") or [], "threads")):
             row[column] = values[i] if i < len(values) else None
     return [rows[s] for s in sorted(rows)]
 
