@@ -22,13 +22,13 @@ def pytest_configure(config):
     """Every trace the tests run writes its command mark's key (``ddpdoctor.capture.command_mark``) under a
     temporary ``XDG_CONFIG_HOME``, never into the real ``~/.config/ddpdoctor`` of whoever runs the suite."""
     import os
-    import tempfile
 
     # Tests send Ctrl-C (SIGINT) to the jobs and views they start. A suite started in the background of a
     # non-interactive shell (`bash .ci/run &`, nohup) inherits SIGINT ignored, and so would every process it starts:
     # Python keeps an ignored SIGINT ignored, and the job never sees the Ctrl-C (2026-12-04: three tests hung until
     # their timeouts that way). Its own handler is reset to the default at exec, so this restores it for them.
     import signal
+    import tempfile
 
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -113,7 +113,10 @@ class Watch:
                 fds = self.fds.get(tid)
                 if fds is None:
                     base = f"/proc/{self.pid}/task/{tid}"
-                    fds = self.fds[tid] = (os.open(f"{base}/syscall", os.O_RDONLY), os.open(f"{base}/schedstat", os.O_RDONLY))
+                    fds = self.fds[tid] = (
+                        os.open(f"{base}/syscall", os.O_RDONLY),
+                        os.open(f"{base}/schedstat", os.O_RDONLY),
+                    )
                 state = classify(os.pread(fds[0], 96, 0), self.futex, self.ranges)
                 run_ns, queue_ns = (int(v) for v in os.pread(fds[1], 64, 0).split()[:2])
             except (OSError, ValueError, IndexError):
@@ -163,9 +166,16 @@ class Watch:
         # blocked in anything else (a sleep, I/O, a lock)
         ready = sum(max(looks[tid] * dt - queued[tid], gil.get(tid, 0) * dt + ran[tid]) for tid in active)
         self.steps.append(
-            {"step": step, "wait_s": round(wait_s, 6), "run_s": round(sum(ran[tid] for tid in active), 6),
-             "ready_s": round(ready, 6), "threads": len(ran), "active": len(active), "ticks": len(mine),
-             "looks": sum(looks.get(tid, 0) for tid in active)}  # fmt: skip
+            {
+                "step": step,
+                "wait_s": round(wait_s, 6),
+                "run_s": round(sum(ran[tid] for tid in active), 6),
+                "ready_s": round(ready, 6),
+                "threads": len(ran),
+                "active": len(active),
+                "ticks": len(mine),
+                "looks": sum(looks.get(tid, 0) for tid in active),
+            }  # fmt: skip
         )
         self.base.update(last)
         self.job, self.ours = job, ours
@@ -222,6 +232,7 @@ def _command(watch: Watch, words: list[str]) -> str | None:
     elif words[0] == "off":
         _say(watch.stop())
     return None
+
 
 def _say(message: dict, code: int | None = None) -> int | None:
     sys.stdout.write(json.dumps(message) + "\n")

@@ -203,7 +203,9 @@ class HostLoad:
             window["involuntary_switches"] = end.switches[1] - start.switches[1]
         if end.threads:
             zero = (0, 0, 0)  # a thread started inside the window ran only inside it
-            deltas = [tuple(e - s for e, s in zip(v, start.threads.get(t, zero), strict=True)) for t, v in end.threads.items()]
+            deltas = [
+                tuple(e - s for e, s in zip(v, start.threads.get(t, zero), strict=True)) for t, v in end.threads.items()
+            ]
             window["run_s"] = round(sum(d[0] for d in deltas) / 1e9, 6)
             window["run_delay_s"] = round(sum(d[1] for d in deltas) / 1e9, 6)
             window["timeslices"] = sum(d[2] for d in deltas)

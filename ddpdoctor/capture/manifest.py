@@ -69,7 +69,8 @@ def _how_they_died(
     out: Path, entries: list[dict[str, Any]], ranks: dict[int, dict[str, Any]], *, nodes_of: Path | None = None
 ) -> None:
     """A rank that ended without finishing its files: its exit status as torchrun saw it (``nodes/exits<K>.json``)
-    and, when a fatal signal ended it, where its main thread was (its fatal record, ``dumps/rank<R>.fatal-<pid>.txt``)."""
+    and, when a fatal signal ended it, where its main thread was (its fatal record,
+    ``dumps/rank<R>.fatal-<pid>.txt``)."""
     from ddpdoctor.flight.frames import dist_op, user_frames
     from ddpdoctor.flight.read import read_fatal_record
     from ddpdoctor.flight.verdict import frame_text

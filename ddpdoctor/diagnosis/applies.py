@@ -1,4 +1,5 @@
-"""What a rule applies to, in one phrase: the one source for `ddpdoctor rules`, `explain` and the README's rule table."""
+"""What a rule applies to, in one phrase: the one source for `ddpdoctor rules`, `explain` and the README's rule
+table."""
 
 from __future__ import annotations
 

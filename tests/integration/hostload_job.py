@@ -64,7 +64,7 @@ if os.environ.get("NICE") and rank == 0:  # rank 0 yields to the CPU's other pro
     for tid in _threads():
         os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + int(os.environ["NICE"]))
 try:
-    for step in range(steps):
+    for _ in range(steps):
         if rank == slow_rank:
             time.sleep(slow_ms / 1000)
         if sleep_ms:

@@ -26,7 +26,20 @@ import run as harness  # noqa: E402
 def test_every_benchmark_is_listed(capsys: pytest.CaptureFixture[str]) -> None:
     assert harness.main(["--list"]) == 0
     listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
-    assert listed == ["floor", "hta", "memory", "large", "capture", "scale", "gate-memory", "flight", "dask", "gate-noise", "gil", "series"]
+    assert listed == [
+        "floor",
+        "hta",
+        "memory",
+        "large",
+        "capture",
+        "scale",
+        "gate-memory",
+        "flight",
+        "dask",
+        "gate-noise",
+        "gil",
+        "series",
+    ]
 
 
 def test_a_line_says_pass_or_miss_against_its_target() -> None:

@@ -125,7 +125,10 @@ def _window(main_run_s: float, main_run_delay_s: float, *, wall_s: float = 1.0, 
 
 
 def _captures(*windows, host="node-a"):
-    return {r: {"hostname": host, "hostload": {"source": "procfs", "reason": None, "windows": [w]}} for r, w in enumerate(windows)}
+    return {
+        r: {"hostname": host, "hostload": {"source": "procfs", "reason": None, "windows": [w]}}
+        for r, w in enumerate(windows)
+    }
 
 
 def _rows(*waits_caused):
@@ -210,15 +213,26 @@ def test_the_rules_name_a_starved_rank_starved_and_a_slow_one_slow() -> None:
     wait = _four_ranks()
     caused = wait.ranks[2]["wait_caused_ms"]
     starved = _four_ranks(
-        cpu_starved=True, late_own_ms=0.0, cpu_wait_share=0.4, cpu_wait_ms=caused * 1.1, cpu_wait_excess_ms=caused,
-        cpu_got_ratio=0.3, other_cpu_cores=1.5, host_runnable_per_cpu=3.0,
+        cpu_starved=True,
+        late_own_ms=0.0,
+        cpu_wait_share=0.4,
+        cpu_wait_ms=caused * 1.1,
+        cpu_wait_excess_ms=caused,
+        cpu_got_ratio=0.3,
+        other_cpu_cores=1.5,
+        host_runnable_per_cpu=3.0,
     )
     found = _names(starved)
     assert "rank-straggler" not in found and found["rank-starved-of-cpu"] == (2,)
     # starved too, but most of its lateness is its own (it sleeps): still the straggler, the load named
     both = _four_ranks(
-        cpu_starved=True, late_own_ms=caused * 0.4, cpu_wait_share=0.4, cpu_wait_ms=caused * 0.7,
-        cpu_wait_excess_ms=caused * 0.6, cpu_got_ratio=0.3, loop_cpu_ms=5.0,
+        cpu_starved=True,
+        late_own_ms=caused * 0.4,
+        cpu_wait_share=0.4,
+        cpu_wait_ms=caused * 0.7,
+        cpu_wait_excess_ms=caused * 0.6,
+        cpu_got_ratio=0.3,
+        loop_cpu_ms=5.0,
     )
     found = _names(both)
     assert found["rank-straggler"] == (2,) and "rank-starved-of-cpu" not in found

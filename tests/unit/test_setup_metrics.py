@@ -235,7 +235,10 @@ def test_sync_rounds_are_the_median_step_not_start_up():
 
 def test_no_capture_gives_none_for_every_metric():
     assert rank_setup_metrics(None) == dict.fromkeys(SETUP_RANK_METRICS)
-    assert setup_metrics({}) == ({}, {"data_duplication_factor": None, "steps_detected": None, "uneven_idle_summary": None})
+    assert setup_metrics({}) == (
+        {},
+        {"data_duplication_factor": None, "steps_detected": None, "uneven_idle_summary": None},
+    )
 
 
 # ------------------------------------------------------------------- CUDA (hand-made: no GPU in these runs)
