@@ -7,6 +7,7 @@ the threads run one at a time: `gil-contention` fires.
     ddpdoctor trace samples/gil_small_ops.py --threads 1     # the twin: the same work on one worker thread
     ddpdoctor trace samples/gil_small_ops.py --threads 0     # the same work on the main thread
     ddpdoctor trace samples/gil_small_ops.py --release       # 4 threads in large matmuls and sleeps: GIL released
+    ddpdoctor trace samples/gil_small_ops.py --sleepy        # 4 threads that mostly sleep: little lost to the GIL
     python samples/gil_small_ops.py --speed                  # 4 threads against the same work done serially
 """
 
@@ -27,6 +28,9 @@ def main() -> None:
     parser.add_argument("--ops", type=int, default=150, help="small torch operations per piece")
     parser.add_argument("--python", type=int, default=40, help="Python bookkeeping iterations per small op")
     parser.add_argument("--release", action="store_true", help="pieces that release the GIL (big matmul, sleep)")
+    parser.add_argument(
+        "--sleepy", action="store_true", help="pieces that mostly sleep: 20 x (sleep 1 ms, one small op)"
+    )
     parser.add_argument("--speed", action="store_true", help="print the threads' speed against serial and exit")
     args = parser.parse_args()
 
@@ -42,6 +46,14 @@ def main() -> None:
                 big @ big  # one large op: the GIL is released while it runs
             time.sleep(0.005)
             loss = (torch.ones(4, 16) @ weights[i]).square().mean()
+            loss.backward()
+            return loss.detach()
+        if args.sleepy:  # the threads wake together now and then and meet the GIL, but hardly work
+            x = torch.ones(4, 16)
+            for _ in range(20):
+                time.sleep(0.001)
+                x = torch.tanh(x @ weights[i])
+            loss = x.square().mean()
             loss.backward()
             return loss.detach()
         x, seen = torch.ones(4, 16), []

@@ -130,7 +130,7 @@ def test_threads_that_do_not_contend_read_low_however_busy_the_host(burners: int
         m = thread_metrics({"gil": {"per_step": series}}, None)
         assert m["gil_contention"] is not None, (name, series)  # decided, whatever the host does
         if name == "sleeps":  # a sample or two of GIL wait when they wake together: little of their time
-            assert m["gil_wait_share"] <= 0.05, (name, m, series)
+            assert m["gil_wait_share"] <= 0.1, (name, m, series)
         else:
             assert m["gil_contention"] < 0.1, (name, m, series)
 
