@@ -3,7 +3,7 @@
 
 On Linux gilwatch measures the job's threads from beside the rank: the share of their working time (their GIL wait
 plus their time on a CPU) that they waited for the GIL (measured here on 2026-12-05 with the sample's default work:
-0.27-0.39 for the four threads on a quiet host in 5 runs, and beside two burners in the job's session in 3; 0.00 for
+0.27-0.39 for the four threads on a quiet host in 8 runs, and beside two burners in the job's session in 3; 0.00 for
 one). So the threaded job fires on a quiet host, and beside burners fires or says the host rationed the CPUs; the
 twin never fires: one of the job's threads has work, nothing contends with it (the threads with work are counted
 from their own CPU time in ns, as a share of the busiest thread's, so a busy host cannot make the waiting main
