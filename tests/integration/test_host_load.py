@@ -83,8 +83,14 @@ def test_a_rank_starved_by_the_burners_is_named_starved_not_a_straggler(starved)
     # the burners took CPU 0 from rank 0; on a machine where other sessions' work loads CPU 1 more (a clean-clone
     # suite beside two benchmarks, 2026-12-05: rank 0 waited 1.6% of the window, rank 1 22%), rank 1 is the one
     assert max(shares.values()) >= 0.1, why
-    starved_ranks = sorted(r["rank"] for r in starved["_metrics"] if r["slow_rank"])
-    if starved_ranks:  # last at the collectives more often than chance (the usual case): named starved
+    # last at the collectives more often than chance (the usual case) and keeping the others waiting 2 ms a step or
+    # more (the rule's min_wait_ms): named starved. A clean-clone suite (2026-12-05) had rank 1 last at 8 of 8 but
+    # costing the others 1.7 ms a step (it waited 13% of the window): too little to name, the rule passed on that
+    slow = [r for r in starved["_metrics"] if r["slow_rank"]]
+    starved_ranks = sorted(r["rank"] for r in slow if (r["wait_caused_ms"] or 0) >= 2)
+    if slow and not starved_ranks:
+        assert "rank-starved-of-cpu" in starved["passed"], why
+    if starved_ranks:
         (found,) = _findings(starved, "rank-starved-of-cpu")
         assert found["ranks"] == starved_ranks and all(shares[r] >= 0.1 for r in starved_ranks), why
         assert "waited for a CPU, not on work of its own" in found["message"]
