@@ -87,6 +87,7 @@ from ddpdoctor.runfile_types import (
     ManifestRank,
     RankCapture,
     RankSummary,
+    RankSummaryLazy,
     RankSummaryWire,
     StepRecord,
 )
@@ -589,6 +590,8 @@ def _rank_paths(run_dir: Path, suffix: str) -> list[tuple[int, str, str]]:
 # has always used. msgspec is stricter than ``json`` (NaN, 1e400, lone surrogates), never laxer.
 _JSON = msgspec.json.Decoder()
 _SUMMARY = msgspec.json.Decoder(RankSummaryWire)
+_SUMMARY_LAZY = msgspec.json.Decoder(RankSummaryLazy)  # timeline and op_work as text (read_summaries' keep)
+_LAZY = ("timeline", "op_work")
 
 
 def _read_capture(path: str) -> tuple[dict[str, Any] | None, str | None]:
@@ -620,9 +623,10 @@ class _SharedGroups:
     the same text at its ``"pg_config": `` key, that text is compared (not parsed again): the file is decoded with
     ``null`` in its place and takes the decoded groups (one object shared by the ranks)."""
 
-    def __init__(self) -> None:
+    def __init__(self, decoder: msgspec.json.Decoder = _SUMMARY) -> None:
         self.text = b""
         self.value: Any = None
+        self.decoder = decoder
 
     def decode(self, data: bytes) -> tuple[RankSummaryWire, Any]:
         """The file's wire form, and its process groups decoded (``_MISSING`` when it has none to share)."""
@@ -631,10 +635,10 @@ class _SharedGroups:
             at = key + len(_PG_KEY)
             end = at + len(self.text)
             if data[at:end] == self.text:
-                wire = _SUMMARY.decode(data[:at] + b"null" + data[end:])
+                wire = self.decoder.decode(data[:at] + b"null" + data[end:])
                 if bytes((wire.distributed_info or {}).get("pg_config") or b"") == b"null":
                     return wire, self.value
-        wire = _SUMMARY.decode(data)
+        wire = self.decoder.decode(data)
         raw = (wire.distributed_info or {}).get("pg_config")
         if raw is None or len(raw) < 256:
             return wire, _MISSING
@@ -643,6 +647,7 @@ class _SharedGroups:
 
 
 _MISSING = object()
+_EMPTY_OBJECT = re.compile(rb"\{\s*\}")
 
 
 def _read_summary(path: str, shared: _SharedGroups) -> tuple[dict[str, Any] | None, str | None]:
@@ -653,6 +658,17 @@ def _read_summary(path: str, shared: _SharedGroups) -> tuple[dict[str, Any] | No
     except (OSError, msgspec.MsgspecError, ValueError, RecursionError):
         return _read_checked(Path(path), RankSummary)
     data = {name: getattr(wire, name) for name in wire.__struct_fields__}
+    if isinstance(wire, RankSummaryLazy):  # timeline and op_work as text: None, {} or left as text (load.kept)
+        for key in _LAZY:
+            text = bytes(data[key]).strip()
+            if not text:
+                del data[key]
+            elif text == b"null":
+                data[key] = None
+            elif not text.startswith(b"{"):  # not a table: the checked reader says why
+                return _read_checked(Path(path), RankSummary)
+            elif _EMPTY_OBJECT.fullmatch(text):
+                data[key] = {}
     if data.get("op_work") is msgspec.UNSET:  # a summary from before it: absent, as the checked reader reads it
         del data["op_work"]
     data["devices"] = [msgspec.structs.asdict(d) for d in wire.devices]
@@ -695,10 +711,12 @@ def read_summaries(
     """rank -> ``ranks/rank<R>.summary.json`` written by ddpdoctor ``version`` (checked against
     ``RankSummary``; an older version's numbers are recomputed from the traces, silently), and notes on the
     files left out for another reason. ``keep(data, path)``: what is kept of each checked file, called as each
-    is read (so that a run of 131,072 ranks never holds every file's lists at once)."""
+    is read (so that a run of 131,072 ranks never holds every file's lists at once). With ``keep``, each file's
+    ``timeline`` and ``op_work`` reach it undecoded where they hold a table (``msgspec.Raw``: half of a file's
+    decoding; ``None`` and ``{}`` as they are): ``keep`` leaves them on disk or decodes them."""
     out: dict[int, dict[str, Any]] = {}
     notes: list[str] = []
-    shared = _SharedGroups()
+    shared = _SharedGroups(_SUMMARY if keep is None else _SUMMARY_LAZY)
     for _, name, path in _rank_paths(run_dir, ".summary.json"):
         data, why = _read_summary(path, shared)
         if data is None:

@@ -398,6 +398,23 @@ class RankSummaryWire(RankSummary):
                 raise ValueError("text in a numeric column")
 
 
+class RankSummaryLazy(RankSummaryWire):
+    """``RankSummaryWire`` with ``timeline`` and ``op_work`` left as JSON text (``msgspec.Raw``: its syntax checked,
+    nothing decoded): what ``rundir.read_summaries`` reads where the loader keeps those two tables on disk
+    (``load.kept``), half of each file's decoding. Each is checked in full (``RankSummaryWire``) when it is read."""
+
+    timeline: msgspec.Raw = msgspec.Raw(b"null")  # type: ignore[assignment]
+    op_work: msgspec.Raw = msgspec.Raw(b"")  # type: ignore[assignment]  # b"": absent
+
+    def __post_init__(self) -> None:
+        timeline = self.timeline
+        self.timeline = None  # type: ignore[assignment]  # the checks of the other tables, not this one's
+        try:
+            RankSummaryWire.__post_init__(self)
+        finally:
+            self.timeline = timeline
+
+
 _PLAIN_TYPES = frozenset((int, float, bool, type(None)))
 _NOT_NONE = functools.partial(operator.is_not, None)
 

@@ -6,8 +6,9 @@
   float64 arrays, the values that function made of the lists.
 - ``timeline`` (read by ``metrics.timeline`` only for the few ranks a report draws, and only to test that it is
   there for the others) and ``op_work`` (read by ``metrics.hostload`` only where every rank shares one host, then
-  a few): left on disk (``OnDisk``), read again from the file when read. The file was checked whole when first
-  read; one that has changed or gone since is one clear error, never another rank's numbers.
+  a few): left on disk (``OnDisk``), read again from the file when read. They reach ``keep`` undecoded (their JSON
+  syntax checked, ``rundir.read_summaries``) and are checked in full when read; a file that has changed or gone
+  since, or whose table is not one ddpdoctor writes, is one clear error, never another rank's numbers.
 
 The other fields stay as read: the analysis reads most of them for every rank.
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from ddpdoctor import rundir
@@ -42,7 +44,10 @@ class OnDisk(Mapping[str, Any]):
             value = data.get(self._field) if data is not None else None
             if not isinstance(value, dict) or not value:
                 why = why or f"it has no {self._field} now"
-                raise TraceError(f"{shown(self._path)}: changed while it was analysed ({why}); run the command again")
+                raise TraceError(
+                    f"{shown(self._path)}: its {self._field} cannot be read ({why}): the file changed while it was"
+                    " analysed, or was not written by ddpdoctor; run the command again"
+                )
             self._value = value
         return self._value
 
@@ -63,7 +68,7 @@ def keep(data: dict[str, Any], path: str) -> dict[str, Any]:
     """What is kept of one checked summary file (module docstring)."""
     for field in ON_DISK:
         table = data.get(field)
-        if isinstance(table, dict) and table:
+        if isinstance(table, msgspec.Raw) or (isinstance(table, dict) and table):
             data[field] = OnDisk(path, field)
     exposed = data.get("exposed_comm")
     if isinstance(exposed, dict) and all(isinstance(exposed.get(k), list) for k in ("start_us", "end_us")):
