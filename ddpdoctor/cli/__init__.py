@@ -53,18 +53,32 @@ _ALL = object()
 _READERS = frozenset(("diagnose", "compare", "baseline", "gate", "view", "export"))
 
 
+# Read by numpy once, at its import (a user's own setting wins):
+_NUMPY_IMPORT_ENV = {
+    # its OpenBLAS starts a thread per core when it loads, which only spins here (no command does linear
+    # algebra): ~0.07 s of CPU at every start, and start-up time on a busy machine
+    "OPENBLAS_NUM_THREADS": "1",
+    # numpy asks the kernel for huge pages for every array of 4 MB or more (madvise). Where the kernel then
+    # compacts memory on the fault (transparent_hugepage/defrag "madvise", many distributions' default) a fresh
+    # array can stall for a fraction of a second: 1 cold diagnose in 3 of a 50 MB trace set took 0.22-0.30 s
+    # of system time against 0.05 s, and 131,072 ranks from summaries 8.9 s against 2.3 s of it
+    "NUMPY_MADVISE_HUGEPAGE": "0",
+}
+
+
 def _import_numpy_single_threaded() -> None:
-    """Import numpy with one OpenBLAS thread. Its OpenBLAS starts a thread per core when it loads, which only
-    spins here (no command does linear algebra): ~0.07 s of CPU at every start, and start-up time on a busy
-    machine. The variable is read once, at that import, and put back at once: nothing this process starts
-    later (and no other command run in this process) sees it. A user's own setting wins."""
-    saved = os.environ.get("OPENBLAS_NUM_THREADS")
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    """Import numpy with one OpenBLAS thread and without huge-page advice (``_NUMPY_IMPORT_ENV``). The variables
+    are read once, at that import, and put back at once: nothing this process starts later (and no other command
+    run in this process) sees them. A user's own setting wins."""
+    saved = {key: os.environ.get(key) for key in _NUMPY_IMPORT_ENV}
+    for key, value in _NUMPY_IMPORT_ENV.items():
+        os.environ.setdefault(key, value)
     try:
         import numpy  # noqa: F401
     finally:
-        if saved is None:
-            os.environ.pop("OPENBLAS_NUM_THREADS", None)
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
 
 
 def build_parser(only: str | None | object = _ALL) -> argparse.ArgumentParser:

@@ -36,3 +36,26 @@ def test_leave_one_out_median_with_nan_falls_back() -> None:
 def test_leave_one_out_median_of_one_value_has_none() -> None:
     with pytest.raises(statistics.StatisticsError):
         _LeaveOneOutMedian([4.0]).without(4.0)
+
+
+@pytest.mark.parametrize("user", [None, "1"])
+def test_numpy_is_imported_without_huge_page_advice_unless_the_user_asks(user: str | None) -> None:
+    """``diagnose`` imports numpy without huge-page advice (page faults that compact memory stalled large arrays
+    for a fraction of a second) and one OpenBLAS thread; the variables are put back at once, and a user's own
+    ``NUMPY_MADVISE_HUGEPAGE`` wins."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("NUMPY_MADVISE_HUGEPAGE", "OPENBLAS_NUM_THREADS")}
+    if user is not None:
+        env["NUMPY_MADVISE_HUGEPAGE"] = user
+    code = (
+        "import os, ddpdoctor.cli as c; c._import_numpy_single_threaded(); import numpy; "
+        "core = getattr(numpy, '_core', None) or numpy.core; "
+        "print(core.multiarray._get_madvise_hugepage(), os.environ.get('NUMPY_MADVISE_HUGEPAGE'), "
+        "os.environ.get('OPENBLAS_NUM_THREADS'))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == (["False", "None", "None"] if user is None else ["True", "1", "None"])
