@@ -14,7 +14,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from ddpdoctor.diagnosis.expr import _OPERATORS, Expr, ExprError, Values, compile_expr
+from ddpdoctor.diagnosis.expr import _OPERATORS, CleanColumns, Expr, ExprError, Values, compile_expr
 from ddpdoctor.diagnosis.expr import _eval as _eval_node
 from ddpdoctor.diagnosis.expr import evaluate as eval_expr
 from ddpdoctor.diagnosis.findings import (
@@ -67,7 +67,7 @@ def _rows(metrics: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         rank = row.get("rank")
         row["rank"] = int(rank) if rank is not None else i
         extra = derived.get(row["rank"])
-        rows.append({**extra, **row} if extra else row)
+        rows.append({**{k: clean_value(v) for k, v in extra.items()}, **row} if extra else row)
     return run, rows
 
 
@@ -316,7 +316,7 @@ def _timed(rule: Rule) -> bool:
 def evaluate(rules: Iterable[Rule], metrics: Any) -> Diagnosis:
     """Run every rule over ``metrics``; findings come back sorted most costly first."""
     run, rows = _rows(metrics)
-    columns: dict[str, Any] = {}
+    columns: dict[str, Any] = CleanColumns()  # _rows cleaned every value
     findings: list[Finding] = []
     not_evaluated: list[NotEvaluated] = []
     passed: list[Passed] = []
@@ -621,16 +621,32 @@ def _close(value: Any, rule: Rule, param: str | None) -> str:
 def _rank_values(values: Mapping[int, Any], decided: Sequence[int]) -> str:
     """Per-rank values as a passed line shows them: one value (and the ranks, when not all of them), each rank's
     value, or their range over many ranks."""
-    shown = {rank: _shown(v) for rank, v in values.items()}
+    # each distinct value formatted once (at 131,072 ranks most share a few values)
+    texts: dict[Any, str] = {}
+    for v in values.values():
+        key = _hashable(v)
+        if key not in texts:
+            texts[key] = _shown(v)
+    distinct = set(texts.values())
     where = "" if len(values) == len(decided) else f" on {format_ranks(values)}"
-    if len(set(shown.values())) == 1:
-        return next(iter(shown.values())) + where
+    if len(distinct) == 1:
+        return next(iter(distinct)) + where
     if len(values) <= _LISTED_RANKS:
-        return ", ".join(f"r{rank}={text}" for rank, text in shown.items())
+        return ", ".join(f"r{rank}={_shown(v)}" for rank, v in values.items())
     numbers = [v for v in values.values() if isinstance(v, (int, float)) and not isinstance(v, bool)]
     if len(numbers) == len(values):
         return f"{format_value(min(numbers))} to {format_value(max(numbers))}{where}"
-    return ", ".join(sorted(set(shown.values()))) + where
+    return ", ".join(sorted(distinct)) + where
+
+
+def _hashable(value: Any) -> Any:
+    """``value`` as a key of the formatted texts: itself, or its repr where it cannot be a key, with its type
+    (1, 1.0 and True are equal keys but are shown differently)."""
+    try:
+        hash(value)
+    except TypeError:
+        return (type(value), repr(value))
+    return (type(value), value)
 
 
 def _overrides(rule: Rule, tree: ast.expr | None = None) -> list[Override]:

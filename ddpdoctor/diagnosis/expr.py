@@ -244,8 +244,16 @@ class Values:
         if self.columns is None:
             return [clean_value(r.get(name)) for r in self.ranks]
         if name not in self.columns:
-            self.columns[name] = [clean_value(r.get(name)) for r in self.ranks]
+            if type(self.columns) is CleanColumns:  # the rows hold clean values: each as it is
+                self.columns[name] = [r.get(name) for r in self.ranks]
+            else:
+                self.columns[name] = [clean_value(r.get(name)) for r in self.ranks]
         return self.columns[name]
+
+
+class CleanColumns(dict):  # type: ignore[type-arg]
+    """A ``Values.columns`` cache for rows whose every value is ``clean_value``'d already (the engine's rows): a
+    column is each row's value as it is (131,072 ``clean_value`` calls a column fewer at 131,072 ranks)."""
 
 
 def _lift(fn: Any) -> Any:
