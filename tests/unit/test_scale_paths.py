@@ -59,3 +59,48 @@ def test_numpy_is_imported_without_huge_page_advice_unless_the_user_asks(user: s
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == (["False", "None", "None"] if user is None else ["True", "1", "None"])
+
+
+def _union_reference(starts, ends, group):
+    """Each group's union, one interval at a time (touching intervals merged, empty ones dropped)."""
+    out = []
+    for g in sorted(set(group)):
+        spans = sorted((s, e) for s, e, k in zip(starts, ends, group, strict=True) if k == g and e > s)
+        merged: list[list[float]] = []
+        for s, e in spans:
+            if merged and s <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], e)
+            else:
+                merged.append([s, e])
+        out += [(s, e, g) for s, e in merged]
+    return out
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_union_by_of_intervals_that_are_a_union_already_is_them(seed: int) -> None:
+    """``union_by`` returns intervals that are sorted, apart and non-empty as they are (a summary's
+    ``exposed_comm``: the 131,072-rank path skips its sort), and unions every other input as before."""
+    import numpy as np
+
+    from ddpdoctor.metrics.intervals import union_by
+
+    rng = random.Random(seed)
+    starts, ends, group = [], [], []
+    for g in range(rng.randint(1, 5)):
+        t = rng.uniform(0, 10)
+        for _ in range(rng.randint(0, 6)):
+            t += rng.choice([0.0, rng.uniform(0, 3)]) if seed % 3 else rng.uniform(0.1, 3)  # touching, or apart
+            length = rng.choice([0.0, rng.uniform(0, 4)]) if seed % 2 else rng.uniform(0.1, 2)
+            starts.append(t)
+            ends.append(t + length)
+            group.append(g)
+            t += length
+    if seed % 5 == 4 and starts:  # out of order
+        order = list(range(len(starts)))
+        rng.shuffle(order)
+        starts, ends, group = ([x[i] for i in order] for x in (starts, ends, group))
+    got = union_by(np.array(starts, dtype=np.float64), np.array(ends, dtype=np.float64), np.array(group))
+    assert got[0].dtype == np.float64 and got[2].dtype == np.int64
+    assert list(zip(got[0].tolist(), got[1].tolist(), got[2].tolist(), strict=True)) == _union_reference(
+        starts, ends, group
+    )
