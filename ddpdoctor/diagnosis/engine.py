@@ -641,11 +641,13 @@ def _rank_values(values: Mapping[int, Any], decided: Sequence[int]) -> str:
 
 def _hashable(value: Any) -> Any:
     """``value`` as a key of the formatted texts: itself, or its repr where it cannot be a key, with its type
-    (1, 1.0 and True are equal keys but are shown differently)."""
+    (1, 1.0 and True are equal keys but are shown differently, and so may 0.0 and -0.0)."""
     try:
         hash(value)
     except TypeError:
         return (type(value), repr(value))
+    if type(value) is float and value == 0.0:
+        return (float, repr(value))
     return (type(value), value)
 
 

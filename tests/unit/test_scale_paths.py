@@ -104,3 +104,31 @@ def test_union_by_of_intervals_that_are_a_union_already_is_them(seed: int) -> No
     assert list(zip(got[0].tolist(), got[1].tolist(), got[2].tolist(), strict=True)) == _union_reference(
         starts, ends, group
     )
+
+
+def test_a_passed_line_shows_per_rank_values_as_it_did_one_value_at_a_time() -> None:
+    """``_rank_values`` formats each distinct value once: the same text as formatting every rank's value."""
+    from ddpdoctor.diagnosis.engine import _LISTED_RANKS, _rank_values, _shown
+    from ddpdoctor.diagnosis.template import format_value
+
+    def one_at_a_time(values: dict, decided: list) -> str:  # the form it replaces
+        from ddpdoctor.diagnosis.findings import format_ranks
+
+        shown = {rank: _shown(v) for rank, v in values.items()}
+        where = "" if len(values) == len(decided) else f" on {format_ranks(values)}"
+        if len(set(shown.values())) == 1:
+            return next(iter(shown.values())) + where
+        if len(values) <= _LISTED_RANKS:
+            return ", ".join(f"r{rank}={text}" for rank, text in shown.items())
+        numbers = [v for v in values.values() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        if len(numbers) == len(values):
+            return f"{format_value(min(numbers))} to {format_value(max(numbers))}{where}"
+        return ", ".join(sorted(set(shown.values()))) + where
+
+    rng = random.Random(7)
+    pools = [[0.0, -0.0], [1, 1.0, True], [2.5, 2.5, 2.5], [None, 3.0], ["a", "b"], [0.125, 7, False, None]]
+    for pool in pools:
+        for n in (1, 2, _LISTED_RANKS, _LISTED_RANKS + 5, 300):
+            values = {r: rng.choice(pool) for r in range(n)}
+            for decided in (list(values), [*values, n + 1]):
+                assert _rank_values(values, decided) == one_at_a_time(values, decided), (pool, n)
