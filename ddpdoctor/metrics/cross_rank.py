@@ -34,6 +34,7 @@ from ddpdoctor.metrics.group_sums import (
     pairwise_group_sum,
     pandas_group_sum,
     running_max,
+    segmented_searchsorted,
 )
 from ddpdoctor.metrics.slow_ranks import slow_ranks
 from ddpdoctor.table import Codes, Table, column, distinct, group_ids, group_median, group_min, group_nunique
@@ -189,27 +190,28 @@ def _per_rank_waits(
     last = np.append(first[1:] - 1, len(s) - 1) if len(first) else first
     m_start, m_end, m_rank = s[first], reach[last], g[first]
     m_len = m_end - m_start
-    # per rank: its merged intervals in a row of a 2-D block, and the covered length before each
+    # per rank (its merged intervals one after the other, sorted by start): the covered length before each,
+    # before[j] = before[j-1] + len[j-1] one position at a time (a cumsum's order), every rank at once per position
     m_count = np.bincount(m_rank, minlength=n_ranks)
-    width = int(m_count.max()) if len(m_count) else 0
-    pos = np.arange(len(m_rank)) - np.repeat(np.cumsum(m_count) - m_count, m_count)
-    starts2 = np.full((n_ranks, max(width, 1)), np.inf)
-    lens2 = np.zeros((n_ranks, max(width, 1)))
-    before2 = np.zeros((n_ranks, max(width, 1)))
-    starts2[m_rank, pos] = m_start
-    lens2[m_rank, pos] = m_len
-    for j in range(1, width):  # before[j] = before[j-1] + len[j-1], one position at a time (a cumsum's order)
-        before2[:, j] = before2[:, j - 1] + lens2[:, j - 1]
+    m_first = np.cumsum(m_count) - m_count
+    pos = np.arange(len(m_rank)) - np.repeat(m_first, m_count)
+    before = np.zeros(len(m_rank))
+    by_pos = np.argsort(pos, kind="stable")
+    at_pos = np.cumsum(np.bincount(pos)) if len(pos) else np.zeros(1, dtype=np.int64)
+    for j in range(1, len(at_pos)):
+        k = by_pos[at_pos[j - 1] : at_pos[j]]
+        before[k] = before[k - 1] + m_len[k - 1]
 
     # each window of a rank that has rows: how much of it the rank's merged intervals cover
     wr = np.minimum(np.searchsorted(present, win_rank), max(n_ranks - 1, 0))
 
     def until(t: np.ndarray) -> np.ndarray:
-        below = (starts2[wr] <= t[:, None]).sum(axis=1)
-        below = np.where(np.isnan(t), m_count[wr], below)  # a NaN bound lies after every start, as it sorts
-        i = below - 1
-        j = np.maximum(i, 0)
-        covered = before2[wr, j] + np.minimum(np.maximum(t - starts2[wr, j], 0.0), lens2[wr, j])
+        if not len(m_start):
+            return np.zeros(len(t))
+        # the rank's intervals that start at or before t (a NaN bound lies after every start, as it sorts)
+        i = segmented_searchsorted(m_start, m_first, m_count, wr, t) - 1
+        k = np.minimum(m_first[wr] + np.maximum(i, 0), len(m_start) - 1)
+        covered = before[k] + np.minimum(np.maximum(t - m_start[k], 0.0), m_len[k])
         return np.where(i >= 0, covered, 0.0)
 
     d = until(win_hi) - until(win_lo)

@@ -132,3 +132,23 @@ def test_a_passed_line_shows_per_rank_values_as_it_did_one_value_at_a_time() -> 
             values = {r: rng.choice(pool) for r in range(n)}
             for decided in (list(values), [*values, n + 1]):
                 assert _rank_values(values, decided) == one_at_a_time(values, decided), (pool, n)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_segmented_searchsorted_is_numpy_s_per_segment(seed: int) -> None:
+    import numpy as np
+
+    from ddpdoctor.metrics.group_sums import segmented_searchsorted
+
+    rng = np.random.default_rng(seed)
+    counts = rng.integers(0, 9, size=rng.integers(1, 12))
+    parts = [
+        np.sort(rng.choice([0.0, 1.0, 2.5, 3.0, 7.0, -1.0], size=c) if seed % 2 else rng.normal(size=c)) for c in counts
+    ]
+    values = np.concatenate(parts) if parts else np.zeros(0)
+    first = np.cumsum(counts) - counts
+    segment = rng.integers(0, len(counts), size=50)
+    queries = np.where(rng.random(50) < 0.1, np.nan, rng.choice([0.0, 1.0, 2.5, 3.0, -1.0, 9.0, -5.0], size=50))
+    got = segmented_searchsorted(values, first, counts, segment, queries)
+    want = [np.searchsorted(parts[s], q, side="right") for s, q in zip(segment.tolist(), queries.tolist(), strict=True)]
+    assert got.tolist() == want
