@@ -109,12 +109,18 @@ def n_distinct(values: np.ndarray) -> int:
 
 
 def segmented_searchsorted(
-    values: np.ndarray, first: np.ndarray, counts: np.ndarray, segment: np.ndarray, queries: np.ndarray
+    values: np.ndarray,
+    first: np.ndarray,
+    counts: np.ndarray,
+    segment: np.ndarray,
+    queries: np.ndarray,
+    side: str = "right",
 ) -> np.ndarray:
-    """For each query, ``np.searchsorted(values[first[s]:first[s] + counts[s]], query, side="right")`` with ``s``
-    its ``segment``: how many of its segment's (sorted) values are <= it. All queries at once by bisection, in
-    O(queries x log of the longest segment) time and O(queries) memory; NaN queries sort after every value, as
-    numpy sorts them."""
+    """For each query, ``np.searchsorted(values[first[s]:first[s] + counts[s]], query, side)`` with ``s`` its
+    ``segment``: how many of its segment's (sorted) values are <= it ("right") or < it ("left"). All queries at
+    once by bisection, in O(queries x log of the longest segment) time and O(queries) memory; NaN queries sort
+    after every value, as numpy sorts them."""
+    below = np.less_equal if side == "right" else np.less
     first = np.asarray(first, dtype=np.int64)
     counts = np.asarray(counts, dtype=np.int64)
     lo = first[segment].copy()
@@ -128,7 +134,7 @@ def segmented_searchsorted(
                 break
             mid = (lo + hi) // 2
             # values[mid] <= query: the answer is past mid (a NaN query is past every value)
-            right = open_ & ((values[np.minimum(mid, len(values) - 1)] <= queries) | nan)
+            right = open_ & (below(values[np.minimum(mid, len(values) - 1)], queries) | nan)
             left = open_ & ~right
             lo = np.where(right, mid + 1, lo)
             hi = np.where(left, mid, hi)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ddpdoctor.metrics.group_sums import running_max
+from ddpdoctor.metrics.group_sums import running_max, segmented_searchsorted
 
 Intervals = tuple[np.ndarray, np.ndarray]
 EMPTY: Intervals = (np.zeros(0), np.zeros(0))
@@ -146,19 +146,22 @@ def _disjoint_in_order(s: np.ndarray, e: np.ndarray, g: np.ndarray) -> bool:
 
 
 def intersect_by(a: GroupedIntervals, b: GroupedIntervals) -> GroupedIntervals:
-    """a ∩ b within each group, for two outputs of ``union_by``."""
-    if len(a[0]) == 0 or len(b[0]) == 0:
+    """a ∩ b within each group, for two outputs of ``union_by`` (each group's intervals sorted and apart), sorted
+    by (group, start). Each interval of ``a`` meets the run of its group's intervals of ``b`` that end after it
+    starts and start before it ends (found by bisection, ``segmented_searchsorted``): no sort of the points."""
+    a_start, a_end, a_group = a
+    b_start, b_end, b_group = b
+    if len(a_start) == 0 or len(b_start) == 0:
         return np.zeros(0), np.zeros(0), np.zeros(0, dtype=np.int64)
-    pts = np.concatenate([a[0], a[1], b[0], b[1]])
-    grp = np.concatenate([a[2], a[2], b[2], b[2]])
-    w = np.concatenate([np.ones(len(a[0])), -np.ones(len(a[1])), np.full(len(b[0]), 2.0), np.full(len(b[1]), -2.0)])
-    order = np.lexsort((pts, grp))
-    pts, grp, w = pts[order], grp[order], w[order]
-    level = np.cumsum(w)  # each group's weights sum to 0: the level is 0 between groups
-    last_at_t = np.append((pts[1:] != pts[:-1]) | (grp[1:] != grp[:-1]), True)
-    pts, grp, level = pts[last_at_t], grp[last_at_t], level[last_at_t]
-    inside = (level[:-1] == 3) & (grp[:-1] == grp[1:])
-    return pts[:-1][inside], pts[1:][inside], grp[:-1][inside]
+    n = int(max(a_group.max(), b_group.max())) + 1
+    count = np.bincount(b_group, minlength=n)
+    first = np.cumsum(count) - count
+    lo = first[a_group] + segmented_searchsorted(b_end, first, count, a_group, a_start, "right")  # end > start
+    hi = first[a_group] + segmented_searchsorted(b_start, first, count, a_group, a_end, "left")  # start < end
+    m = np.maximum(hi - lo, 0)
+    ia = np.repeat(np.arange(len(a_start)), m)
+    ib = np.arange(int(m.sum())) - np.repeat(np.cumsum(m) - m, m) + np.repeat(lo, m)
+    return np.maximum(a_start[ia], b_start[ib]), np.minimum(a_end[ia], b_end[ib]), a_group[ia]
 
 
 def total_by(ivs: GroupedIntervals, n: int) -> np.ndarray:

@@ -152,3 +152,45 @@ def test_segmented_searchsorted_is_numpy_s_per_segment(seed: int) -> None:
     got = segmented_searchsorted(values, first, counts, segment, queries)
     want = [np.searchsorted(parts[s], q, side="right") for s, q in zip(segment.tolist(), queries.tolist(), strict=True)]
     assert got.tolist() == want
+
+
+def _intersect_by_sweep(a, b):
+    """``intervals.intersect_by`` as it was: a sweep over every boundary of both, sorted by (group, time)."""
+    import numpy as np
+
+    if len(a[0]) == 0 or len(b[0]) == 0:
+        return np.zeros(0), np.zeros(0), np.zeros(0, dtype=np.int64)
+    pts = np.concatenate([a[0], a[1], b[0], b[1]])
+    grp = np.concatenate([a[2], a[2], b[2], b[2]])
+    w = np.concatenate([np.ones(len(a[0])), -np.ones(len(a[1])), np.full(len(b[0]), 2.0), np.full(len(b[1]), -2.0)])
+    order = np.lexsort((pts, grp))
+    pts, grp, w = pts[order], grp[order], w[order]
+    level = np.cumsum(w)
+    last_at_t = np.append((pts[1:] != pts[:-1]) | (grp[1:] != grp[:-1]), True)
+    pts, grp, level = pts[last_at_t], grp[last_at_t], level[last_at_t]
+    inside = (level[:-1] == 3) & (grp[:-1] == grp[1:])
+    return pts[:-1][inside], pts[1:][inside], grp[:-1][inside]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_intersect_by_is_the_sweep_s(seed: int) -> None:
+    """``intersect_by`` finds each interval's overlaps by bisection: the same intervals, in the same order, as the
+    sweep over every boundary it replaces (whole-number times make shared and touching boundaries common)."""
+    import numpy as np
+
+    from ddpdoctor.metrics.intervals import intersect_by, total_by, union_by
+
+    rng = np.random.default_rng(seed)
+
+    def sets(n: int) -> tuple:
+        group = rng.integers(0, 6, n)
+        start = rng.integers(0, 40, n).astype(np.float64) if seed % 2 else rng.random(n) * 40
+        return union_by(start, start + rng.integers(0, 8, n), group)
+
+    a, b = sets(int(rng.integers(0, 30))), sets(int(rng.integers(0, 30)))
+    if seed % 7 == 3:  # groups only one side has
+        b = (b[0], b[1], b[2] + 10)
+    got, want = intersect_by(a, b), _intersect_by_sweep(a, b)
+    assert [x.tolist() for x in got] == [x.tolist() for x in want]
+    assert got[0].dtype == np.float64 and got[2].dtype == np.int64
+    assert np.array_equal(total_by(got, 20), total_by(want, 20))
