@@ -23,6 +23,7 @@ own. Which ranks are slow: ``ddpdoctor.metrics.slow_ranks``.
 from __future__ import annotations
 
 from itertools import chain
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -44,6 +45,7 @@ KEY = ["step", "kind", "index"]
 
 COLUMNS = ["step", "kind", "index", "start_us", "end_us", "dur_us", "bytes", "group_size", "issued_in"]
 _NUMERIC = ("start_us", "end_us", "dur_us", "bytes", "group_size")
+_EVERY_COLUMN = frozenset(COLUMNS)
 
 
 def cross_rank(
@@ -283,10 +285,13 @@ def all_collectives(summaries: list[dict[str, Any]]) -> Table:
             tables.append(c)
             counts.append(n)
             owners.append(s["rank"])
-    columns = {  # each column of every rank joined in one pass (a rank's missing column: None in each row)
-        col: list(chain.from_iterable(t.get(col) or [None] * n for t, n in zip(tables, counts, strict=True)))
-        for col in COLUMNS
-    }
+    if all(map(_EVERY_COLUMN.issubset, tables)):  # the usual summaries: every column, lists of equal length
+        columns = {col: list(chain.from_iterable(map(itemgetter(col), tables))) for col in COLUMNS}
+    else:  # each column of every rank joined in one pass (a rank's missing column: None in each row)
+        columns = {
+            col: list(chain.from_iterable(t.get(col) or [None] * n for t, n in zip(tables, counts, strict=True)))
+            for col in COLUMNS
+        }
     ranks = np.repeat(np.asarray(owners, dtype=np.int64), np.asarray(counts, dtype=np.int64))
     out: dict[str, Any] = {
         "step": column(columns["step"]),

@@ -194,3 +194,26 @@ def test_intersect_by_is_the_sweep_s(seed: int) -> None:
     assert [x.tolist() for x in got] == [x.tolist() for x in want]
     assert got[0].dtype == np.float64 and got[2].dtype == np.int64
     assert np.array_equal(total_by(got, 20), total_by(want, 20))
+
+
+def test_all_collectives_joins_every_rank_s_columns_with_or_without_all_of_them() -> None:
+    """The usual summaries (every column) are joined column by column; a rank without a column (an older summary:
+    no ``issued_in``) gives None there, and the other ranks' values are the same either way."""
+    import numpy as np
+
+    from ddpdoctor.metrics.cross_rank import COLUMNS, all_collectives
+
+    def table(rank: int, n: int) -> dict:
+        cols = {c: [float(rank * 100 + i) for i in range(n)] for c in COLUMNS}
+        cols.update(step=list(range(n)), index=[0] * n, kind=["all_reduce"] * n, issued_in=["backward"] * n)
+        return {"rank": rank, "collectives": cols}
+
+    full = [table(0, 3), table(1, 2), {"rank": 2, "collectives": {}}, table(3, 4)]
+    older = [dict(s, collectives={k: v for k, v in s["collectives"].items() if k != "issued_in"}) for s in full]
+    mixed = [full[0], older[1], full[2], full[3]]
+    a, b = all_collectives(full), all_collectives(mixed)
+    assert a["rank"].tolist() == b["rank"].tolist() == [0, 0, 0, 1, 1, 3, 3, 3, 3]
+    for col in ("start_us", "end_us", "dur_us", "bytes", "group_size", "step", "index"):
+        assert np.array_equal(a[col], b[col]), col
+    assert a["issued_in"].values().tolist() == ["backward"] * 9
+    assert b["issued_in"].values().tolist() == ["backward"] * 3 + [None] * 2 + ["backward"] * 4
