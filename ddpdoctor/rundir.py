@@ -591,7 +591,7 @@ def _rank_paths(run_dir: Path, suffix: str) -> list[tuple[int, str, str]]:
 _JSON = msgspec.json.Decoder()
 _SUMMARY = msgspec.json.Decoder(RankSummaryWire)
 _SUMMARY_LAZY = msgspec.json.Decoder(RankSummaryLazy)  # timeline and op_work as text (read_summaries' keep)
-_LAZY = ("timeline", "op_work")
+LAZY_TABLES = ("timeline", "op_work")  # RankSummaryLazy's undecoded tables, which load.kept leaves on disk
 
 
 def _read_capture(path: str) -> tuple[dict[str, Any] | None, str | None]:
@@ -659,7 +659,7 @@ def _read_summary(path: str, shared: _SharedGroups) -> tuple[dict[str, Any] | No
         return _read_checked(Path(path), RankSummary)
     data = {name: getattr(wire, name) for name in wire.__struct_fields__}
     if isinstance(wire, RankSummaryLazy):  # timeline and op_work as text: None, {} or left as text (load.kept)
-        for key in _LAZY:
+        for key in LAZY_TABLES:
             text = bytes(data[key]).strip()
             if not text:
                 del data[key]

@@ -25,7 +25,7 @@ from ddpdoctor import rundir
 from ddpdoctor.errors import TraceError
 from ddpdoctor.load.discover import shown
 
-ON_DISK = ("timeline", "op_work")
+ON_DISK = rundir.LAZY_TABLES  # the tables read_summaries leaves undecoded
 
 
 class OnDisk(Mapping[str, Any]):

@@ -123,9 +123,8 @@ def segmented_searchsorted(
     below = np.less_equal if side == "right" else np.less
     first = np.asarray(first, dtype=np.int64)
     counts = np.asarray(counts, dtype=np.int64)
-    lo = first[segment].copy()
-    hi = lo + counts[segment]
-    base = lo.copy()
+    base = first[segment]
+    lo, hi = base, base + counts[segment]  # lo and hi are replaced below, never written in place
     nan = np.isnan(queries)
     if len(values):
         while True:
