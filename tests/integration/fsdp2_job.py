@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -27,21 +28,36 @@ CURRENT = {"unit": None, "step": -1}
 RECORDS: list[dict] = []
 
 
+def _run_delay_ms() -> float:
+    """The time so far the calling thread spent runnable but kept off a CPU by the scheduler (Linux schedstat's
+    run_delay), in ms; 0 where the kernel does not keep it."""
+    try:
+        return int(Path(f"/proc/self/task/{threading.get_native_id()}/schedstat").read_text().split()[1]) / 1e6
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
 def _timed(kind: str, original):  # noqa: ANN001, ANN202
     """The collective, issued asynchronously and waited for here: ``wait_ms`` is the time the calling thread is
     blocked waiting for it to finish (what ddpdoctor calls exposed on CPU), ``ms`` the whole call (with the local
-    copies gloo's reduce-scatter makes in the calling thread)."""
+    copies gloo's reduce-scatter makes in the calling thread), ``held_ms`` how long, within ``wait_ms``, the
+    calling thread was runnable but kept off a CPU by a loaded host: woken when the collective ended, it waits for a
+    CPU. That time is in ``wait_ms`` but not in the collective's own span, which is what ddpdoctor measures. (Gloo's
+    threads' run_delay is left out: most of it falls inside the collective's span.)"""
 
     def call(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
         start = time.perf_counter()
+        delay = _run_delay_ms()
         if kwargs.get("async_op"):
             out, waited = original(*args, **kwargs), start
         else:
             work = original(*args, **{**kwargs, "async_op": True})
             waited = time.perf_counter()
+            delay = _run_delay_ms()
             work.wait()
             out = None
         end = time.perf_counter()
+        held = min(_run_delay_ms() - delay, (end - waited) * 1e3)
         RECORDS.append(
             {
                 "step": CURRENT["step"],
@@ -49,6 +65,7 @@ def _timed(kind: str, original):  # noqa: ANN001, ANN202
                 "kind": kind,
                 "ms": (end - start) * 1e3,
                 "wait_ms": (end - waited) * 1e3,
+                "held_ms": held,
             }
         )
         return out

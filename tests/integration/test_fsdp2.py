@@ -7,8 +7,10 @@
 - The per-unit exposed all-gather and reduce times agree with the job's own wall clock of the same collectives in
   the same steps (tests/integration/fsdp2_job.py: the time its training thread sat in each collective's wait; on
   CPU FSDP2 blocks in every collective, so all of it is exposed): the median difference over ranks and steps is
-  within 1 ms + 15% of the job's time, per unit and kind (the job's clock also runs while the loaded host keeps
-  its thread off a CPU after the collective ended: 0.1-0.3 ms unloaded, up to ~0.9 ms beside the burner here).
+  within 1 ms + 15% of the job's time, per unit and kind. The job's clock also runs while the loaded host keeps
+  its thread off a CPU after the collective ended (0.1-0.3 ms unloaded, up to ~0.9 ms beside the burner here, more
+  on a busy CI host): the job measures that time (its training thread's schedstat run_delay inside wait()), and
+  the lower bound leaves it out.
 
 Two traced jobs of 8 steps (a few seconds each), shared by the tests of this module.
 """
@@ -89,17 +91,18 @@ def test_per_block_units_with_prefetch_get_no_fsdp_finding_under_load(blocks_job
     assert "FSDP2 units" in text and "blocks.3" in text and "gloo has no reduce-scatter" in text
 
 
-def _per_step_pairs(out: Path) -> dict[tuple[str, str], list[tuple[float, float, float]]]:
-    """(ddpdoctor's exposed ms, the job's blocked-in-wait ms, the job's whole call ms) of each (unit, kind), one per
-    rank and analysed step: ddpdoctor's from the rank's summary of that one step (``summarize_rank(..., step_range)``),
-    the job's from its records of the job step whose job_step_<i> mark lies in that step's window."""
+def _per_step_pairs(out: Path) -> dict[tuple[str, str], list[tuple[float, float, float, float]]]:
+    """(ddpdoctor's exposed ms, the job's blocked-in-wait ms, the part of that the host kept the thread off a CPU,
+    the job's whole call ms) of each (unit, kind), one per rank and analysed step: ddpdoctor's from the rank's
+    summary of that one step (``summarize_rank(..., step_range)``), the job's from its records of the job step whose
+    job_step_<i> mark lies in that step's window."""
     from ddpdoctor.load import load
     from ddpdoctor.metrics import analyze
     from ddpdoctor.metrics.summary import summarize_rank
 
     run = load(out, workers=1)
     per_step = analyze(run).per_step.records()
-    pairs: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
+    pairs: dict[tuple[str, str], list[tuple[float, float, float, float]]] = {}
     for rt in run.ranks:
         names, starts = rt.tables.ops["name"].values(), rt.tables.ops["ts_us"]
         marks = {
@@ -119,7 +122,8 @@ def _per_step_pairs(out: Path) -> dict[tuple[str, str], list[tuple[float, float,
                 for kind, column in (("all_gather", "allgather_exposed_ms"), ("reduce", "reduce_exposed_ms")):
                     mine = [r for r in records if (r["step"], r["unit"], r["kind"]) == (job_step, unit, kind)]
                     waited, whole = sum(r["wait_ms"] for r in mine), sum(r["ms"] for r in mine)
-                    pairs.setdefault((unit, kind), []).append((table[column][i], waited, whole))
+                    held = sum(r["held_ms"] for r in mine)
+                    pairs.setdefault((unit, kind), []).append((table[column][i], waited, held, whole))
     return pairs
 
 
@@ -137,7 +141,10 @@ def test_exposed_time_per_unit_matches_the_jobs_own_clock(job: str, request: pyt
         # host both are close, on a loaded one a training thread kept off its CPU between issuing and waiting
         # (clone runs of 2026-12-03/04: ddpdoctor 14.0 ms against 8.0 ms blocked in wait()) counts in the call and
         # in the collective's run, not in the wait.
+        # The lower bound takes off the time the host kept the training thread off a CPU inside wait() (schedstat's
+        # run_delay: woken when the collective ended, it waited for a CPU), which is in the job's clock but not in
+        # the collective's span. On a quiet host it is ~0.
         median = statistics.median
-        tol = ABS_MS + REL * median([waited for _, waited, _ in values])
-        assert median([ours - waited for ours, waited, _ in values]) >= -tol, (key, values)
-        assert median([ours - whole for ours, _, whole in values]) <= tol, (key, values)
+        tol = ABS_MS + REL * median([waited for _, waited, _, _ in values])
+        assert median([ours - (waited - held) for ours, waited, held, _ in values]) >= -tol, (key, values)
+        assert median([ours - whole for ours, _, _, whole in values]) <= tol, (key, values)
