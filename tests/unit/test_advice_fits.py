@@ -67,6 +67,23 @@ def test_dataloader_bound_with_workers_on_a_cpu_run():
     assert "persistent_workers=True" in finding.recommendation
 
 
+def test_dataloader_workers_on_a_node_without_spare_cpus_are_not_told_to_add_workers():
+    """2 ranks with 2 workers each on 2 CPUs (6 processes): more workers cannot help; on 16 CPUs they can."""
+    rows = [
+        {"dataloader_ms": 40.0, "dataloader_workers": 2, "local_world_size": 2, "cpu_count": 2, "gpu_util_ratio": None}
+        for _ in range(2)
+    ]
+    finding = _diagnose(_metrics(rows), "dataloader-bound")[1]["dataloader-bound"]
+    assert "2 CPU(s) for 2 rank(s) with 2 worker(s) each: 6 processes" in finding.message, finding.message
+    assert finding.recommendation.startswith("Do not add workers"), finding.recommendation
+    assert "raise num_workers" not in finding.recommendation and "num_workers=0" in finding.recommendation
+    for row in rows:
+        row["cpu_count"] = 16
+    finding = _diagnose(_metrics(rows), "dataloader-bound")[1]["dataloader-bound"]
+    assert "processes, more than the CPUs" not in finding.message
+    assert "raise num_workers only while the rank has idle CPU cores" in finding.recommendation
+
+
 def test_dataloader_bound_without_workers_on_a_gpu_run():
     rows = [{"dataloader_ms": 40.0, "dataloader_workers": 0, "gpu_util_ratio": 0.4} for _ in range(2)]
     _, found, _ = _diagnose(_metrics(rows), "dataloader-bound")

@@ -44,3 +44,20 @@ def test_a_quiet_host_or_a_small_wait_is_not_mentioned(metrics) -> None:
         found = _findings(metrics, cpu_wait_ms=wait, exposed_ms=12.0)
         assert set(found) == set(RULES), found
         assert not any("host was busy" in m for m in found.values()), found
+
+
+def test_a_job_that_already_uses_static_graph_is_not_told_to_use_it(metrics) -> None:
+    """DDP's logging data says static_graph=True: the overlap finding says the buckets are already in order and its
+    advice leaves static_graph out; without it, the advice names it."""
+    m = copy.deepcopy(metrics)
+    for r in m.ranks:
+        r["cpu_wait_ms"], r["exposed_transfer_ms"], r["overlap_ratio"] = 0.0, 12.0, 0.1
+    rule = [r for r in load_rules() if r.name == "poor-comm-compute-overlap"]
+    plain = evaluate(rule, m).findings[0]
+    assert "use static_graph=True" in plain.recommendation and "static_graph=True here" not in plain.message
+    for r in m.ranks:
+        r["ddp_static_graph"], r["ddp_find_unused_parameters"] = 1, None
+    static = evaluate(rule, m).findings[0]
+    assert "DDP runs with static_graph=True here" in static.message, static.message
+    assert "use static_graph=True" not in static.recommendation, static.recommendation
+    assert "bucket_cap_mb" in static.recommendation
