@@ -188,3 +188,18 @@ def test_the_capture_finds_the_sampler_inside_a_batch_sampler():
     }
     assert _sampling(DataLoader(data, batch_size=8), iterable=False)["shuffle"] is False
     assert _sampling(DataLoader(data, sampler=RandomSampler(data), batch_size=4), iterable=False)["shuffle"] is True
+
+
+def test_find_unused_parameters_that_the_model_needs_is_not_advised_away():
+    """Parameters went unused (DDP's logging data): the flag is needed, so the advice never says to drop it; with
+    none unused it is pure overhead and the advice starts with dropping it."""
+    rows = [{"ddp_find_unused_parameters": 1, "ddp_unused_parameter_size_ratio": 0.005} for _ in range(2)]
+    finding = _diagnose(_metrics(rows), "find-unused-parameters-cost")[1]["find-unused-parameters-cost"]
+    assert "0.5% of the parameter bytes got no gradient, so the model needs the flag" in finding.message
+    assert "drop find_unused_parameters" not in finding.recommendation, finding.recommendation
+    assert finding.recommendation.startswith("Keep find_unused_parameters=True")
+    for row in rows:
+        row["ddp_unused_parameter_size_ratio"] = 0.0
+    finding = _diagnose(_metrics(rows), "find-unused-parameters-cost")[1]["find-unused-parameters-cost"]
+    assert "pure overhead" in finding.message and "needs the flag" not in finding.message
+    assert finding.recommendation.startswith("If every parameter gets a gradient in every step, drop")
