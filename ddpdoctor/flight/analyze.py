@@ -23,13 +23,13 @@ How it decides, per process group (the FR's ``pg_status``: last enqueued / compl
 
 from __future__ import annotations
 
-import json
-import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from ddpdoctor.flight import frames as fr
+from ddpdoctor.flight import rank_view as rv
+from ddpdoctor.flight import words
+from ddpdoctor.flight.rank_view import is_consequence
 from ddpdoctor.flight.verdict import (
     CONSEQUENCE,
     CRASHED,
@@ -44,158 +44,13 @@ from ddpdoctor.flight.verdict import (
     describe_shape,
     frame_text,
 )
-from ddpdoctor.runfile_types import FlightDump, FlightEntry, Frame
+from ddpdoctor.runfile_types import FlightDump, FlightEntry
 
-__all__ = ["DEFAULT_HANG_AFTER_S", "analyze", "is_consequence"]
+__all__ = ["DEFAULT_HANG_AFTER_S", "analyze", "is_consequence"]  # is_consequence: rank_view's, kept here
 
 # Without a hang request, a rank waiting this long in a collective that another rank never issued is a hang (the
 # default hang timeout's floor); shorter is skew.
 DEFAULT_HANG_AFTER_S = 300.0
-
-# Exceptions a rank gets because of a peer (its death, or a collective that never completed): consequences.
-_CONSEQUENCE_TYPES = ("DistBackendError", "DistNetworkError", "DistStoreError")
-_CONSEQUENCE_TEXT = re.compile(
-    r"connection closed by peer|connection reset by peer|broken pipe|remote process exited|"
-    r"connection refused|socket closed|timed out waiting|operation timed out|timeout|"
-    r"communicator was aborted|watchdog caught collective operation timeout|ncclRemoteError|"
-    r"process group .*aborted|sigterm|terminated by ddpdoctor|stopped by ddpdoctor",
-    re.IGNORECASE,
-)
-# Manifest statuses of ranks that did not crash on their own.
-_STOPPED = ("hung", "stopped", "ok", "running")
-
-
-def is_consequence(exc_type: str, message: str) -> bool:
-    """An exception a rank raises because of a peer (a dead peer's closed connection, a collective timeout)."""
-    return exc_type.rsplit(".", 1)[-1] in _CONSEQUENCE_TYPES or bool(_CONSEQUENCE_TEXT.search(message or ""))
-
-
-# --- one rank, one process group --------------------------------------------------------------------------------------
-
-
-@dataclass
-class _Group:
-    """One process group as one rank's FR saw it."""
-
-    name: str  # the key across ranks (the pg's name)
-    label: str  # what a user reads (its description, or its name)
-    backend: str
-    entries: dict[int, FlightEntry] = field(default_factory=dict)  # collective seq -> entry (no p2p)
-    last_enqueued: int = -1
-    last_completed: int = -1
-    members: tuple[int, ...] | None = None
-
-    @property
-    def pending(self) -> int | None:
-        """The oldest collective this rank issued that had not completed, or None."""
-        return self.last_completed + 1 if self.last_enqueued > self.last_completed else None
-
-
-@dataclass
-class _Rank:
-    rank: int
-    dump: FlightDump | None
-    status: Mapping[str, Any]
-    groups: dict[str, _Group] = field(default_factory=dict)
-    main_frames: list[Frame] = field(default_factory=list)  # outermost first
-    has_stack: bool = False
-
-
-def _op(name: str) -> tuple[str, str]:
-    backend, _, op = name.rpartition(":")
-    return (op or name or "?"), backend
-
-
-def _int(value: Any, default: int = -1) -> int:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return default
-
-
-def _pg_label(entry: FlightEntry) -> tuple[str, str]:
-    pg = entry.process_group
-    name = pg[0] if pg else str(entry.pg_id)
-    desc = pg[1] if len(pg) > 1 else ""
-    if desc in ("", "undefined"):
-        desc = ""
-    return name, (desc or name or "default_pg")
-
-
-def _members(config: Mapping[str, Any], name: str, label: str) -> tuple[int, ...] | None:
-    conf = config.get(name)
-    if not isinstance(conf, Mapping):
-        conf = next((c for c in config.values() if isinstance(c, Mapping) and c.get("desc") == label), None)
-    if not isinstance(conf, Mapping):
-        return None
-    ranks = conf.get("ranks")
-    if isinstance(ranks, str):
-        try:
-            ranks = json.loads(ranks)
-        except ValueError:
-            return None
-    if isinstance(ranks, list) and ranks and all(isinstance(r, int) for r in ranks):
-        return tuple(ranks)
-    return None
-
-
-def _rank_view(rank: int, dump: FlightDump | None, status: Mapping[str, Any]) -> _Rank:
-    view = _Rank(rank, dump, status)
-    if dump is None:
-        return view
-    main = next((t for t in dump.threads if t.main), None)
-    if main is None and dump.threads:
-        main = next((t for t in dump.threads if t.name == "MainThread"), None)
-    if main is not None:
-        view.main_frames = list(main.frames)
-        view.has_stack = True
-    for record in dump.flight_recorder:
-        status_by_id = record.pg_status or {}
-        for entry in record.entries:
-            if entry.is_p2p:
-                continue
-            name, label = _pg_label(entry)
-            op, backend = _op(entry.profiling_name)
-            group = view.groups.get(name)
-            if group is None:
-                group = view.groups[name] = _Group(name, label, backend or record.source)
-                st = status_by_id.get(str(entry.pg_id))
-                if isinstance(st, Mapping):
-                    group.last_enqueued = _int(st.get("last_enqueued_collective"))
-                    group.last_completed = _int(st.get("last_completed_collective"))
-                group.members = _members(record.pg_config or {}, name, label)
-            group.entries[entry.collective_seq_id] = entry
-        for group in view.groups.values():
-            if group.entries:
-                top = max(group.entries)
-                if group.last_enqueued < top:
-                    group.last_enqueued = top
-                # NCCL (and a pg_status that lacks it): completion from the entries' own states
-                if group.last_completed < 0 and not status_by_id:
-                    done = [s for s, e in group.entries.items() if e.state == "completed"]
-                    group.last_completed = max(done) if done else min(group.entries) - 1
-    return view
-
-
-def _ref(group: _Group, seq: int) -> CollectiveRef:
-    entry = group.entries.get(seq)
-    if entry is None:
-        return CollectiveRef(group.label, seq, "?", group.backend, None, None, None)
-    op, backend = _op(entry.profiling_name)
-    sizes = tuple(tuple(s) for s in entry.input_sizes) if entry.input_sizes or entry.input_dtypes else None
-    dtypes = tuple(entry.input_dtypes) if entry.input_dtypes else None
-    if sizes is None and op not in ("barrier",):
-        sizes = None
-    return CollectiveRef(
-        group.label, seq, op, backend or group.backend, sizes, dtypes, fr.innermost_user_frame(entry.frames)
-    )
-
-
-def _issued(group: _Group, seq: int) -> str:
-    entry = group.entries[seq]
-    op, _ = _op(entry.profiling_name)
-    shape = describe_shape(tuple(tuple(s) for s in entry.input_sizes), tuple(entry.input_dtypes))
-    return f"{op} {shape}".strip()
 
 
 # --- the decision ----------------------------------------------------------------------------------------------
@@ -226,10 +81,10 @@ class _Analysis:
             [d.world_size for d in dumps.values()] + [r + 1 for r in dumps] + [r + 1 for r in rank_status] + [1]
         )
         self.world = world
-        self.views = {r: _rank_view(r, dumps.get(r), rank_status.get(r) or {}) for r in range(world)}
+        self.views = {r: rv.rank_view(r, dumps.get(r), rank_status.get(r) or {}) for r in range(world)}
         for r in dumps:
             if r not in self.views:  # a rank beyond the given world size: still read
-                self.views[r] = _rank_view(r, dumps[r], rank_status.get(r) or {})
+                self.views[r] = rv.rank_view(r, dumps[r], rank_status.get(r) or {})
         self.evidence: list[str] = []
         self.notes: list[str] = []
         self.hang_after_s = DEFAULT_HANG_AFTER_S if hang_after_s is None else hang_after_s
@@ -239,110 +94,22 @@ class _Analysis:
         self.states: dict[int, RankState] = {}
         self.weak: set[int] = set()  # crashed ranks known only as "died" (no exception, no exit code)
 
-    # each rank's state ---------------------------------------------------------------------------------------------
-
-    def _exception_of(self, view: _Rank) -> tuple[str, str] | None:
-        d = view.dump
-        if d is not None and d.exception is not None:
-            return d.exception.type, d.exception.message
-        status = view.status
-        if status.get("status") in ("failed", "died") and status.get("reason"):
-            text = str(status["reason"])
-            typ, sep, msg = text.partition(": ")
-            if sep and re.fullmatch(r"[A-Za-z_][\w.]*", typ):
-                return typ, msg
-            return "", text
-        return None
-
-    def _state(self, view: _Rank) -> RankState:
-        d = view.dump
-        rank = view.rank
-        # torch's own dump: no step, phase or stacks; a fatal-signal record: stacks only
-        # a fatal-signal record: its "where" line, kept by the phase tracker to the signal (phase "unknown" without)
-        located = d is not None and d.reason == "fatal" and d.phase != "unknown"
-        foreign = d is not None and d.reason in ("torch", "fatal") and not located
-        got = d.step if d is not None and not foreign else _int(view.status.get("steps"), -1)
-        if d is not None and d.reason == "fatal" and not located:
-            got = -1  # the rank file's step count is the one it last wrote, not the step the signal came in
-        step = got if got >= 0 else None
-        phase = d.phase if d is not None and not foreign else None
-        since = (d.time - d.phase_since) if d is not None and d.phase_since else None
-        user = fr.user_frames(view.main_frames)
-        exc = self._exception_of(view)
-        exc_text = (f"{exc[0]}: {exc[1]}" if exc[0] else exc[1]).strip() if exc else None
-        if d is not None and d.exception is not None and d.exception.frames and not user:
-            user = fr.user_frames(d.exception.frames)
-        elif d is not None and d.exception is not None and d.exception.frames:
-            user = fr.user_frames(d.exception.frames) or user
-        pending = self._pending(view)
-        if exc is not None and (d is None or d.reason == "exception" or d.exception is not None):
-            state = CONSEQUENCE if is_consequence(*exc) else CRASHED
-            if state == CONSEQUENCE and pending is None:
-                pending = self._last(view)  # the collective that failed: gloo counts it completed
-            return RankState(rank, state, step, phase, None, pending, user, exc_text[:2000] if exc_text else None)
-        if d is None:
-            st = view.status.get("status")
-            exit_code = view.status.get("exit_code")
-            if st == "ok" or (st in (None, "unknown") and exit_code == 0):
-                return RankState(rank, EXITED, step, None, None, None, (), None)
-            if st == "failed" and not view.status.get("stopped_by") and not _stopped(exit_code):
-                if not isinstance(exit_code, int) or exit_code == 0:
-                    self.weak.add(rank)  # died without saying how: a cause only when nothing better is known
-                why = str(view.status.get("reason") or "") or _exit_text(exit_code)
-                return RankState(rank, CRASHED, step, None, None, None, (), why)
-            return RankState(rank, NO_DUMP, step, None, None, None, (), None)
-        if d.reason == "exit":
-            return RankState(rank, EXITED, step, phase, since, None, (), None)
-        below = fr.below_user(view.main_frames) if view.has_stack else []
-        blocked_in_torch = fr.in_torch_wait(below)
-        if pending is not None and (blocked_in_torch or not view.has_stack):
-            wait = self._waited(view, pending)
-            return RankState(rank, IN_COLLECTIVE, step, phase, wait, pending, user, None)
-        return RankState(rank, OUTSIDE, step, phase, since, pending, user, None)
-
-    def _pending(self, view: _Rank) -> CollectiveRef | None:
-        best = None
-        for group in view.groups.values():
-            seq = group.pending
-            if seq is not None:
-                ref = _ref(group, seq)
-                entry = group.entries.get(seq)
-                key = entry.time_created_ns if entry is not None else 0
-                if best is None or key < best[0]:
-                    best = (key, ref)
-        return best[1] if best else None
-
-    def _last(self, view: _Rank) -> CollectiveRef | None:
-        best = None
-        for group in view.groups.values():
-            if group.entries:
-                seq = max(group.entries)
-                key = group.entries[seq].time_created_ns
-                if best is None or key > best[0]:
-                    best = (key, _ref(group, seq))
-        return best[1] if best else None
-
-    def _waited(self, view: _Rank, ref: CollectiveRef) -> float | None:
-        d = view.dump
-        for group in view.groups.values():
-            if group.label == ref.pg:
-                entry = group.entries.get(ref.seq_id)
-                if entry is not None and entry.time_created_ns and d is not None and d.time:
-                    return max(0.0, d.time - entry.time_created_ns / 1e9)
-        return None
-
     # the verdict -----------------------------------------------------------------------------------------------------
 
     def run(self) -> HealthVerdict:
         for r, view in sorted(self.views.items()):
-            self.states[r] = self._state(view)
+            self.states[r] = rv.rank_state(view, self.weak)
         missing = [r for r, s in self.states.items() if s.state == NO_DUMP]
         if missing:
-            self.notes.append(f"no dump from {_who(missing)}: what {_it(missing)} was doing is not known")
+            self.notes.append(
+                f"no dump from {words.who(missing)}: what {words.pronoun(missing)} was doing is not known"
+            )
         no_fr = [r for r, v in self.views.items() if v.dump is not None and not v.dump.flight_recorder]
         if no_fr:
             why = next((v.dump.fr_error for v in self.views.values() if v.dump is not None and v.dump.fr_error), None)
-            self.notes.append(f"no Flight Recorder buffer in the dump of {_who(no_fr)}" + (f": {why}" if why else ""))
+            self.notes.append(
+                f"no Flight Recorder buffer in the dump of {words.who(no_fr)}" + (f": {why}" if why else "")
+            )
         if any(g.backend == "gloo" for v in self.views.values() for g in v.groups.values()):
             self.notes.append("gloo records no start/end times: waits are measured from when a collective was issued")
         if any(v.dump is not None and v.dump.reason == "torch" for v in self.views.values()):
@@ -456,7 +223,7 @@ class _Analysis:
             culprits = crashed  # died without a word while the others lost it or wait for it
         else:
             if crashed:
-                self.notes.append(f"{_who(crashed)} ended without finishing; how is not recorded")
+                self.notes.append(f"{words.who(crashed)} ended without finishing; how is not recorded")
             return None
         others = [
             r
@@ -467,38 +234,38 @@ class _Analysis:
         for r in culprits:
             s = self.states[r]
             if self.views[r].dump is None:
-                self.evidence.append(f"rank {r} ended without a dump: {_short(s.exception)} (its exit status)")
+                self.evidence.append(f"rank {r} ended without a dump: {words.short(s.exception)} (its exit status)")
             else:
-                self.evidence.append(f"rank {r} raised {_short(s.exception)}{_where(s)}{_at(s)}")
-            parts.append(f"rank {r} crashed{_at(s)}: {_short(s.exception)}{_where(s)}")
+                self.evidence.append(f"rank {r} raised {words.short(s.exception)}{words.where(s)}{words.at_step(s)}")
+            parts.append(f"rank {r} crashed{words.at_step(s)}: {words.short(s.exception)}{words.where(s)}")
         for r in others:
             s = self.states[r]
             if s.state == CONSEQUENCE:
                 self.evidence.append(
                     f"rank {r} failed because of its peer"
                     + (f" in {s.collective.describe()}" if s.collective else "")
-                    + f": {_short(s.exception)}"
+                    + f": {words.short(s.exception)}"
                 )
             elif s.state == IN_COLLECTIVE:
-                self.evidence.append(f"rank {r} waits in {_coll(s)}")
+                self.evidence.append(f"rank {r} waits in {words.collective(s)}")
             else:
                 self.evidence.append(f"rank {r} ended without finishing (stopped after the crash)")
         summary = "; ".join(parts)
         collective = next((self.states[r].collective for r in others if self.states[r].collective), None)
         if others:
-            summary += f"; {_who(others)} failed or waited as a consequence"
+            summary += f"; {words.who(others)} failed or waited as a consequence"
             if collective is not None:
                 summary += f" (in {collective.describe()})"
         return self._verdict("crash", culprits, others, collective, [], summary)
 
-    def _groups(self) -> dict[str, dict[int, _Group]]:
-        out: dict[str, dict[int, _Group]] = {}
+    def _groups(self) -> dict[str, dict[int, rv.Group]]:
+        out: dict[str, dict[int, rv.Group]] = {}
         for r, view in self.views.items():
             for name, group in view.groups.items():
                 out.setdefault(name, {})[r] = group
         return out
 
-    def _members_of(self, name: str, by_rank: Mapping[int, _Group]) -> list[int]:
+    def _members_of(self, name: str, by_rank: Mapping[int, rv.Group]) -> list[int]:
         for group in by_rank.values():
             if group.members:
                 return [r for r in group.members if r in self.views]
@@ -516,7 +283,7 @@ class _Analysis:
             common = set.intersection(*(set(g.entries) for g in have.values()))
             label = next(iter(have.values())).label
             for seq in sorted(common):
-                ops = {r: _op(g.entries[seq].profiling_name)[0] for r, g in have.items()}
+                ops = {r: rv.op_of(g.entries[seq].profiling_name)[0] for r, g in have.items()}
                 kind = None
                 if len(set(ops.values())) > 1:
                     kind = "op"
@@ -527,11 +294,11 @@ class _Analysis:
                     elif len({tuple(g.entries[seq].input_dtypes) for g in have.values()}) > 1:
                         kind = "dtype"
                 if kind is not None:
-                    found.append(Mismatch(label, seq, kind, {r: _issued(g, seq) for r, g in sorted(have.items())}))
+                    found.append(Mismatch(label, seq, kind, {r: rv.issued(g, seq) for r, g in sorted(have.items())}))
                     break
         return found
 
-    def _stalled(self, waits: list[float], ref: CollectiveRef, by_rank: Mapping[int, _Group]) -> bool:
+    def _stalled(self, waits: list[float], ref: CollectiveRef, by_rank: Mapping[int, rv.Group]) -> bool:
         """A hang request, or a wait past the hang threshold or the collective's own timeout."""
         if self.requested_hang:
             return True
@@ -576,19 +343,22 @@ class _Analysis:
             issued = [by_rank[r].last_enqueued for r in behind if r in by_rank]
             seq = min(issued) + 1 if issued else (group.pending if group.pending is not None else front)
             seq = min(max(seq, group.last_completed + 1), front)
-            candidates.append((len(known), len(waiting), name, waiting, known or behind, _ref(group, seq), by_rank))
+            candidates.append(
+                (len(known), len(waiting), name, waiting, known or behind, rv.collective_ref(group, seq), by_rank)
+            )
         if not candidates:
             return None
         candidates.sort(key=lambda c: (c[0], c[1]), reverse=True)
         _, _, _name, waiting, behind, ref, by_rank = candidates[0]
-        waits = [w for w in (self._waited(self.views[r], ref) for r in waiting) if w is not None]
+        waits = [w for w in (rv.waited_s(self.views[r], ref) for r in waiting) if w is not None]
         longest = max(waits) if waits else None
         if not self._stalled(waits, ref, by_rank):
             lag = ", ".join(
                 f"rank {r} {by_rank[r].last_enqueued}" if r in by_rank else f"rank {r} none" for r in behind
             )
             self.notes.append(
-                f"at the dump {_who(waiting)} had issued {ref.describe()} and the others had not (last issued: {lag})"
+                f"at the dump {words.who(waiting)} had issued {ref.describe()} and the others had not"
+                f" (last issued: {lag})"
                 + (f", for {longest:.1f} s" if longest is not None else "")
                 + f": ordinary skew, not a hang (a hang is a wait of {self.hang_after_s:g} s, or a hang request)"
             )
@@ -599,7 +369,7 @@ class _Analysis:
         elsewhere = [r for r, s in states.items() if s.state == IN_COLLECTIVE]
         unknown = [r for r in behind if r not in outside + exited + elsewhere]
         for r in waiting:
-            w = self._waited(self.views[r], ref)
+            w = rv.waited_s(self.views[r], ref)
             self.evidence.append(
                 f"rank {r} issued {ref.describe()}"
                 + (f" {w:.0f} s before its dump" if w is not None else "")
@@ -609,34 +379,38 @@ class _Analysis:
             last = by_rank[r].last_enqueued if r in by_rank else -1
             done = f"its last collective there was #{last}" if last >= 0 else "it issued none there"
             self.evidence.append(
-                f"rank {r} never issued {ref.op} #{ref.seq_id} ({ref.pg}): {done}; {_doing(states[r])}"
+                f"rank {r} never issued {ref.op} #{ref.seq_id} ({ref.pg}): {done}; {words.doing(states[r])}"
             )
-        self.evidence.append(f"not all ranks joining collective {ref.seq_id} ({ref.pg}): {_who(behind)} never joined")
+        self.evidence.append(
+            f"not all ranks joining collective {ref.seq_id} ({ref.pg}): {words.who(behind)} never joined"
+        )
         lead = []
         for r in outside:
             s = states[r]
             if s.frames:
                 lead.append(
-                    f"rank {r} is stuck in {_frames_short(s)}{_at(s)}, outside any collective"
+                    f"rank {r} is stuck in {words.frames_short(s)}{words.at_step(s)}, outside any collective"
                     + (f" for {s.since_s:.0f} s" if s.since_s is not None else "")
                 )
             else:
-                lead.append(f"rank {r} never joined {ref.op} #{ref.seq_id}{_at(s)} and is in no collective")
+                lead.append(f"rank {r} never joined {ref.op} #{ref.seq_id}{words.at_step(s)} and is in no collective")
         for r in exited:
             s = states[r]
-            lead.append(f"rank {r} returned from main{_after(s)} without issuing {ref.op} #{ref.seq_id}")
+            lead.append(f"rank {r} returned from main{words.after(s)} without issuing {ref.op} #{ref.seq_id}")
         for r in elsewhere:
-            lead.append(f"rank {r} waits in another collective, {_coll(states[r])}")
+            lead.append(f"rank {r} waits in another collective, {words.collective(states[r])}")
         if unknown:
-            lead.append(f"{_who(unknown)} never joined it ({', '.join(_doing(states[r]) for r in unknown)})")
+            lead.append(f"{words.who(unknown)} never joined it ({', '.join(words.doing(states[r]) for r in unknown)})")
         wait = f" for {longest:.0f} s" if longest is not None else ""
-        summary = "; ".join(lead) + f"; {_who(waiting)} {_verb(waiting, 'waits', 'wait')} in {ref.describe()}{wait}"
+        summary = (
+            "; ".join(lead) + f"; {words.who(waiting)} {words.verb(waiting, 'waits', 'wait')} in {ref.describe()}{wait}"
+        )
         if ref.frame is not None:
             summary += f", issued at {frame_text(ref.frame)}"
         found = list(mismatches)
         if exited and not outside and not elsewhere:
             kind = "desync"
-            by = {r: _issued(by_rank[r], ref.seq_id) for r in waiting if ref.seq_id in by_rank[r].entries}
+            by = {r: rv.issued(by_rank[r], ref.seq_id) for r in waiting if ref.seq_id in by_rank[r].entries}
             by.update({r: "nothing (returned from main)" for r in exited})
             found.append(Mismatch(ref.pg, ref.seq_id, "missing", dict(sorted(by.items()))))
         else:
@@ -644,7 +418,7 @@ class _Analysis:
         silent = [r for r in behind if states[r].state == NO_DUMP]
         if silent:
             self.notes.append(
-                f"{_who(silent)} left no dump: a rank blocked in native code that holds the GIL, or gone, cannot "
+                f"{words.who(silent)} left no dump: a rank blocked in native code that holds the GIL, or gone, cannot "
                 "answer; it is named because it alone is not seen in the collective"
             )
         return self._verdict(kind, behind, waiting, ref, found, summary)
@@ -659,7 +433,7 @@ class _Analysis:
         for r in sorted(m.by_rank):
             for g in self.views[r].groups.values():
                 if g.label == m.pg and m.seq_id in g.entries:
-                    ref = ref or _ref(g, m.seq_id)
+                    ref = ref or rv.collective_ref(g, m.seq_id)
                     f = fr.innermost_user_frame(g.entries[m.seq_id].frames)
                     if f is not None:
                         where[r] = f" at {frame_text(f)}"
@@ -687,17 +461,17 @@ class _Analysis:
             # lose their peer; it skipped the collectives they wait in
             collective = next((self.states[r].collective for r in consequence if self.states[r].collective), None)
             for r in exited:
-                self.evidence.append(f"rank {r} returned from main and ended{_exit_of(self.views[r].status)}")
+                self.evidence.append(f"rank {r} returned from main and ended{words.exit_of(self.views[r].status)}")
             for r in consequence:
                 c = self.states[r].collective
                 self.evidence.append(
                     f"rank {r} lost its peer"
                     + (f" in {c.describe()}" if c else "")
-                    + f": {_short(self.states[r].exception)}"
+                    + f": {words.short(self.states[r].exception)}"
                 )
             what = f"{collective.op} #{collective.seq_id}" if collective else "the collectives its peers issued"
             summary = (
-                f"{_who(exited)} returned from main without issuing {what}; {_who(consequence)} failed as a "
+                f"{words.who(exited)} returned from main without issuing {what}; {words.who(consequence)} failed as a "
                 "consequence" + (f" in {collective.describe()}" if collective else "")
             )
             # where it was issued: the FR entry's frames, else the waiting rank's own traceback (a fast dump has none)
@@ -729,17 +503,17 @@ class _Analysis:
                     self.evidence.append(
                         f"rank {r} failed because of its peer"
                         + (f" in {c.describe()}" if c else "")
-                        + f": {_short(self.states[r].exception)}"
+                        + f": {words.short(self.states[r].exception)}"
                     )
                 self.notes.append(
-                    f"{_who(silent)} left no dump and no exit status: named because every other rank lost its peer"
+                    f"{words.who(silent)} left no dump and no exit status: named because every other rank lost its peer"
                 )
                 summary = (
-                    f"{_who(silent)} died without a dump (no exception recorded); {_who(consequence)} failed as a "
-                    "consequence" + (f" in {collective.describe()}" if collective else "")
+                    f"{words.who(silent)} died without a dump (no exception recorded); {words.who(consequence)} failed"
+                    " as a consequence" + (f" in {collective.describe()}" if collective else "")
                 )
                 return self._verdict("crash", silent, consequence, collective, [], summary)
-            summary = f"{_who(consequence)} failed because of a peer, and no dump shows which peer or why"
+            summary = f"{words.who(consequence)} failed because of a peer, and no dump shows which peer or why"
             return self._verdict("undecided", [], consequence, None, [], summary)
         outside = [r for r in have if self.states[r].state == OUTSIDE]
         if self.requested_hang and not waiting and outside and all(self.states[r].frames for r in outside):
@@ -748,16 +522,17 @@ class _Analysis:
             for r in outside:
                 st = self.states[r]
                 since = f" for {st.since_s:.0f} s" if st.since_s is not None else ""
-                parts.append(f"rank {r} in {_frames_short(st)}{_at(st)}{since}")
-                self.evidence.append(f"rank {r} is in no collective: {_doing(st)}{since}")
+                parts.append(f"rank {r} in {words.frames_short(st)}{words.at_step(st)}{since}")
+                self.evidence.append(f"rank {r} is in no collective: {words.doing(st)}{since}")
             summary = "no rank is inside a collective; " + "; ".join(parts)
             return self._verdict("hang", outside, [], None, [], summary)
         if self.requested_hang:
             collective = self.states[waiting[0]].collective if waiting else None
             if waiting and len(waiting) == len(self.states):
                 summary = (
-                    f"every rank waits in {_coll(self.states[waiting[0]])}, which they all issued alike: the cause is "
-                    "not in the dumps (the network, or a process group whose collectives were not recorded)"
+                    f"every rank waits in {words.collective(self.states[waiting[0]])}, which they all issued alike:"
+                    " the cause is not in the dumps (the network, or a process group whose collectives were not"
+                    " recorded)"
                 )
             else:
                 summary = "a hang was reported, but the dumps do not show which rank holds the others up"
@@ -797,97 +572,6 @@ _SIZES_MAY_DIFFER = frozenset(
 )
 
 
-def _ranks(ranks: list[int] | tuple[int, ...]) -> str:
-    return ", ".join(str(r) for r in sorted(ranks))
-
-
-def _short(text: str | None, limit: int = 200) -> str:
-    if not text:
-        return "an error"
-    line = text.strip().splitlines()[0] if text.strip() else text
-    return line if len(line) <= limit else line[: limit - 1] + "…"
-
-
-def _frames_short(s: RankState, n: int = 2) -> str:
-    if not s.frames:
-        return "code the dump has no stack of"
-    return " ← ".join(frame_text(f) for f in s.frames[:n])
-
-
-def _where(s: RankState) -> str:
-    return f" in {_frames_short(s)}" if s.frames else ""
-
-
-def _at(s: RankState) -> str:
-    if s.step is None and not s.phase:
-        return ""
-    if s.phase and s.phase != "outside":
-        return f" at step {s.step} ({s.phase})" if s.step is not None else f" ({s.phase})"
-    return f" at step {s.step}" if s.step is not None else ""
-
-
-def _doing(s: RankState) -> str:
-    if s.state == OUTSIDE:
-        if not s.frames:
-            return "it is in no collective (no stack in its dump)"
-        return f"it is in its own code, {_frames_short(s)}{_at(s)}"
-    if s.state == EXITED:
-        return "it returned from main"
-    if s.state == IN_COLLECTIVE:
-        return f"it waits in {s.collective.describe() if s.collective else 'another collective'}"
-    if s.state in (CRASHED, CONSEQUENCE):
-        return f"it raised {_short(s.exception)}"
-    return "it left no dump"
-
-
-def _who(ranks: list[int] | tuple[int, ...]) -> str:
-    ranks = sorted(ranks)
-    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {_ranks(ranks)}"
-
-
-def _it(ranks: list[int]) -> str:
-    return "it" if len(ranks) == 1 else "they"
-
-
-def _verb(ranks: list[int], one: str, many: str) -> str:
-    return one if len(ranks) == 1 else many
-
-
-def _coll(s: RankState) -> str:
-    return s.collective.describe() if s.collective else "a collective"
-
-
-def _after(s: RankState) -> str:
-    return f" after step {s.step}" if s.step is not None else ""
-
-
-_SIGNALS = {
-    2: "SIGINT",
-    4: "SIGILL",
-    6: "SIGABRT",
-    7: "SIGBUS",
-    8: "SIGFPE",
-    9: "SIGKILL",
-    11: "SIGSEGV",
-    15: "SIGTERM",
-}
-
-
-def _stopped(exit_code: Any) -> bool:
-    """Ended by SIGTERM / SIGINT: stopped (by torchrun after a peer failed, by ddpdoctor, by the user), not crashed."""
-    return isinstance(exit_code, int) and exit_code in (-15, -2, 128 + 15, 128 + 2)
-
-
-def _exit_text(exit_code: Any) -> str:
-    if isinstance(exit_code, int) and exit_code < 0:
-        name = _SIGNALS.get(-exit_code, f"signal {-exit_code}")
-        hint = " (out of memory, or kill -9)" if exit_code == -9 else ""
-        return f"killed by {name}{hint}"
-    if isinstance(exit_code, int):
-        return f"exited with code {exit_code}"
-    return "died without finishing"
-
-
 def _numels(entry: FlightEntry) -> tuple[int, ...]:
     out = []
     for shape in entry.input_sizes:
@@ -896,8 +580,3 @@ def _numels(entry: FlightEntry) -> tuple[int, ...]:
             n *= d
         out.append(n)
     return tuple(out)
-
-
-def _exit_of(status: Mapping[str, Any]) -> str:
-    code = status.get("exit_code")
-    return f" (exit code {code})" if isinstance(code, int) else ""
