@@ -153,7 +153,7 @@ def _analyze(
     progress: Callable[[int, int, str], None] | None,
     traces_optional: bool,
 ) -> Analysis:
-    from ddpdoctor import rundir
+    from ddpdoctor import rundir, runfiles
     from ddpdoctor.diagnosis import evaluate
     from ddpdoctor.load import load
     from ddpdoctor.metrics import analyze
@@ -166,7 +166,7 @@ def _analyze(
         # events, not the run's.
         run = load(path, progress=progress, use_summaries=steps is None, summarize=True, steps=steps)
     except TraceError as exc:
-        captures, manifest, notes = rundir.read_run_files(path) if path.is_dir() else ({}, {}, [])
+        captures, manifest, notes = runfiles.read_run_files(path) if path.is_dir() else ({}, {}, [])
         # a job that failed or hung before its profiled window, or a folder of Flight Recorder dumps: no trace,
         # but a diagnosis of how it ended
         health = _health_only(path, exc, captures, manifest, notes, resolved)

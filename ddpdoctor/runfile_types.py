@@ -1,6 +1,7 @@
 """The types of the run-directory files that more than one part reads: ``ranks/rank<R>.json`` (``RankCapture``),
 ``ranks/rank<R>.summary.json`` (``RankSummary``) and ``manifest.json`` (``Manifest``). The capture writes through
-them and every reader reads through them (``ddpdoctor.rundir``, which re-exports them with the layout)."""
+them and every reader reads through them (``ddpdoctor.runfiles``; ``ddpdoctor.rundir`` re-exports them with the
+layout)."""
 
 from __future__ import annotations
 
@@ -253,7 +254,7 @@ class ThreadsRecord(msgspec.Struct, forbid_unknown_fields=False):
 class RankCapture(msgspec.Struct, forbid_unknown_fields=False):
     """``ranks/rank<R>.json``: what the capture recorded in rank R (layout in the module docstring), typed down
     to the nested values the metrics, compare and the gate read. The ``DROPPABLE`` records (GIL probe, host
-    load, profiler schedule) are optional to every reader: one that does not fit is left out alone (``rundir``),
+    load, profiler schedule) are optional to every reader: one that does not fit is left out alone (``runfiles``),
     not the file."""
 
     rank: Rank
@@ -367,7 +368,7 @@ _OpRow = Annotated[list[_WireNumber], msgspec.Meta(min_length=3, max_length=3)] 
 
 
 class RankSummaryWire(RankSummary):
-    """``RankSummary`` as ``rundir.read_summaries`` decodes a file with msgspec: numbers finite by their type (the
+    """``RankSummary`` as ``runfiles.read_summaries`` decodes a file with msgspec: numbers finite by their type (the
     check left is where text may be), and ``distributed_info``'s values left undecoded (``msgspec.Raw``), so that
     the process groups' rank lists (16,384 numbers in each rank's file of a 16,384-rank job) are decoded once for
     all the ranks that hold the same ones. A file this refuses is read as a ``RankSummary``, which says why."""
@@ -400,7 +401,7 @@ class RankSummaryWire(RankSummary):
 
 class RankSummaryLazy(RankSummaryWire):
     """``RankSummaryWire`` with ``timeline`` and ``op_work`` left as JSON text (``msgspec.Raw``: its syntax checked,
-    nothing decoded): what ``rundir.read_summaries`` reads where the loader keeps those two tables on disk
+    nothing decoded): what ``runfiles.read_summaries`` reads where the loader keeps those two tables on disk
     (``load.kept``), half of each file's decoding. Each is checked in full (``RankSummaryWire``) when it is read."""
 
     timeline: msgspec.Raw = msgspec.Raw(b"null")  # type: ignore[assignment]

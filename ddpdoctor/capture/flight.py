@@ -35,7 +35,7 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ddpdoctor import rundir
+from ddpdoctor import rundir, runfiles
 from ddpdoctor.capture.autostart import FR_VARIABLES
 from ddpdoctor.capture.phase import PHASE_WIDTH, STEP_WIDTH
 from ddpdoctor.runfile_types import FlightDump
@@ -439,8 +439,8 @@ class Dumper:
             try:
                 data = self._collect(reason, request, exception, frames)
                 path = dump_path(session.out, session.rank, dump_id)
-                plain = rundir.to_plain(data)
-                why = rundir.check(plain, FlightDump)
+                plain = runfiles.to_plain(data)
+                why = runfiles.check(plain, FlightDump)
                 rundir.atomic_write_json(path, plain)
                 if why:
                     self._warn(f"{path}: written, but it does not fit its type: {why}")

@@ -22,7 +22,7 @@ from typing import Any
 
 import msgspec
 
-from ddpdoctor import liveness, rundir
+from ddpdoctor import liveness, rundir, runfiles
 from ddpdoctor.capture.flight import dump_path, request_path
 from ddpdoctor.runfile_types import FlightDump
 
@@ -134,12 +134,12 @@ def wait_for_answers(
 
 def running_ranks(out: Path) -> dict[int, dict[str, Any]]:
     """The rank files of ranks still running (they answer requests), by rank."""
-    return {r: d for r, d in rundir.read_rank_captures(Path(out))[0].items() if d.get("status") == "running"}
+    return {r: d for r, d in runfiles.read_rank_captures(Path(out))[0].items() if d.get("status") == "running"}
 
 
 def world_ranks(out: Path) -> list[int]:
     """Every rank the run's rank files say the job has (their world size), or those present."""
-    ranks = rundir.read_rank_captures(Path(out))[0]
+    ranks = runfiles.read_rank_captures(Path(out))[0]
     size = max((int(d.get("world_size") or 1) for d in ranks.values()), default=0)
     return sorted(set(ranks) | set(range(size)))
 

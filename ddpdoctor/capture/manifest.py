@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ddpdoctor import rundir
+from ddpdoctor import rundir, runfiles
 from ddpdoctor._version import __version__
 from ddpdoctor.capture import command_mark
 from ddpdoctor.capture import groups as groups_mod
@@ -23,7 +23,7 @@ from ddpdoctor.capture import groups as groups_mod
 
 def read_rank_files(out: Path) -> dict[int, dict[str, Any]]:
     """The rank capture files (the run directory's one reader; a file that cannot be used is left out)."""
-    return rundir.read_rank_captures(out)[0]
+    return runfiles.read_rank_captures(out)[0]
 
 
 def _rank_entry(
@@ -478,7 +478,7 @@ def rebuild(out: Path) -> dict[str, Any]:
 
 
 def write(out: Path, manifest: dict[str, Any]) -> None:
-    why = rundir.write_manifest(out / rundir.MANIFEST, manifest)
+    why = runfiles.write_manifest(out / rundir.MANIFEST, manifest)
     if why:  # a bug of ddpdoctor's, caught by its tests: the manifest is written all the same
         print(f"ddpdoctor: warning: manifest.json does not fit its schema: {why}", file=sys.stderr)
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ddpdoctor import liveness, rundir
+from ddpdoctor import liveness, rundir, runfiles
 from ddpdoctor._version import __version__
 from ddpdoctor.capture import ddp as ddp_capture
 from ddpdoctor.capture import knobs as knobs_capture
@@ -163,10 +163,10 @@ def write(session: Session) -> bool:
     """Write (replace) ``ranks/rank<R>.json``; a failure is noted in the session, never raised (False)."""
     try:
         path, data = rundir.rank_file(session.out, session.rank), record(session)
-        why = rundir.write_rank_capture(path, data)
+        why = runfiles.write_rank_capture(path, data)
         if why:  # a bug of ddpdoctor's (the file is written all the same): say so in the file
             data["capture_errors"] = [*data["capture_errors"], f"rank file does not fit its schema: {why}"]
-            rundir.write_rank_capture(path, data)
+            runfiles.write_rank_capture(path, data)
     except Exception as exc:
         session.capture_errors.append(f"writing rank file failed: {type(exc).__name__}: {exc}")
         return False
@@ -198,7 +198,7 @@ def write_summary(session: Session, summary: dict[str, Any] | None) -> None:
     try:
         names = {Path(f).name.removesuffix(".gz"): f for f in session.trace_files}
         summary["files"] = [names.get(str(f).removesuffix(".gz"), f) for f in summary.get("files") or []]
-        why = rundir.write_summary(rundir.summary_file(session.out, session.rank), summary)
+        why = runfiles.write_summary(rundir.summary_file(session.out, session.rank), summary)
         if why:  # readers will leave it out and read the trace; say why in the rank file
             session.capture_errors.append(f"per-rank summary does not fit its schema: {why}")
             write(session)
@@ -209,7 +209,7 @@ def write_summary(session: Session, summary: dict[str, Any] | None) -> None:
 
 def own_files(out: Path, rank: int) -> list[Path]:
     """The files rank ``rank`` writes in run directory ``out`` (what an in-rank ``--force`` may replace): regular
-    files only, never a link or a folder of the same name (``rundir.own_entries`` refuses those first)."""
+    files only, never a link or a folder of the same name (``owned.own_entries`` refuses those first)."""
     import stat
 
     files = [rundir.rank_file(out, rank), rundir.summary_file(out, rank)]

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ddpdoctor import rundir
+from ddpdoctor import rundir, runfiles
 
 FINISH_WAIT_S = 60.0  # the end of the run waits this long, in all, for the windows still being summarised
 # At most this many removed windows are being summarised at once (each holds its trace on disk until it is done):
@@ -131,7 +131,7 @@ def summarize_window(out: Path, rank: int, first: int, last: int, link: Path) ->
         summary = summarize_rank(rank_trace, capture, (first, last))
         summary["files"] = []  # the trace is gone: a reader never looks for it
         path = rundir.window_summary_file(out, rank, first, last)
-        why = rundir.write_summary(path, summary)
+        why = runfiles.write_summary(path, summary)
         if why:
             raise ValueError(f"the window's summary does not fit its schema: {why}")
         return path

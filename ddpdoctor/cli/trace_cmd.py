@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ddpdoctor import rundir
+from ddpdoctor import owned, rundir
 from ddpdoctor.cli.trace_args import _parse_own, _print_help, split_argv
 from ddpdoctor.errors import UsageError
 
@@ -98,7 +98,7 @@ def _prepare_rank_out(out: Path, rank: int, *, force: bool) -> None:
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} exists and is not a directory")
     if out.is_dir():
-        found = rundir.own_entries(out)
+        found = owned.own_entries(out)
         if found.foreign is not None:
             raise UsageError(f"--out {out}: {found.message(out)}; choose another directory (nothing was deleted)")
         mine = rank_file.own_files(out, rank)
@@ -130,10 +130,10 @@ def _prepare_out(out: Path, *, force: bool, multi_node: bool) -> None:
         if multi_node and not finished_run:
             pass  # the other nodes of this run write here too
         elif not force:
-            what = "a ddpdoctor run" if rundir.ddpdoctor_owned(out) else "files that are not ddpdoctor's"
+            what = "a ddpdoctor run" if owned.ddpdoctor_owned(out) else "files that are not ddpdoctor's"
             raise UsageError(f"--out {out} already holds {what}; choose another directory or pass --force")
         else:  # everything decided before anything is deleted: ddpdoctor's own files and folders, or nothing
-            found = rundir.own_entries(out)
+            found = owned.own_entries(out)
             if found.foreign is not None:
                 raise UsageError(
                     f"--out {out}: {found.message(out)}; --force only replaces a ddpdoctor run (nothing was deleted)"

@@ -21,7 +21,7 @@ from ddpdoctor._version import __version__
 from ddpdoctor.compare import samples as smp
 from ddpdoctor.compare.catalog import METRICS
 from ddpdoctor.metrics.catalog import RANK, RUN, group
-from ddpdoctor.rundir import PROCESS_GONE
+from ddpdoctor.runfiles import PROCESS_GONE
 
 SCHEMA_VERSION = 1
 KIND = "ddpdoctor-baseline"
@@ -128,7 +128,7 @@ _STATUS = {
     "failed": "failed",
     "hung": "hung",
     "interrupted": "was interrupted",
-    # a rank file that still says "running" whose process is not known to be gone (rundir.read_run_files): still
+    # a rank file that still says "running" whose process is not known to be gone (runfiles.read_run_files): still
     # there, or on another host
     "running": "has not finished: its rank file still says running (a run in progress, or a rank that ended on"
     " another host without a word)",
@@ -143,7 +143,7 @@ def incomplete(captures: Sequence[Mapping[str, Any]]) -> list[str]:
     out = []
     for c in captures:
         status = c.get("status")
-        if status == "running" and c.get(PROCESS_GONE):  # rundir.read_run_files: its process is gone
+        if status == "running" and c.get(PROCESS_GONE):  # runfiles.read_run_files: its process is gone
             out.append(f"rank {c.get('rank')} died without finishing ({str(c[PROCESS_GONE])[:200]})")
             continue
         if status != "ok":

@@ -1,5 +1,5 @@
 """What ``load(path, use_summaries=True)`` keeps of each rank's summary file, as each is read
-(``rundir.read_summaries(keep=...)``): a run of 131,072 ranks must not hold every file's lists as Python objects
+(``runfiles.read_summaries(keep=...)``): a run of 131,072 ranks must not hold every file's lists as Python objects
 (about 80 kB a rank, 10 GB in all).
 
 - ``exposed_comm`` (a few hundred intervals a rank, read in full by ``metrics.cross_rank.transfer_metrics``):
@@ -7,7 +7,7 @@
 - ``timeline`` (read by ``metrics.timeline`` only for the few ranks a report draws, and only to test that it is
   there for the others) and ``op_work`` (read by ``metrics.hostload`` only where every rank shares one host, then
   a few): left on disk (``OnDisk``), read again from the file when read. They reach ``keep`` undecoded (their JSON
-  syntax checked, ``rundir.read_summaries``) and are checked in full when read; a file that has changed or gone
+  syntax checked, ``runfiles.read_summaries``) and are checked in full when read; a file that has changed or gone
   since, or whose table is not one ddpdoctor writes, is one clear error, never another rank's numbers.
 
 The other fields stay as read: the analysis reads most of them for every rank.
@@ -21,11 +21,11 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from ddpdoctor import rundir
+from ddpdoctor import runfiles
 from ddpdoctor.errors import TraceError
 from ddpdoctor.load.discover import shown
 
-ON_DISK = rundir.LAZY_TABLES  # the tables read_summaries leaves undecoded
+ON_DISK = runfiles.LAZY_TABLES  # the tables read_summaries leaves undecoded
 
 
 class OnDisk(Mapping[str, Any]):
@@ -40,7 +40,7 @@ class OnDisk(Mapping[str, Any]):
 
     def _table(self) -> dict[str, Any]:
         if self._value is None:
-            data, why = rundir.read_summary_again(self._path)
+            data, why = runfiles.read_summary_again(self._path)
             value = data.get(self._field) if data is not None else None
             if not isinstance(value, dict) or not value:
                 why = why or f"it has no {self._field} now"

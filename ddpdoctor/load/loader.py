@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ddpdoctor import ranklist, rundir
+from ddpdoctor import ranklist, rundir, runfiles
 from ddpdoctor._version import __version__
 from ddpdoctor.errors import TraceError
 from ddpdoctor.load.discover import group_by_worker, rank_from_name, shown, trace_files
@@ -62,7 +62,7 @@ def load(
     if not root.exists():
         raise TraceError(f"{shown(root)}: no such file or directory")
     run_dir = root.is_dir() and is_run_dir(root)
-    capture, manifest, file_notes = rundir.read_run_files(root) if run_dir else ({}, {}, [])
+    capture, manifest, file_notes = runfiles.read_run_files(root) if run_dir else ({}, {}, [])
 
     if use_summaries and run_dir:
         summarized, summary_notes = _summaries(root, capture)
@@ -441,7 +441,7 @@ def _summaries(root: Path, capture: dict[int, dict[str, Any]]) -> tuple[list[Ran
     and notes on summary files that could not be used."""
     from ddpdoctor.load.kept import keep
 
-    found, notes = rundir.read_summaries(root, __version__, keep)
+    found, notes = runfiles.read_summaries(root, __version__, keep)
     if not found or (capture and set(capture) - set(found)) or _trace_ranks(root) - set(found):
         return None, notes  # a rank with a capture file or a trace but no summary: the traces are read
     return _summary_ranks(found, root, lambda r: f"{rundir.RANKS_DIR}/rank{r}.summary.json"), notes

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ddpdoctor.metrics import catalog
-from ddpdoctor.rundir import PROCESS_GONE
+from ddpdoctor.runfiles import PROCESS_GONE
 
 HEALTH_METRICS = catalog.names("run", "health")
 
@@ -259,7 +259,7 @@ def _rank_records(manifest: Mapping[str, Any], captures: Mapping[int, Mapping[st
     for rank, cap in captures.items():
         recorded = cap.get("steps")
         steps: Mapping[str, Any] = recorded if isinstance(recorded, Mapping) else {}
-        gone = cap.get(PROCESS_GONE) if cap.get("status") == "running" else None  # rundir.read_run_files
+        gone = cap.get(PROCESS_GONE) if cap.get("status") == "running" else None  # runfiles.read_run_files
         out[int(rank)] = {
             "rank": int(rank),
             # a rank file still "running" whose process is gone from this host: the rank died without finishing

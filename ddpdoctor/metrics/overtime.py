@@ -536,7 +536,7 @@ def _diagnose_windows(
 def _summarized_window(path: Path, run: Any, files: Mapping[int, str]) -> Any:
     """The Run of a removed window from its ranks' summaries; None unless every rank of ``run`` has one this
     version of ddpdoctor wrote (a window seen by some ranks only says nothing of the others)."""
-    from ddpdoctor import rundir
+    from ddpdoctor import rundir, runfiles
     from ddpdoctor._version import __version__
     from ddpdoctor.load.loader import window_from_summaries
 
@@ -545,7 +545,7 @@ def _summarized_window(path: Path, run: Any, files: Mapping[int, str]) -> Any:
         name = files.get(rank)
         if name is None or "/" in name or not rundir.WINDOW_SUMMARY_RE.match(name):
             return None
-        data, _ = rundir.read_summary_again(str(path / rundir.RANKS_DIR / name))
+        data, _ = runfiles.read_summary_again(str(path / rundir.RANKS_DIR / name))
         if data is None or data.get("ddpdoctor_version") != __version__ or data.get("rank") != rank:
             return None
         summaries[rank] = data

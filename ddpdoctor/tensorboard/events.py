@@ -27,7 +27,7 @@ from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
-from ddpdoctor import escape, rundir
+from ddpdoctor import escape, owned, rundir, runfiles
 from ddpdoctor.errors import DDPDoctorError
 from ddpdoctor.metrics import catalog
 from ddpdoctor.tensorboard.report import STACK_ORDER, analyze_for_dashboard, build_report
@@ -194,7 +194,7 @@ def _own_event_files(folder: Path) -> set[str]:
     """The event files in ``folder``: regular files of that name (what ddpdoctor writes there)."""
     names = set()
     for name in os.listdir(folder):
-        if rundir.EVENT_FILE_RE.match(name):
+        if owned.EVENT_FILE_RE.match(name):
             try:
                 if stat.S_ISREG(os.lstat(folder / name).st_mode):
                     names.add(name)
@@ -207,7 +207,7 @@ def _remove_own(folder: Path, kind: str) -> None:
     """Remove ``folder`` when it holds nothing but what ddpdoctor writes there (else leave it as it is)."""
     if not os.path.lexists(folder) or os.path.islink(folder):
         return
-    found = rundir.own_entries(folder, kind, include_folder=True)
+    found = owned.own_entries(folder, kind, include_folder=True)
     if found.foreign is None:
         try:
             found.remove()
@@ -219,5 +219,5 @@ def has_events(run_dir: str | Path) -> bool:
     """Whether ``<run>/tensorboard/rank<R>/`` holds an event file for every rank with a capture file."""
     run_dir = Path(run_dir)
     out = run_dir / rundir.TENSORBOARD_DIR
-    ranks = rundir.read_rank_captures(run_dir)[0]
+    ranks = runfiles.read_rank_captures(run_dir)[0]
     return bool(ranks) and all(any((out / f"rank{r}").glob("events.out.tfevents.*")) for r in ranks)

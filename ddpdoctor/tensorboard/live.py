@@ -27,7 +27,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from ddpdoctor import rundir
+from ddpdoctor import owned, rundir
 
 SUFFIX = ".series"
 _SERIES = re.compile(r"rank(\d+)\.series\.jsonl")
@@ -120,7 +120,7 @@ class SeriesEvents:
             raise OSError(f"{folder} is a symbolic link")
         folder.mkdir(parents=True, exist_ok=True)
         for name in os.listdir(folder):  # an earlier view's series events: written again from the start
-            if rundir.EVENT_FILE_RE.match(name) and name.endswith(SUFFIX):
+            if owned.EVENT_FILE_RE.match(name) and name.endswith(SUFFIX):
                 with contextlib.suppress(OSError):
                     if stat.S_ISREG(os.lstat(folder / name).st_mode):
                         os.unlink(folder / name)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ddpdoctor import rundir
+from ddpdoctor import rundir, runfiles
 from ddpdoctor.trial.plan import RunCommand, setting_label
 
 
@@ -88,7 +88,7 @@ def _stop(proc: subprocess.Popen) -> None:
 def _failure(trial: TrialRun, timed_out: bool, timeout_s: float) -> str | None:
     manifest: dict[str, Any] = {}
     if (trial.out / rundir.MANIFEST).is_file():
-        manifest, _ = rundir.read_manifest(trial.out)
+        manifest, _ = runfiles.read_manifest(trial.out)
     trial.knobs = dict(manifest.get("knobs") or {})
     if timed_out:
         return f"did not finish within {timeout_s:.0f} s (stopped; see {trial.log})"

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ddpdoctor import escape, knobs, rundir
+from ddpdoctor import escape, knobs, rundir, runfiles
 from ddpdoctor.errors import UsageError
 
 # Options of `trace` a trial sets itself (with whether they take a value); the user's are dropped.
@@ -70,7 +70,7 @@ def read_run(path: str) -> RunCommand:
     run = Path(path)
     if not run.is_dir() or not rundir.is_run_dir(run):
         raise UsageError(f"{path}: not a ddpdoctor run directory (no manifest.json); trace one with `ddpdoctor trace`")
-    manifest, notes = rundir.read_manifest(run)
+    manifest, notes = runfiles.read_manifest(run)
     if not manifest:
         raise UsageError(f"{path}: {notes[0] if notes else 'no manifest.json'}: cannot tell which command to run")
     where = run / rundir.MANIFEST

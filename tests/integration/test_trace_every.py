@@ -161,7 +161,7 @@ def test_a_window_read_from_its_summaries_is_the_window_read_from_its_trace(half
     import os
     import shutil
 
-    from ddpdoctor import rundir
+    from ddpdoctor import rundir, runfiles
     from ddpdoctor.capture.window_summary import summarize_window
     from ddpdoctor.diagnosis import evaluate, load_rules
     from ddpdoctor.load import load
@@ -179,7 +179,7 @@ def test_a_window_read_from_its_summaries_is_the_window_read_from_its_trace(half
         os.link(out / last, link)
         path = summarize_window(out, rank, 63, 70, link)
         assert not link.exists()
-        summaries[rank], why = rundir.read_summary_again(str(path))
+        summaries[rank], why = runfiles.read_summary_again(str(path))
         assert why is None, why
     summarized = analyze(window_from_summaries(run, summaries))
     rules = load_rules()

@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 from rich.console import Console
 
-from ddpdoctor import rundir
+from ddpdoctor import rundir, runfiles
 from ddpdoctor._version import __version__
 from ddpdoctor.metrics import cross_rank as cr
 from ddpdoctor.metrics import group_sums as gs
@@ -76,8 +76,8 @@ def test_help_lists_every_command_as_before(capsys) -> None:
 # --- the summary reader ---------------------------------------------------------------------------------------
 def _slow(run: Path) -> dict[int, dict]:
     out = {}
-    for _, path in rundir._rank_files(run, ".summary.json"):
-        data, _ = rundir._read_checked(path, rundir.RankSummary)
+    for _, path in runfiles._rank_files(run, ".summary.json"):
+        data, _ = runfiles._read_checked(path, rundir.RankSummary)
         if data is not None:
             out[data["rank"]] = data
     return out
@@ -100,7 +100,7 @@ def _world(tmp_path: Path, n: int) -> Path:
 
 def test_summaries_read_fast_are_the_checked_ones(tmp_path: Path) -> None:
     for run in (SAMPLE, _world(tmp_path, 40)):
-        fast, notes = rundir.read_summaries(run, __version__)
+        fast, notes = runfiles.read_summaries(run, __version__)
         assert notes == [] and fast == _slow(run)
 
 
@@ -115,7 +115,7 @@ def test_the_shared_process_groups_are_decoded_once_and_compared_exactly(tmp_pat
         data = json.loads(path.read_text())
         edit(data)
         path.write_text(json.dumps(data))
-    fast, _ = rundir.read_summaries(run, __version__)
+    fast, _ = runfiles.read_summaries(run, __version__)
     assert fast == _slow(run)
     groups = [fast[r]["distributed_info"]["pg_config"] for r in (4, 5, 6)]
     assert groups[0] is groups[1] is groups[2]  # one object for the ranks that share the text
@@ -136,10 +136,10 @@ def test_a_file_the_fast_reader_refuses_gets_the_checked_reader_s_verdict(tmp_pa
     run = _world(tmp_path, 4)
     path = run / "ranks" / "rank2.summary.json"
     path.write_text(path.read_text().replace(*bad, 1))
-    fast, notes = rundir.read_summaries(run, __version__)
+    fast, notes = runfiles.read_summaries(run, __version__)
     slow = _slow(run)
     assert fast == slow
-    _, why = rundir._read_checked(path, rundir.RankSummary)
+    _, why = runfiles._read_checked(path, rundir.RankSummary)
     assert (why is None) == (2 in fast)
     assert notes == (
         [] if why is None else [f"ranks/rank2.summary.json: skipped: {why}; the rank's trace is read instead"]
@@ -147,10 +147,10 @@ def test_a_file_the_fast_reader_refuses_gets_the_checked_reader_s_verdict(tmp_pa
 
 
 def test_captures_read_fast_are_the_checked_ones() -> None:
-    fast, notes = rundir.read_rank_captures(SAMPLE)
+    fast, notes = runfiles.read_rank_captures(SAMPLE)
     slow = {}
-    for _, path in rundir._rank_files(SAMPLE, ".json"):
-        data, _ = rundir._read_checked(path, rundir.RankCapture)
+    for _, path in runfiles._rank_files(SAMPLE, ".json"):
+        data, _ = runfiles._read_checked(path, rundir.RankCapture)
         slow[data["rank"]] = data
     assert notes == [] and fast == slow
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ddpdoctor import rundir
+from ddpdoctor import owned
 from ddpdoctor.cli.trace_cmd import _prepare_out
 from ddpdoctor.errors import UsageError
 
@@ -40,4 +40,4 @@ def test_force_refuses_when_a_subfolder_holds_a_foreign_file(tmp_path, foreign):
         _prepare_out(out, force=True, multi_node=False)
     assert (out / foreign).read_text() == "the user's"
     assert (out / "manifest.json").exists() and (out / "ranks" / "rank0.json").exists()  # nothing deleted
-    assert out / foreign.split("/")[0] not in rundir.ddpdoctor_owned(out)
+    assert out / foreign.split("/")[0] not in owned.ddpdoctor_owned(out)

@@ -9,7 +9,7 @@ import socket
 
 import pytest
 
-from ddpdoctor import rundir
+from ddpdoctor import rundir, runfiles
 from ddpdoctor.capture import manifest
 from ddpdoctor.cli.trace_cmd import _prepare_out
 from ddpdoctor.errors import UsageError
@@ -48,7 +48,7 @@ def test_force_refuses_when_a_group_folder_holds_a_foreign_file(tmp_path, foreig
 def _rank(folder, rank, *, steps, ddp, pid, world_size=2, status="ok"):
     trace = f"rank{rank}.{1795974917000 + pid}.pt.trace.json.gz"
     (folder / trace).write_bytes(b"")
-    rundir.write_rank_capture(
+    runfiles.write_rank_capture(
         rundir.rank_file(folder, rank),
         {
             "rank": rank,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ddpdoctor import liveness, rundir
+from ddpdoctor import liveness, runfiles
 from ddpdoctor.compare.inputs import read_input
 from ddpdoctor.pipeline import analyze_run
 
@@ -45,14 +45,14 @@ def _run(tmp_path: Path, rank1: dict, manifest: bool = False) -> Path:
 def test_a_rank_whose_process_is_gone_died_without_finishing(tmp_path):
     pid = _dead_pid()
     run = _run(tmp_path, {"pid": pid})
-    captures, _, notes = rundir.read_run_files(run)
+    captures, _, notes = runfiles.read_run_files(run)
     assert captures[1]["status"] == "running", captures[1]  # as written: the capture side reads it so too
-    assert captures[1][rundir.PROCESS_GONE] == (
+    assert captures[1][runfiles.PROCESS_GONE] == (
         f"no process {pid} on {socket.gethostname()} any more (killed, or ended by a fatal signal)"
     )
-    assert captures[0]["status"] == "ok" and rundir.PROCESS_GONE not in captures[0]
+    assert captures[0]["status"] == "ok" and runfiles.PROCESS_GONE not in captures[0]
     # the capture side (the launcher's manifest, the hang watchdog) reads the file as it is
-    assert rundir.PROCESS_GONE not in rundir.read_rank_captures(run)[0][1]
+    assert runfiles.PROCESS_GONE not in runfiles.read_rank_captures(run)[0][1]
     # the file itself is left as it was: the verdict is the reader's, not a rewrite of the user's data
     assert json.loads((run / "ranks" / "rank1.json").read_text())["status"] == "running"
 
@@ -71,8 +71,8 @@ def test_diagnose_leads_with_the_dead_rank_and_gate_says_it_died(tmp_path):
 
 def test_a_rank_still_running_here_is_a_run_in_progress(tmp_path):
     run = _run(tmp_path, {"pid": os.getpid()})  # this process: alive, and started before the file was written
-    captures, _, _ = rundir.read_run_files(run)
-    assert captures[1]["status"] == "running" and rundir.PROCESS_GONE not in captures[1]
+    captures, _, _ = runfiles.read_run_files(run)
+    assert captures[1]["status"] == "running" and runfiles.PROCESS_GONE not in captures[1]
     analysis = analyze_run(run)
     assert not [f for f in analysis.diagnosis.findings if str(f.severity) == "error"]
     assert any("still running" in n for n in analysis.metrics.run["health"]["notes"])
@@ -90,8 +90,8 @@ def test_a_pid_now_held_by_a_later_process_is_not_the_rank(tmp_path):
 
 def test_another_hosts_rank_cannot_be_told_and_stays_running(tmp_path):
     run = _run(tmp_path, {"pid": _dead_pid(), "hostname": socket.gethostname() + "-elsewhere"})
-    captures, _, _ = rundir.read_run_files(run)
-    assert captures[1]["status"] == "running" and rundir.PROCESS_GONE not in captures[1]
+    captures, _, _ = runfiles.read_run_files(run)
+    assert captures[1]["status"] == "running" and runfiles.PROCESS_GONE not in captures[1]
     assert liveness.rank_process_gone(captures[1]) is None
 
 
@@ -99,7 +99,6 @@ def test_a_rank_in_another_pid_namespace_cannot_be_told(tmp_path):
     """A container with the host's network (and so its host name) has pids of its own: a pid missing here says
     nothing of it. The rank file names its pid namespace; another one than the reader's stays "running"."""
     run = _run(tmp_path, {"pid": _dead_pid(), "pid_ns": "pid:[1]"})
-    assert rundir.PROCESS_GONE not in rundir.read_run_files(run)[0][1]
+    assert runfiles.PROCESS_GONE not in runfiles.read_run_files(run)[0][1]
     same = _run(tmp_path / "same", {"pid": _dead_pid(), "pid_ns": liveness.pid_namespace()})
-    assert rundir.PROCESS_GONE in rundir.read_run_files(same)[0][1]
-
+    assert runfiles.PROCESS_GONE in runfiles.read_run_files(same)[0][1]

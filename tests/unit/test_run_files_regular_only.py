@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ddpdoctor import rundir
+from ddpdoctor import rundir, runfiles
 
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "ddp_gloo_2rank"
 pytestmark = pytest.mark.skipif(not FIXTURE.is_dir(), reason="recorded fixture ddp_gloo_2rank is missing")
@@ -78,7 +78,7 @@ def test_a_rank_file_over_the_bound_is_left_out_unread(run_dir):
     path = run_dir / "ranks" / "rank0.json"
     with open(path, "r+b") as f:
         f.truncate(rundir.RUN_FILE_MAX_BYTES + 1)  # sparse: no disk used
-    captures, notes = rundir.read_rank_captures(run_dir)
+    captures, notes = runfiles.read_rank_captures(run_dir)
     assert list(captures) == [1]
     assert any("rank0.json" in n and "larger than" in n for n in notes), notes
 

@@ -221,11 +221,11 @@ def test_collector_exposes_the_latest_row_with_rank_node_job_labels(tmp_path):
 
 
 def test_series_file_is_in_the_run_layout(tmp_path):
-    from ddpdoctor import rundir
+    from ddpdoctor import owned
 
     (tmp_path / "ranks").mkdir()
     (tmp_path / "ranks" / "rank0.series.jsonl").write_text("")
-    found = rundir.own_entries(tmp_path)
+    found = owned.own_entries(tmp_path)
     assert found.foreign is None
 
 

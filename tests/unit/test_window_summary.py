@@ -11,7 +11,7 @@ from pathlib import Path
 
 from helpers import SAMPLES
 
-from ddpdoctor import rundir
+from ddpdoctor import owned, runfiles
 from ddpdoctor.capture import window_summary
 from ddpdoctor.capture.rank_file import own_files
 from ddpdoctor.metrics.overtime import kept_windows, summarized_windows
@@ -48,11 +48,11 @@ def test_a_removed_window_is_summarised_from_its_link_and_the_link_is_gone(tmp_p
     assert window_summary.reap([pending], wait_s=120) == []
     assert "summary_error" not in entry, entry
     assert not pending.link.exists()
-    data, why = rundir.read_summary_again(str(out / "ranks" / entry["summary"]))
+    data, why = runfiles.read_summary_again(str(out / "ranks" / entry["summary"]))
     assert why is None and data["rank"] == 0 and data["files"] == []
     assert data["metrics"]["steps_analyzed"] >= 1
     # the run layout that --force walks holds the summary (and would hold the link while it lasted)
-    assert rundir.own_entries(out).foreign is None
+    assert owned.own_entries(out).foreign is None
     assert out / "ranks" / entry["summary"] in own_files(out, 0)
 
 
