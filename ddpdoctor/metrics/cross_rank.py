@@ -34,6 +34,7 @@ from ddpdoctor.metrics.group_sums import (
     n_distinct,
     pairwise_group_sum,
     pandas_group_sum,
+    positions_within,
     running_max,
     segmented_searchsorted,
 )
@@ -196,7 +197,7 @@ def _per_rank_waits(
     # before[j] = before[j-1] + len[j-1] one position at a time (a cumsum's order), every rank at once per position
     m_count = np.bincount(m_rank, minlength=n_ranks)
     m_first = np.cumsum(m_count) - m_count
-    pos = np.arange(len(m_rank)) - np.repeat(m_first, m_count)
+    pos = positions_within(m_count)
     before = np.zeros(len(m_rank))
     by_pos = np.argsort(pos, kind="stable")
     at_pos = np.cumsum(np.bincount(pos)) if len(pos) else np.zeros(1, dtype=np.int64)

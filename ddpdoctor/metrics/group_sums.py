@@ -36,6 +36,12 @@ class Segments:
         return out
 
 
+def positions_within(counts: np.ndarray) -> np.ndarray:
+    """For rows that come in consecutive runs of ``counts`` rows: each row's position within its run (0, 1, ...)."""
+    counts = np.asarray(counts, dtype=np.int64)
+    return np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+
+
 def pandas_group_sum(values: np.ndarray, ids: np.ndarray, n: int, *, sort: bool = True) -> np.ndarray:
     """Per group: the sum of the values (NaN skipped), added as pandas' ``groupby(..., sort=sort).sum()`` adds
     them, to the last bit: ``np.add.reduceat`` over the groups when the rows come group after group (in the
@@ -74,7 +80,7 @@ def kahan_group_sum(values: np.ndarray, ids: np.ndarray, n: int) -> np.ndarray:
     order = np.argsort(g, kind="stable")
     g, v = g[order], v[order]
     starts = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
-    pos = np.arange(len(g)) - np.repeat(starts, np.diff(np.r_[starts, len(g)]))
+    pos = positions_within(np.diff(np.r_[starts, len(g)]))
     by_pos = np.argsort(pos, kind="stable")
     cuts = np.searchsorted(pos[by_pos], np.arange(int(pos.max()) + 2))
     for j in range(len(cuts) - 1):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ddpdoctor.metrics.group_sums import running_max, segmented_searchsorted
+from ddpdoctor.metrics.group_sums import positions_within, running_max, segmented_searchsorted
 
 Intervals = tuple[np.ndarray, np.ndarray]
 EMPTY: Intervals = (np.zeros(0), np.zeros(0))
@@ -160,7 +160,7 @@ def intersect_by(a: GroupedIntervals, b: GroupedIntervals) -> GroupedIntervals:
     hi = first[a_group] + segmented_searchsorted(b_start, first, count, a_group, a_end, "left")  # start < end
     m = np.maximum(hi - lo, 0)
     ia = np.repeat(np.arange(len(a_start)), m)
-    ib = np.arange(int(m.sum())) - np.repeat(np.cumsum(m) - m, m) + np.repeat(lo, m)
+    ib = positions_within(m) + np.repeat(lo, m)
     return np.maximum(a_start[ia], b_start[ib]), np.minimum(a_end[ia], b_end[ib]), a_group[ia]
 
 

@@ -36,6 +36,7 @@ from ddpdoctor.metrics.comm import collective_calls, collectives, exposed_set, i
 from ddpdoctor.metrics.compile import compile_rank
 from ddpdoctor.metrics.dp import dp_intervals, dp_per_step, dp_rank_metrics
 from ddpdoctor.metrics.fsdp import fsdp_rank
+from ddpdoctor.metrics.group_sums import positions_within
 from ddpdoctor.metrics.memory import device_rows, memory_metrics, own_device
 from ddpdoctor.metrics.parallelism import parallelism_evidence
 from ddpdoctor.metrics.same_work import op_work
@@ -154,7 +155,7 @@ def _inner_join(left: Table, right: Table) -> Table:
     start = np.searchsorted(r_sorted, lk, side="left")
     count = np.searchsorted(r_sorted, lk, side="right") - start
     left_rows = np.repeat(np.arange(n), count)
-    offsets = np.arange(len(left_rows)) - np.repeat(np.cumsum(count) - count, count)
+    offsets = positions_within(count)
     right_rows = r_order[np.repeat(start, count) + offsets]
     out = left[left_rows]
     for name in right.columns:

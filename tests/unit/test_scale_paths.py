@@ -217,3 +217,14 @@ def test_all_collectives_joins_every_rank_s_columns_with_or_without_all_of_them(
         assert np.array_equal(a[col], b[col]), col
     assert a["issued_in"].values().tolist() == ["backward"] * 9
     assert b["issued_in"].values().tolist() == ["backward"] * 3 + [None] * 2 + ["backward"] * 4
+
+
+def test_positions_within_counts_each_run_from_zero():
+    import numpy as np
+
+    from ddpdoctor.metrics.group_sums import positions_within
+
+    assert positions_within(np.array([2, 0, 3, 1])).tolist() == [0, 1, 0, 1, 2, 0]
+    assert positions_within(np.zeros(0, dtype=np.int64)).tolist() == []
+    counts = np.random.default_rng(3).integers(0, 6, 200)
+    assert positions_within(counts).tolist() == [i for c in counts.tolist() for i in range(c)]
