@@ -34,6 +34,10 @@ class SetupObserver:
         self.forwards: list[int] = []  # DDP forwards per optimizer step
         self._sync_since_step = 0
         self._forwards_since_step = 0
+        # the DDP module of the last round and its first trainable parameter's gradient at that round's forward
+        # (a weak reference; None: no gradient then): whether later rounds summed into it (_rounds_kept)
+        self._round_module: Any = None
+        self._round_grad: Any = None
         self._patches: list[tuple[Any, str, Any]] = []
         self._iters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._content: dict[int, str | None] = {}  # id(loader) -> content digest, computed once per loader
@@ -147,7 +151,29 @@ class SetupObserver:
 
         self._forwards_since_step += 1
         if torch.is_grad_enabled() and getattr(module, "require_backward_grad_sync", True):
+            grad = _first_grad(module)
+            if self._round_module is not None and self._round_module() is module:
+                self._sync_since_step = self._rounds_kept(grad)
             self._sync_since_step += 1
+            self._round_module = weakref.ref(module)
+            self._round_grad = weakref.ref(grad) if grad is not None else None
+
+    def _rounds_kept(self, grad: Any, at_step: bool = False) -> int:
+        """How many of this step's rounds so far still add to the gradients, seeing the round module's first
+        trainable gradient now (``grad``) against what it was at the last round's forward:
+        - the same tensor, or none then (that round's backward made it): all, accumulated into;
+        - none now, at a forward: none, cleared since (``zero_grad()``'s default); at the step: all (that parameter
+          got no gradient in this step);
+        - another tensor: only the last round's, cleared between its forward and its backward (``loss = model(x);
+          opt.zero_grad(); loss.backward()``): earlier rounds were used and thrown away (a SAM-style second pass),
+          not summed.
+        Gradients zeroed in place (``set_to_none=False``) look accumulated."""
+        rounds = self._sync_since_step
+        if grad is None:  # (or that parameter gets none: fewer rounds counted, never more)
+            return 0 if not at_step else rounds  # at the step: a parameter this step's rounds gave no gradient
+        if self._round_grad is None:  # no gradient at the last round's forward: its backward made this one
+            return rounds
+        return rounds if self._round_grad() is grad else min(rounds, 1)
 
     def _compiled_forward(self, module: Any) -> None:
         """Before each forward of a compiled module (eagerly): a DDP module compiled whole is counted here."""
@@ -258,9 +284,12 @@ class SetupObserver:
 
     def on_optimizer_step(self) -> None:
         """Close the counts of one optimizer step (called by the session at each step)."""
-        self.sync_rounds.append(self._sync_since_step)
+        module = self._round_module() if self._round_module is not None else None
+        rounds = self._rounds_kept(_first_grad(module), True) if module is not None else self._sync_since_step
+        self.sync_rounds.append(rounds)
         self.forwards.append(self._forwards_since_step)
         self._sync_since_step = self._forwards_since_step = 0
+        self._round_module = self._round_grad = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -331,6 +360,14 @@ def _sampling(loader: Any, iterable: bool) -> dict[str, Any]:
 def _int_attr(obj: Any, name: str, default: Any) -> Any:
     value = getattr(obj, name, default)
     return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+def _first_grad(module: Any) -> Any:
+    """The gradient of the module's first trainable parameter (None: none, or no such parameter)."""
+    for param in module.parameters():
+        if param.requires_grad:
+            return param.grad
+    return None
 
 
 def _histogram(values: list[int]) -> dict[str, int]:

@@ -5,6 +5,9 @@
 - ``manual``: no torch.optim: the update is ``p.data.add_(...)`` by hand (``MARK=1``: ``ddpdoctor.step()`` after it)
 - ``join``: uneven inputs on purpose (rank 0 one batch less per epoch) under ``torch.distributed.algorithms.Join``
 - ``accelerate``: a shuffling DataLoader prepared by ``accelerate.Accelerator`` (what the HF Trainer does)
+- ``sam``: sharpness-aware minimisation, two forward/backward passes per optimizer step on one batch, gradients
+  cleared (``zero_grad()``) between each forward and its backward: the first pass's all-reduced gradient is used
+  (to perturb the weights) and thrown away, not accumulated
 """
 
 import os
@@ -85,6 +88,28 @@ elif KIND == "accelerate":
         for x, y in loader:
             opt.zero_grad()
             loss_of(x, y).backward()
+            opt.step()
+elif KIND == "sam":
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    data = TensorDataset(torch.randn(STEPS * 16 * world, WIDTH), torch.randint(0, 10, (STEPS * 16 * world,)))
+    sampler = DistributedSampler(data, shuffle=True)
+    loader = DataLoader(data, batch_size=16, sampler=sampler)
+    for epoch in range(EPOCHS):
+        sampler.set_epoch(epoch)
+        for x, y in loader:
+            loss = loss_of(x, y)
+            opt.zero_grad()
+            loss.backward()
+            with torch.no_grad():
+                eps = [0.05 * p.grad / (p.grad.norm() + 1e-12) for p in model.parameters()]
+                for p, e in zip(model.parameters(), eps, strict=True):
+                    p.add_(e)
+            loss = loss_of(x, y)
+            opt.zero_grad()
+            loss.backward()
+            with torch.no_grad():
+                for p, e in zip(model.parameters(), eps, strict=True):
+                    p.sub_(e)
             opt.step()
 else:
     raise SystemExit(f"unknown KIND {KIND}")

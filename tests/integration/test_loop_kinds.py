@@ -8,7 +8,10 @@
   ddpdoctor.step() such a loop has steps: tests/integration/test_trace_parity.py);
 - Join over uneven inputs: the finding says Join is in use and rank 0's idle share, not that the job hangs;
 - that BatchSampler(DistributedSampler) loader and an accelerate-prepared one (what the HF Trainer builds): the
-  sharding is seen, nothing says no DataLoader was observed, and the correct set-up gets no set-up finding.
+  sharding is seen, nothing says no DataLoader was observed, and the correct set-up gets no set-up finding;
+- sharpness-aware minimisation (two passes per optimizer step, gradients cleared between each forward and its
+  backward): one all-reduce round per step counts, and allreduce-every-microstep (accumulation without no_sync)
+  does not fire on it.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ KINDS = {
     "manual": {"KIND": "manual", "STEPS": "6"},
     "join": {"KIND": "join", "STEPS": "8"},
     "accelerate": {"KIND": "accelerate", "STEPS": "6"},
+    "sam": {"KIND": "sam", "STEPS": "6"},
 }
 ALL_FORMATS = ("json", "text", "markdown", "html")
 NO_LOADER = "no DataLoader was observed"
@@ -177,3 +181,15 @@ def test_sharded_batch_sampler_loaders_are_seen(jobs, name):
     assert not setup_rules & set(found), found
     assert setup_rules <= set(report["passed"]), reasons
     assert "batchnorm-not-synced" in report["passed"]
+
+
+@pytest.mark.timeout(300)
+def test_two_passes_whose_gradients_are_cleared_are_not_called_accumulation(jobs):
+    job = _job(jobs, "sam")
+    report = job["json"]
+    assert "allreduce-every-microstep" not in _findings(report), _findings(report)["allreduce-every-microstep"]
+    assert "allreduce-every-microstep" in report["passed"]
+    for rank in (0, 1):  # per optimizer step (histograms {count: steps}): two DDP forwards, one round that counts
+        setup = json.loads((job["out"] / "ranks" / f"rank{rank}.json").read_text())["setup"]
+        assert set(setup["ddp_forwards_per_step"]) == {"2"}, setup["ddp_forwards_per_step"]
+        assert set(setup["ddp_sync_rounds_per_step"]) == {"1"}, setup["ddp_sync_rounds_per_step"]

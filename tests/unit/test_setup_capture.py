@@ -89,3 +89,57 @@ def test_set_device_calls_are_recorded_without_a_gpu(observer, monkeypatch):
     monkeypatch.setattr(torch._C, "_cuda_setDevice", lambda index: None, raising=False)
     torch.cuda.set_device(1)
     assert observer.to_json()["set_device_calls"] == ["1"]
+
+
+def _rounds(pattern) -> list[int]:
+    """Gradient all-reduce rounds per optimizer step the observer counts for a loop over a real module (its
+    forwards counted as DDP's are), 2 optimizer steps of ``pattern(forward, model)`` each, the step closed right
+    after it (as the optimizer's step hook closes it)."""
+    obs = SetupObserver()
+    model = torch.nn.Linear(3, 2)
+    x = torch.randn(4, 3)
+
+    def forward():
+        obs._count_forward(model)
+        return model(x).sum()
+
+    for _ in range(2):
+        pattern(forward, model)
+        obs.on_optimizer_step()
+    return obs.sync_rounds
+
+
+def test_accumulated_rounds_count_and_rounds_whose_gradients_were_cleared_do_not():
+    def accumulate(forward, model):  # zero_grad after the step before, 3 micro-batches
+        model.zero_grad()
+        for _ in range(3):
+            forward().backward()
+
+    def accumulate_cleared_first(forward, model):  # zero_grad between the first forward and its backward
+        for i in range(3):
+            loss = forward()
+            if i == 0:
+                model.zero_grad()
+            loss.backward()
+
+    def sam(forward, model):  # two passes, each cleared between its forward and backward: the first is not summed
+        for _ in range(2):
+            loss = forward()
+            model.zero_grad()
+            loss.backward()
+
+    def cleared_before_second(forward, model):  # a second loss after zero_grad (a second, separate update)
+        forward().backward()
+        model.zero_grad()
+        forward().backward()
+
+    def zeroed_in_place(forward, model):  # set_to_none=False: the same tensors, indistinguishable from accumulation
+        forward().backward()
+        model.zero_grad(set_to_none=False)
+        forward().backward()
+
+    assert _rounds(accumulate) == [3, 3]
+    assert _rounds(accumulate_cleared_first) == [3, 3]
+    assert _rounds(sam) == [1, 1]
+    assert _rounds(cleared_before_second) == [1, 1]
+    assert _rounds(zeroed_in_place) == [2, 2]
