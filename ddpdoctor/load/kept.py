@@ -2,7 +2,7 @@
 (``runfiles.read_summaries(keep=...)``): a run of 131,072 ranks must not hold every file's lists as Python objects
 (about 80 kB a rank, 10 GB in all).
 
-- ``exposed_comm`` (a few hundred intervals a rank, read in full by ``metrics.cross_rank.transfer_metrics``):
+- ``exposed_comm`` (a few hundred intervals a rank, read in full by ``metrics.transfer.transfer_metrics``):
   float64 arrays, the values that function made of the lists.
 - ``timeline`` (read by ``metrics.timeline`` only for the few ranks a report draws, and only to test that it is
   there for the others) and ``op_work`` (read by ``metrics.hostload`` only where every rank shares one host, then

@@ -14,14 +14,7 @@ from ddpdoctor.load.model import Run
 from ddpdoctor.metrics import catalog
 from ddpdoctor.metrics.capture import ddp_timers
 from ddpdoctor.metrics.compile import compile_note
-from ddpdoctor.metrics.cross_rank import (
-    Windows,
-    all_collectives,
-    cross_rank,
-    transfer_bandwidth,
-    transfer_metrics,
-    transfer_times,
-)
+from ddpdoctor.metrics.cross_rank import Windows, all_collectives, cross_rank
 from ddpdoctor.metrics.evidence import run_evidence
 from ddpdoctor.metrics.fsdp import run_units
 from ddpdoctor.metrics.health import health_metrics
@@ -29,6 +22,7 @@ from ddpdoctor.metrics.hostload import hostload_metrics
 from ddpdoctor.metrics.result import RANK_METRICS, LazyTable, RunMetrics
 from ddpdoctor.metrics.setup import SETUP_RANK_METRICS, setup_metrics
 from ddpdoctor.metrics.timeline import LazyTimeline
+from ddpdoctor.metrics.transfer import transfer_bandwidth, transfer_metrics, transfer_times
 from ddpdoctor.table import Table, column
 
 # a rank's row starts as every rank metric, None (``rank`` first): a summary's metrics are copied into it

@@ -195,7 +195,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "optimizer_collectives_per_step",
     ),
     "bandwidth": ("algbw_gbps", "busbw_gbps"),
-    # from each collective's transfer time, the same on every rank (cross_rank.transfer_metrics)
+    # from each collective's transfer time, the same on every rank (transfer.transfer_metrics)
     "transfer": ("exposed_transfer_ms", "optimizer_exposed_transfer_ms", "algbw_gbps", "busbw_gbps"),
     # FSDP2 units (ddpdoctor.metrics.fsdp)
     "fsdp": (
