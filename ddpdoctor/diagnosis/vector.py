@@ -14,23 +14,39 @@ import ast
 import operator
 from collections.abc import Mapping, Sequence
 from itertools import repeat
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ddpdoctor.diagnosis.expr import (
     _OPERATORS,
     _RAW_OPERATORS,
     AGGREGATES,
     ALL_RANK,
+    Expr,
     Values,
     _compiled,
     _lift,
     describe,
+    evaluate,
 )
 from ddpdoctor.values import clean_value
+
+if TYPE_CHECKING:
+    from ddpdoctor.diagnosis.rules import Rule
 
 
 class _PerRank(list):  # type: ignore[type-arg]
     """One value per rank (a list), told apart from a value the same for every rank."""
+
+
+def expr_per_rank(
+    rule: Rule, expr: Expr, run: dict[str, Any], rows: list[dict[str, Any]], columns: dict[str, Any]
+) -> dict[int, Any]:
+    """rank -> ``expr`` evaluated for that rank: every rank at once (``vector``), or rank by rank where that pass
+    cannot vouch for a value (an error on some rank: raised here as it always was)."""
+    values = per_rank_values(expr.tree, Values(run, rows, rule.params, columns=columns), rows)
+    if values is None:
+        return {r["rank"]: evaluate(expr, Values(run, rows, rule.params, r, columns)) for r in rows}
+    return dict(zip([r["rank"] for r in rows], values, strict=True))
 
 
 def per_rank_values(tree: ast.AST, base: Values, rows: Sequence[Mapping[str, Any]]) -> list[Any] | None:

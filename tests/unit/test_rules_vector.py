@@ -1,4 +1,4 @@
-"""The rule engine's all-ranks passes (``diagnosis.vector``, ``engine._explain_ranks``) give what the rank-by-rank
+"""The rule engine's all-ranks passes (``diagnosis.vector``, ``passed._explain_ranks``) give what the rank-by-rank
 walk gives, on every built-in rule and on rows made to hit its edges: missing values, zeros, values at and near
 each threshold, flags. And they walk each tree once per rule, not once per rank (what made the engine's time grow
 with ranks times nodes)."""
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from ddpdoctor.diagnosis import engine, load_rules, vector
+from ddpdoctor.diagnosis import engine, load_rules, passed, vector
 from ddpdoctor.diagnosis.expr import ALL_RANK, RUN, ExprError, Values
 from ddpdoctor.diagnosis.expr import evaluate as eval_expr
 
@@ -56,8 +56,8 @@ def test_every_rank_at_once_is_each_rank_alone(rule: Any) -> None:
             vouched += 1
             assert got == want and [type(v) for v in got] == [type(v) for v in want]
         base = Values(run, rows, rule.params, columns={})
-        explained = engine._explain_ranks(rule.when.tree, base, rows)
-        alone = [engine._explain(rule.when.tree, Values(run, rows, rule.params, row, {})) for row in rows]
+        explained = passed._explain_ranks(rule.when.tree, base, rows)
+        alone = [passed._explain(rule.when.tree, Values(run, rows, rule.params, row, {})) for row in rows]
         assert explained == alone
     assert vouched >= 40  # the all-ranks pass gave the values, not only the fallback
 
@@ -105,8 +105,8 @@ def test_handwritten_conditions_at_once_and_alone(source: str) -> None:
         got = vector.per_rank_values(expr.tree, Values(run, rows, params, columns={}), rows)
         if got is not None:
             assert got == _each_rank(expr, run, rows, params)
-        explained = engine._explain_ranks(expr.tree, Values(run, rows, params, columns={}), rows)
-        assert explained == [engine._explain(expr.tree, Values(run, rows, params, row, {})) for row in rows]
+        explained = passed._explain_ranks(expr.tree, Values(run, rows, params, columns={}), rows)
+        assert explained == [passed._explain(expr.tree, Values(run, rows, params, row, {})) for row in rows]
 
 
 def test_a_clean_row_is_each_value_cleaned() -> None:

@@ -108,7 +108,7 @@ def test_union_by_of_intervals_that_are_a_union_already_is_them(seed: int) -> No
 
 def test_a_passed_line_shows_per_rank_values_as_it_did_one_value_at_a_time() -> None:
     """``_rank_values`` formats each distinct value once: the same text as formatting every rank's value."""
-    from ddpdoctor.diagnosis.engine import _LISTED_RANKS, _rank_values, _shown
+    from ddpdoctor.diagnosis.passed import _LISTED_RANKS, _rank_values, _shown
     from ddpdoctor.diagnosis.template import format_value
 
     def one_at_a_time(values: dict, decided: list) -> str:  # the form it replaces
