@@ -73,11 +73,13 @@ class RankView:
 
 
 def op_of(name: str) -> tuple[str, str]:
+    """(op, backend) of an FR profiling name such as ``gloo:all_reduce`` / ``nccl:broadcast``."""
     backend, _, op = name.rpartition(":")
     return (op or name or "?"), backend
 
 
 def as_int(value: Any, default: int = -1) -> int:
+    """``int(value)``, or ``default`` where it is not a number."""
     try:
         return int(value)
     except (TypeError, ValueError):
@@ -85,6 +87,7 @@ def as_int(value: Any, default: int = -1) -> int:
 
 
 def pg_label(entry: FlightEntry) -> tuple[str, str]:
+    """(the process group's name, what a user reads: its description, else its name) of an FR entry."""
     pg = entry.process_group
     name = pg[0] if pg else str(entry.pg_id)
     desc = pg[1] if len(pg) > 1 else ""
@@ -94,6 +97,7 @@ def pg_label(entry: FlightEntry) -> tuple[str, str]:
 
 
 def members_of(config: Mapping[str, Any], name: str, label: str) -> tuple[int, ...] | None:
+    """The ranks of a process group from the FR's ``pg_config`` (by name, else by description), where listed."""
     conf = config.get(name)
     if not isinstance(conf, Mapping):
         conf = next((c for c in config.values() if isinstance(c, Mapping) and c.get("desc") == label), None)
@@ -111,6 +115,8 @@ def members_of(config: Mapping[str, Any], name: str, label: str) -> tuple[int, .
 
 
 def rank_view(rank: int, dump: FlightDump | None, status: Mapping[str, Any]) -> RankView:
+    """The rank's view of its dump: its main thread's stack and its process groups' collectives (no p2p), the
+    last enqueued and completed of each from ``pg_status``, else from the entries' own states (NCCL)."""
     view = RankView(rank, dump, status)
     if dump is None:
         return view
@@ -149,6 +155,7 @@ def rank_view(rank: int, dump: FlightDump | None, status: Mapping[str, Any]) -> 
 
 
 def collective_ref(group: Group, seq: int) -> CollectiveRef:
+    """Collective ``seq`` of ``group`` as a verdict names it (op, sizes, dtypes, the user's frame that issued it)."""
     entry = group.entries.get(seq)
     if entry is None:
         return CollectiveRef(group.label, seq, "?", group.backend, None, None, None)
@@ -163,6 +170,7 @@ def collective_ref(group: Group, seq: int) -> CollectiveRef:
 
 
 def issued(group: Group, seq: int) -> str:
+    """What the rank issued as collective ``seq`` of ``group``, in words (op and shape)."""
     entry = group.entries[seq]
     op, _ = op_of(entry.profiling_name)
     shape = describe_shape(tuple(tuple(s) for s in entry.input_sizes), tuple(entry.input_dtypes))

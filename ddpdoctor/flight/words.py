@@ -9,10 +9,12 @@ from ddpdoctor.flight.verdict import CONSEQUENCE, CRASHED, EXITED, IN_COLLECTIVE
 
 
 def rank_list(ranks: list[int] | tuple[int, ...]) -> str:
+    """``0, 2, 5``."""
     return ", ".join(str(r) for r in sorted(ranks))
 
 
 def short(text: str | None, limit: int = 200) -> str:
+    """The first line of an exception's text, at most ``limit`` characters ("an error" without one)."""
     if not text:
         return "an error"
     line = text.strip().splitlines()[0] if text.strip() else text
@@ -20,16 +22,19 @@ def short(text: str | None, limit: int = 200) -> str:
 
 
 def frames_short(s: RankState, n: int = 2) -> str:
+    """The rank's innermost ``n`` user frames, innermost first."""
     if not s.frames:
         return "code the dump has no stack of"
     return " ← ".join(frame_text(f) for f in s.frames[:n])
 
 
 def where(s: RankState) -> str:
+    """`` in <frames>`` where the dump has a stack."""
     return f" in {frames_short(s)}" if s.frames else ""
 
 
 def at_step(s: RankState) -> str:
+    """`` at step N (phase)`` as far as known."""
     if s.step is None and not s.phase:
         return ""
     if s.phase and s.phase != "outside":
@@ -38,6 +43,7 @@ def at_step(s: RankState) -> str:
 
 
 def doing(s: RankState) -> str:
+    """What the rank was doing at its dump, as a clause ("it waits in ...")."""
     if s.state == OUTSIDE:
         if not s.frames:
             return "it is in no collective (no stack in its dump)"
@@ -52,23 +58,28 @@ def doing(s: RankState) -> str:
 
 
 def who(ranks: list[int] | tuple[int, ...]) -> str:
+    """``rank 3`` / ``ranks 0, 2``."""
     ranks = sorted(ranks)
     return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {rank_list(ranks)}"
 
 
 def pronoun(ranks: list[int]) -> str:
+    """``it`` / ``they``."""
     return "it" if len(ranks) == 1 else "they"
 
 
 def verb(ranks: list[int], one: str, many: str) -> str:
+    """The verb form for one rank or several."""
     return one if len(ranks) == 1 else many
 
 
 def collective(s: RankState) -> str:
+    """The collective the rank is in, described, or "a collective"."""
     return s.collective.describe() if s.collective else "a collective"
 
 
 def after(s: RankState) -> str:
+    """`` after step N`` where known."""
     return f" after step {s.step}" if s.step is not None else ""
 
 
@@ -90,6 +101,7 @@ def stopped(exit_code: Any) -> bool:
 
 
 def exit_text(exit_code: Any) -> str:
+    """How a process ended, from its exit code: "killed by SIGKILL (...)", "exited with code 1"."""
     if isinstance(exit_code, int) and exit_code < 0:
         name = SIGNALS.get(-exit_code, f"signal {-exit_code}")
         hint = " (out of memory, or kill -9)" if exit_code == -9 else ""
@@ -100,5 +112,6 @@ def exit_text(exit_code: Any) -> str:
 
 
 def exit_of(status: Mapping[str, Any]) -> str:
+    """`` (exit code N)`` where the manifest has one."""
     code = status.get("exit_code")
     return f" (exit code {code})" if isinstance(code, int) else ""
