@@ -55,9 +55,28 @@ class DaskCluster:
         self.workers = workers
         self.client: Any = None
         self._local: Any = None
+        self._config: Any = None
 
     def __enter__(self) -> DaskCluster:
         distributed = _need_dask()
+        import dask
+
+        # Dask's system monitor samples the GIL with gilknocker (installed here: it is ddpdoctor's own fallback
+        # probe) every millisecond in the scheduler, nannies and workers. Its native thread takes the GIL from
+        # outside Python; if it tries while the interpreter finalises, CPython 3.11 ends that thread with
+        # pthread_exit, whose unwinding through the Rust thread aborts the process ("FATAL: exception not
+        # rethrown", exit status 134), seen in 1 of ~60 local-cluster runs beside two busy CPUs. It also competes
+        # for the GIL with the decoding. Off for this cluster's processes (the workers inherit the setting) and
+        # this client.
+        self._config = dask.config.set({"distributed.admin.system-monitor.gil.enabled": False})
+        try:
+            self._start(distributed)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def _start(self, distributed: Any) -> None:
         if self.address is not None:
             try:
                 self.client = distributed.Client(self.address, timeout="10s", set_as_default=False)
@@ -76,13 +95,15 @@ class DaskCluster:
                 silence_logs=40,  # logging.ERROR: a worker restart is reported per rank, not as a log storm
             )
             self.client = distributed.Client(self._local, set_as_default=False)
-        return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.client is not None:
-            self.client.close()
-        if self._local is not None:
-            self._local.close()
+        try:
+            if self.client is not None:
+                self.client.close()
+            if self._local is not None:
+                self._local.close()
+        finally:
+            self._config.__exit__(None, None, None)
 
     @property
     def label(self) -> str:

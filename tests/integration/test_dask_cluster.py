@@ -57,6 +57,27 @@ def test_every_shared_trace_set_gives_the_same_json_on_the_cluster(cluster):
         assert clustered == alone, name
 
 
+def _gil_probe_of(dask_worker: Any = None, dask_scheduler: Any = None) -> bool:
+    server = dask_worker if dask_worker is not None else dask_scheduler
+    return getattr(server.monitor, "_gilknocker", None) is not None
+
+
+def test_no_process_of_the_cluster_runs_dasks_gil_probe(cluster):
+    """Dask's system monitor samples the GIL with gilknocker where it is installed (it is: ddpdoctor's fallback
+    probe). Its native thread aborted the process ("FATAL: exception not rethrown", exit 134) when it took the GIL
+    while the interpreter finalised: 1 ``diagnose --workers 2`` in ~60 beside busy CPUs, in the command itself or in
+    a worker. The cluster turns it off in the scheduler and in every worker."""
+    assert cluster.client.run(_gil_probe_of) == {w: False for w in cluster.client.scheduler_info()["workers"]}
+    assert cluster.client.run_on_scheduler(_gil_probe_of) is False
+    # the setting is this cluster's: the caller's Dask configuration is as it was outside the block
+    import dask
+
+    before = dask.config.get("distributed.admin.system-monitor.gil.enabled")
+    with DaskCluster(workers=1) as one:
+        assert one.client.run_on_scheduler(_gil_probe_of) is False
+    assert dask.config.get("distributed.admin.system-monitor.gil.enabled") == before
+
+
 def _many_ranks(dest: Path, n: int, grow: int = 1) -> Path:
     """``n`` ranks of foreign traces (no run directory): the straggler sample's two ranks, renumbered; ``grow``: each
     rank's events repeated that many times (shifted by whole windows, steps renumbered), for tasks that last."""
