@@ -25,6 +25,13 @@ from ddpdoctor.table import Table, group_ids
 # the rule's wait thresholds must hold as well.
 SLOW_RANK_ALPHA = 0.02
 TESTS = 2  # how often, at what cost
+# The serial correlation of a rank's blocks is estimated from this many of them on (fewer: taken as independent),
+# and capped (a design effect of at most 19).
+MIN_BLOCKS_FOR_CORRELATION = 10
+MAX_AUTOCORRELATION = 0.9
+# A rank's lateness at one position of the step (its n-th block) seen in this many steps is a pattern of the rank's
+# own; fewer steps cannot tell it from a run of bad luck (``_unpatterned``).
+MIN_STEPS_FOR_PATTERN = 3
 
 
 def slow_ranks(analysed: Table, ranks: list[int]) -> dict[str, Any]:
@@ -106,6 +113,8 @@ def slow_ranks(analysed: Table, ranks: list[int]) -> dict[str, Any]:
     expected_sum = seg.reduce(np.sum, expected_block[by_rank]).tolist()
     w_sum = seg.reduce(np.sum, w_block[by_rank]).tolist()
     first = seg.first
+    inflation = _design_effect(seg, _unpatterned(share - p_block, rb, n_rb, rank_of_rb, block, a["step"])[by_rank])
+    inflation = inflation.tolist()
     binary = ((share == 0) | (share == 1))[by_rank]
     not_binary = np.add.reduceat((~binary).astype(np.int64), first) if len(first) else first
     flat_chance = (
@@ -126,8 +135,10 @@ def slow_ranks(analysed: Table, ranks: list[int]) -> dict[str, Any]:
             continue
         n = counts_of_rank[i]
         p_chance = chance_mean[i]
-        p_count = _count_p_of(n, share_sum[i], p_chance, all_or_nothing[i])
-        p_cost, best_cost = _hoeffding(caused_sum[i], spread_sum[i], expected_sum[i], w_sum[i])
+        d = inflation[i]
+        p_count = _count_p_of(n, share_sum[i], p_chance, all_or_nothing[i] and d == 1.0, d)
+        p_cost, _ = _hoeffding(caused_sum[i], spread_sum[i] * d, expected_sum[i], w_sum[i])
+        _, best_cost = _hoeffding(caused_sum[i], spread_sum[i], expected_sum[i], w_sum[i])
         p_value = min(1.0, TESTS * min(p_count, p_cost))
         best_possible = min(best_possible, TESTS * min(p_chance**n, best_cost))
         code = code_of[int(r)]
@@ -184,10 +195,67 @@ def _blocks(a: Table, gid: np.ndarray, n_groups: int) -> np.ndarray:
     return block_of[gid]
 
 
-def _count_p_of(n: int, total: float, p: float, all_or_nothing: bool) -> float:
-    """P(a rank is last this often or more) over ``n`` independent blocks: ``total``, the sum of its per-block
-    shares of last arrivals (0-1), ``p`` the blocks' mean chance; ``all_or_nothing``: every share 0 or 1 and every
-    chance the same (the exact binomial tail)."""
+def _unpatterned(
+    excess: np.ndarray, rb: np.ndarray, n_rb: int, rank_of_rb: np.ndarray, block: np.ndarray, step: np.ndarray
+) -> np.ndarray:
+    """Per (rank, block) row: its ``excess`` (share of last arrivals less chance) less the rank's mean excess at
+    that block's position in its step, where the rank has the position in at least ``MIN_STEPS_FOR_PATTERN``
+    steps (else the excess as it is).
+
+    A slow rank's lateness repeats step after step at the same places (its slower backward, its extra work before
+    the optimizer): late at the same run of collectives in every step, it is a pattern, not a run of bad luck, and
+    taking the pattern out leaves its blocks uncorrelated. A run of lateness that the host caused falls at
+    different places in different steps and stays in what is left."""
+    block_of_rb = np.empty(n_rb, dtype=np.int64)
+    block_of_rb[rb] = block
+    step_of_rb = np.empty(n_rb, dtype=np.int64)
+    step_of_rb[rb] = step
+    # a block's position: its number less the first block number of its step (blocks are numbered in time order)
+    sid, n_steps = group_ids(step_of_rb)
+    first_block = np.full(n_steps, np.iinfo(np.int64).max)
+    np.minimum.at(first_block, sid, block_of_rb)
+    position = block_of_rb - first_block[sid]
+    pid, n_pid = group_ids(rank_of_rb, position)
+    seen = np.bincount(pid, minlength=n_pid)
+    mean = np.bincount(pid, weights=excess, minlength=n_pid) / np.maximum(seen, 1)
+    return np.where(seen[pid] >= MIN_STEPS_FOR_PATTERN, excess - mean[pid], excess)
+
+
+def _design_effect(seg: Segments, excess: np.ndarray) -> np.ndarray:
+    """Per rank (the runs of ``seg``): how much the serial correlation of its blocks inflates the variance of their
+    mean, ``(1 + r) / (1 - r)`` for the lag-1 autocorrelation r of ``excess`` (its share of last arrivals less
+    chance, block after block in time order), r clipped to [0, ``MAX_AUTOCORRELATION``]; 1 where r <= 0, where
+    the rank has fewer than ``MIN_BLOCKS_FOR_CORRELATION`` blocks, or where its blocks do not vary (a rank last at
+    every one of them).
+
+    Lateness comes in runs on a shared host: a rank that shares its CPU with another process for a while is late at
+    every collective of that while, then the other rank is. Blocks of synchronous collectives (FSDP2's gathers and
+    reduce-scatters, tensor parallelism's, a few ms apart) are then not independent trials: in a balanced FSDP2 job
+    beside other processes, one rank was last at 16-19 collectives in a row, then the other, and the blocks'
+    count named a "slow" rank in 4 runs of 14 (p 0.0002-0.009). Dividing the blocks by this factor (an AR(1)
+    effective sample size) keeps a steady straggler, last at most blocks without runs of the other, at full
+    strength."""
+    out = np.ones(len(seg.counts))
+    if not len(excess):
+        return out
+    mean = seg.reduce(np.mean, excess)
+    owner = np.repeat(np.arange(len(seg.counts)), seg.counts)
+    d = excess - mean[owner]
+    same = owner[1:] == owner[:-1]  # consecutive blocks of one rank
+    num = np.bincount(owner[1:][same], weights=(d[1:] * d[:-1])[same], minlength=len(seg.counts))
+    den = np.bincount(owner, weights=d * d, minlength=len(seg.counts))
+    ok = (seg.counts >= MIN_BLOCKS_FOR_CORRELATION) & (den > 1e-12)
+    r = np.zeros(len(seg.counts))
+    r[ok] = np.clip(num[ok] / den[ok], 0.0, MAX_AUTOCORRELATION)
+    out[ok] = (1.0 + r[ok]) / (1.0 - r[ok])
+    return out
+
+
+def _count_p_of(n: int, total: float, p: float, all_or_nothing: bool, inflation: float = 1.0) -> float:
+    """P(a rank is last this often or more) over ``n`` blocks, ``n / inflation`` of them independent (the design
+    effect of their serial correlation, ``_design_effect``): ``total``, the sum of its per-block shares of last
+    arrivals (0-1), ``p`` the blocks' mean chance; ``all_or_nothing``: every share 0 or 1, every chance the same
+    and the blocks independent (the exact binomial tail)."""
     if n == 0:
         return 1.0
     if all_or_nothing:
@@ -195,10 +263,11 @@ def _count_p_of(n: int, total: float, p: float, all_or_nothing: bool) -> float:
     a = total / n
     if a <= p:
         return 1.0
+    n_eff = n / inflation
     if a >= 1.0:
-        return p**n
+        return p**n_eff
     kl = a * math.log(a / p) + (1 - a) * math.log((1 - a) / (1 - p))
-    return math.exp(-n * kl)
+    return math.exp(-n_eff * kl)
 
 
 def _hoeffding(caused: float, spread: float, expected: float, w_total: float) -> tuple[float, float]:
