@@ -59,6 +59,9 @@ STARVED_SHARE = 0.5
 # The host was contended when a rank's training loop waited for a CPU this share of the window or more, or the
 # hypervisor took this share of the host's CPU time (steal).
 CONTENDED_WAIT_SHARE = 0.1
+# Below CONTENDED_WAIT_SHARE but from this share on, the report's line says there was some contention ("no
+# contention" beside "waited 9% of the window for a CPU" read as a contradiction).
+NOTICED_WAIT_SHARE = 0.02
 CONTENDED_STEAL_SHARE = 0.05
 
 # Same work, slower (module docstring): more runnable threads per CPU than this on a host all ranks share; ops only
@@ -392,6 +395,11 @@ def summary_line(
     tail = f" ({'; '.join(facts)})" if facts else ""
     if contended:
         return f"The host was busy: {waited}{tail}; timing verdicts weigh it"
+    if worst["cpu_wait_share"] >= NOTICED_WAIT_SHARE:
+        return (
+            f"Some CPU contention, below the {100 * CONTENDED_WAIT_SHARE:.0f}% at which timing verdicts weigh it: "
+            f"{waited}{tail}"
+        )
     return f"No CPU contention for this job: {waited}{tail}"
 
 

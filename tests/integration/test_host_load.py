@@ -126,7 +126,8 @@ def test_a_job_the_load_did_not_hold_back_says_no_contention(quiet) -> None:
         # the hypervisor took CPU time from this whole VM (CI, 2026-12-04: the loop waited 1% of the window): the
         # host was contended all the same, and the note says why
         assert any(n.startswith("The host was busy: ") and "(steal)" in n for n in quiet["run"]["notes"]), why
-    else:
-        assert any(n.startswith("No CPU contention for this job: ") for n in quiet["run"]["notes"]), why
+    else:  # under the bar: "no contention", or "some" where the loop waited from 2% of the window
+        lines = ("No CPU contention for this job: ", "Some CPU contention, below the 10% at which timing verdicts")
+        assert any(n.startswith(lines) for n in quiet["run"]["notes"]), why
     assert not _findings(quiet, "rank-starved-of-cpu")
     assert "rank-starved-of-cpu" in quiet["passed"]

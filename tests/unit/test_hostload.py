@@ -172,6 +172,18 @@ def test_a_quiet_host_is_said_to_be_quiet() -> None:
     assert run["host_load_summary"].startswith("No CPU contention for this job: rank 0's training loop waited 0%")
 
 
+def test_a_wait_under_the_bar_is_some_contention_not_none() -> None:
+    # a loop that waited 6% of the window: under the 10% at which timing verdicts weigh it, but not "none"
+    rows = _rows(0.5, 0.2)
+    run, _ = hostload.hostload_metrics(
+        _captures(_window(0.13, 0.06, busy=0.5, runnable=1.3), _window(0.13, 0.003, busy=0.5, runnable=1.3)), rows
+    )
+    assert run["host_contended"] is False
+    assert run["host_load_summary"].startswith(
+        "Some CPU contention, below the 10% at which timing verdicts weigh it: rank 0's training loop waited 6%"
+    ), run["host_load_summary"]
+
+
 def test_steal_alone_makes_a_contended_host() -> None:
     rows = _rows(0.0, 0.0)
     run, _ = hostload.hostload_metrics(_captures(_window(0.1, 0.001, steal=0.2), _window(0.1, 0.001, steal=0.2)), rows)
