@@ -19,6 +19,7 @@ from ddpdoctor.metrics.evidence import run_evidence
 from ddpdoctor.metrics.fsdp import run_units
 from ddpdoctor.metrics.health import health_metrics
 from ddpdoctor.metrics.hostload import hostload_metrics
+from ddpdoctor.metrics.profiled_steps import cut_short_note
 from ddpdoctor.metrics.result import RANK_METRICS, LazyTable, RunMetrics
 from ddpdoctor.metrics.setup import SETUP_RANK_METRICS, setup_metrics
 from ddpdoctor.metrics.timeline import LazyTimeline
@@ -93,6 +94,9 @@ def analyze(run: Run, steps: tuple[int, int | None] | None = None, verdict: Any 
     compiled = compile_note(ranks)  # torch.compile's facts: regions, graphs per call, recompiles (metrics/compile.py)
     if compiled:
         run_metrics["notes"] = [*run_metrics.get("notes", run.notes), compiled]
+    cut = cut_short_note(run.capture, summaries)  # no complete step: the run ended in the window's first
+    if cut:
+        run_metrics["notes"] = [*run_metrics.get("notes", run.notes), cut]
     work = {s["rank"]: s.get("op_work") for s in summaries}  # the same ops as the others? (metrics/same_work.py)
     host_run, why_host = hostload_metrics(run.capture, ranks, work)  # after the waits: it weighs them (hostload.py)
     run_metrics.update(host_run)

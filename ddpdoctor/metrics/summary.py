@@ -39,6 +39,7 @@ from ddpdoctor.metrics.fsdp import fsdp_rank
 from ddpdoctor.metrics.group_sums import positions_within
 from ddpdoctor.metrics.memory import device_rows, memory_metrics, own_device
 from ddpdoctor.metrics.parallelism import parallelism_evidence
+from ddpdoctor.metrics.profiled_steps import running_step
 from ddpdoctor.metrics.same_work import op_work
 from ddpdoctor.metrics.setup import compute_device
 from ddpdoctor.metrics.steps import step_windows
@@ -67,6 +68,9 @@ def summarize_rank(
         for key, values in dp_per_step(ops, lo, hi).items():
             steps[key] = values
         gather = dp_intervals(ops, "gather")
+    running = running_step(capture)
+    if running is not None and len(steps):  # the step the run ended in: its range is cut short, not a step
+        steps["analyzed"] = steps["analyzed"] & (steps["step"] != running)
     if step_range is not None:  # only ProfilerStep#N..M (inclusive; M None = to the end)
         first, last = step_range
         in_range = steps["step"] >= first
