@@ -2,7 +2,7 @@
 
 Phase breakdown (sums to the step): device compute, by the host phase that launched it (forward, backward,
 optimizer, dataloader, else other) > exposed communication (communication not overlapped by compute) > the
-host phase at that time (dataloader > optimizer > backward > forward) > other. On CPU-only traces there is no
+host phase at that time (dataloader > backward > forward > optimizer) > other. On CPU-only traces there is no
 device, so exposed communication comes first and every other µs goes to the host phase.
 
 tb-style breakdown (torch-tb-profiler's overview, for comparison): kernel > memcpy > memset > communication >

@@ -14,7 +14,9 @@
 - forward:    per micro-batch, from the start of its forward to the start of its backward (or the forward's end):
               input copies, forward pass and loss; in a step without forward ranges, from the end of the batch
               fetch (else the step start) to the start of backward
-The sets are made exclusive in the order dataloader > optimizer > backward > forward.
+The sets are made exclusive in the order dataloader > backward > forward > optimizer: a forward and backward
+inside the optimizer's step (a closure: Lightning's automatic optimisation, LBFGS) are forward and backward, and
+the optimizer keeps the rest of its step.
 """
 
 from __future__ import annotations
@@ -83,11 +85,11 @@ def host_phases(ops: Table, steps: Table) -> dict[str, iv.Intervals]:
     )
     forward = iv.union(np.concatenate([micro["f_start"], fwd_lo]), np.concatenate([micro["f_end"], fwd_hi]))
     taken = dataloader
-    optimizer = iv.subtract(optimizer, taken)
-    taken = iv.union_all(taken, optimizer)
     backward = iv.subtract(backward, taken)
     taken = iv.union_all(taken, backward)
     forward = iv.subtract(forward, taken)
+    taken = iv.union_all(taken, forward)
+    optimizer = iv.subtract(optimizer, taken)
     return {"dataloader": dataloader, "forward": forward, "backward": backward, "optimizer": optimizer}
 
 
