@@ -14,9 +14,11 @@
 - forward:    per micro-batch, from the start of its forward to the start of its backward (or the forward's end):
               input copies, forward pass and loss; in a step without forward ranges, from the end of the batch
               fetch (else the step start) to the start of backward
-The sets are made exclusive in the order dataloader > backward > forward > optimizer: a forward and backward
-inside the optimizer's step (a closure: Lightning's automatic optimisation, LBFGS) are forward and backward, and
-the optimizer keeps the rest of its step.
+The sets are made exclusive in the order dataloader > backward > forward (from a forward range) > optimizer >
+forward (inferred, in a step without forward ranges): a forward and backward inside the optimizer's step (a
+closure: Lightning's automatic optimisation, LBFGS) are forward and backward, and the optimizer keeps the rest of
+its step; an ``optimizer.zero_grad()`` before the backward of a step without forward ranges stays the
+optimizer's.
 """
 
 from __future__ import annotations
@@ -83,13 +85,16 @@ def host_phases(ops: Table, steps: Table) -> dict[str, iv.Intervals]:
     backward = iv.union(
         np.concatenate([micro["b_start"], b_start[has_b]]), np.concatenate([micro["b_end"], b_end[has_b]])
     )
-    forward = iv.union(np.concatenate([micro["f_start"], fwd_lo]), np.concatenate([micro["f_end"], fwd_hi]))
+    ranged = iv.union(micro["f_start"], micro["f_end"])  # from a forward range
+    inferred = iv.union(fwd_lo, fwd_hi)  # a step without forward ranges: up to its backward
     taken = dataloader
     backward = iv.subtract(backward, taken)
     taken = iv.union_all(taken, backward)
-    forward = iv.subtract(forward, taken)
-    taken = iv.union_all(taken, forward)
+    ranged = iv.subtract(ranged, taken)
+    taken = iv.union_all(taken, ranged)
     optimizer = iv.subtract(optimizer, taken)
+    taken = iv.union_all(taken, optimizer)
+    forward = iv.union_all(ranged, iv.subtract(inferred, taken))
     return {"dataloader": dataloader, "forward": forward, "backward": backward, "optimizer": optimizer}
 
 

@@ -50,3 +50,20 @@ def test_a_plain_loop_is_split_as_before(tmp_path: Path) -> None:
     phases = _phases(tmp_path, closure=False)
     assert phases["backward"] == pytest.approx(0.3)
     assert phases["optimizer"] == pytest.approx(0.2)
+
+
+def test_zero_grad_at_the_start_of_a_step_without_forward_ranges_stays_the_optimizers(tmp_path: Path) -> None:
+    # no DistributedDataParallel.forward range (one process, FSDP2): the forward is inferred, from the step's
+    # start to its backward; the zero_grad in it is the optimizer's, as before
+    events: list[dict] = []
+    for s in range(3):
+        t0 = 10_000.0 + s * 1000.0
+        events.append(_x(f"ProfilerStep#{s + 1}", "user_annotation", t0, 1000.0))
+        events.append(_x("Optimizer.zero_grad#SGD.zero_grad", "user_annotation", t0, 100.0))
+        events.append(_x("autograd::engine::evaluate_function: AddmmBackward0", "cpu_op", t0 + 400.0, 300.0))
+        events.append(_x("Optimizer.step#SGD.step", "user_annotation", t0 + 700.0, 200.0))
+    (tmp_path / "rank0.pt.trace.json").write_text(json.dumps({"schemaVersion": 1, "traceEvents": events}))
+    steps = analyze(load(tmp_path, workers=1)).per_step
+    assert float(steps["optimizer_ms"].mean()) == pytest.approx(0.3)  # zero_grad 100 us + step 200 us
+    assert float(steps["forward_ms"].mean()) == pytest.approx(0.3)  # [100, 400)
+    assert float(steps["backward_ms"].mean()) == pytest.approx(0.3)
