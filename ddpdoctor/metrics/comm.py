@@ -36,9 +36,12 @@ _COMM_CALL = re.compile(r"^(nccl|gloo|ucc|mpi):")
 # Not computation on the CPU timeline: communication calls, and the step/data-loading ranges that torch <= 1.9
 # wrote with category "Operator" (so they load as cpu_op) although they enclose waiting as much as work.
 _NOT_CPU_COMPUTE = re.compile(
-    r"^(c10d::|record_param_comms$|nccl:|gloo:|ucc:|mpi:|aten::wait|c10d_functional|ProfilerStep#"
+    r"^(c10d::|record_param_comms$|nccl:|gloo:|ucc:|mpi:|aten::wait|_?c10d_functional|ProfilerStep#"
     r"|enumerate\(DataLoader\))"
 )
+# Waiting for a collective on the CPU timeline, inside the ops that hold it: a DTensor op (tensor parallelism) waits in
+# ``_c10d_functional::wait_tensor`` inside its ``aten::linear``; that time is not computation of the op that holds it.
+_CPU_WAIT = re.compile(r"^(aten::wait|_?c10d_functional)")
 KINDS = (
     "all_reduce",
     "broadcast",
@@ -215,9 +218,14 @@ def busy_sets(rt: RankTrace) -> tuple[iv.Intervals, iv.Intervals, bool]:
     comm = names_matching(ops, _CPU_COMM_RANGE)
     tid = ops["tid"]
     comm_threads = distinct(tid[comm])
-    comp = ops["cat"].isin(["cpu_op"]) & ~np.isin(tid, comm_threads) & ~names_matching(ops, _NOT_CPU_COMPUTE)
+    cpu = ops["cat"].isin(["cpu_op"]) & ~np.isin(tid, comm_threads)
+    comp = cpu & ~names_matching(ops, _NOT_CPU_COMPUTE)
     ts, te = ops["ts_us"], ops["end_us"]
-    return iv.union(ts[comm], te[comm]), iv.union(ts[comp], te[comp]), False
+    compute = iv.union(ts[comp], te[comp])
+    wait = cpu & names_matching(ops, _CPU_WAIT)
+    if wait.any():
+        compute = iv.subtract(compute, iv.union(ts[wait], te[wait]))
+    return iv.union(ts[comm], te[comm]), compute, False
 
 
 def exposed_set(rt: RankTrace) -> iv.Intervals:

@@ -60,7 +60,9 @@ _RUNS_ON_CPU = re.compile(r"^(gloo|ucc|mpi):")
 # FSDP2's ranges in which the training thread issues a collective and, on CPU, waits for it
 _WAITS_IN = re.compile(r"^FSDP::(all_gather|all_gather_copy_out|post_backward_reduce|post_backward_rs_wait)\b")
 # not work inside those ranges: the collective calls (their wait) and what comm.busy_sets leaves out
-_NOT_WORK = re.compile(r"^(c10d::|record_param_comms$|nccl:|gloo:|ucc:|mpi:|aten::wait|c10d_functional|ProfilerStep#)")
+_NOT_WORK = re.compile(
+    r"^(c10d::|record_param_comms$|nccl:|gloo:|ucc:|mpi:|aten::wait|_?c10d_functional|ProfilerStep#)"
+)
 
 
 def fsdp_rank(rt: RankTrace, analysed: Table) -> tuple[dict[str, Any], dict[str, list[Any]]]:

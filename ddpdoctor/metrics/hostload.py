@@ -16,7 +16,13 @@ collectives (``wait_caused_ms``: the others' wait for it per step) is **starved*
 A rank that sleeps or computes more each step stays a straggler on a loaded host: its extra time is not run-queue
 wait. ``late_own_ms`` is the part of its lateness its extra run-queue wait does not explain (the lateness less
 that wait): where it is large (the rules' thresholds), the rank is a straggler of its own even when the host
-starved it too (a rank that sleeps 100 ms a step and also waits 250 ms for a CPU).
+starved it too (a rank that sleeps 100 ms a step and also waits 250 ms for a CPU). The scheduler measures that
+part too, as the time it worked or was blocked beyond the others: its extra CPU time and its extra time neither
+on a CPU nor waiting for one outside the collectives (``loop_blocked_ms`` less its ``collective_wait_ms``: asleep,
+blocked on data, I/O or a lock); where both are known, ``late_own_ms`` is the smaller of the two measures. (A
+balanced tensor-parallel job on a busy host: a rank 20.4 ms late, 12.9 ms of it more run-queue wait than the other's,
+left 7.5 ms "of its own" by the first measure, with less CPU time than the other and as long blocked: none by
+the second. It is starved, not a straggler.)
 
 A rank can be late on a busy host without waiting for a CPU: it ran, but slower (ranks, their communication
 threads and the profiler sharing too few cores, their caches and memory bandwidth): its extra time is CPU time,
@@ -25,7 +31,13 @@ a rank is ``same_work_slower`` when the ranks share one host with more runnable 
 (``host_runnable_per_cpu`` >= ``OVERSUBSCRIBED``), it ran the ops the others ran (``extra_ops_ms``, the time of
 its ops beyond theirs, under ``SAME_OPS_SHARE`` of its lateness), those ops were slower in proportion to its
 extra CPU time, and its extra CPU time and run-queue wait explain its lateness (what they leave is not large by
-rank-straggler's own test, ``OWN_MS``/``OWN_STEP_SHARE``/``OWN_SHARE``). "In proportion": the same work run slower
+rank-straggler's own test, ``OWN_MS``/``OWN_STEP_SHARE``/``OWN_SHARE``). What they leave is time the rank spent
+neither on a CPU nor waiting for one (asleep, blocked on data, I/O or a lock), and the scheduler measures that too:
+``loop_blocked_ms`` (the window's wall time less the loop's CPU time and run-queue wait, per step) less the rank's
+wait in the collectives; the own lateness is the smaller of the two measures, its excess over the others'. (A
+balanced tensor-parallel job on a busy host: the late rank's CPU time and wait left 5.6 ms of an 18 ms lateness,
+but it was blocked outside the collectives 6.4 ms a step and the other rank 6.6 ms: none of its own.)
+"In proportion": the same work run slower
 is slower everywhere, so the ops, which take a share f of the others' busy time (top-level op time / CPU time and
 run-queue wait of their loop), carry about f of its extra CPU time (and f of its extra wait, as the preemptions fall
 where they fall); work of its own between the ops (Python that calls no op, extra ops of another kind) leaves them
@@ -122,6 +134,7 @@ def rank_hostload(capture: Mapping[str, Any] | None) -> tuple[dict[str, Any], st
     else:
         out["cpu_wait_ms"] = 1e3 * delay / steps
         out["loop_cpu_ms"] = 1e3 * run / steps
+        out["loop_blocked_ms"] = 1e3 * max(0.0, wall - run - delay) / steps
         out["cpu_wait_share"] = min(1.0, delay / wall)
         out["cpu_got_ratio"] = run / (run + delay) if run + delay > 0 else None
     out["cpu_used_cores"] = _ratio(_sum(windows, "cpu_s"), wall)
@@ -171,6 +184,8 @@ def hostload_metrics(
     # the others' medians, each rank left out: sorted once (O(ranks log ranks), not a sort per rank)
     wait_medians = _LeaveOneOutMedian(waits.values())
     work_medians = _LeaveOneOutMedian(own[r]["loop_cpu_ms"] for r in waits)
+    blocked = _blocked_outside_collectives([{**row, **own[int(row["rank"])]} for row in ranks])
+    blocked_medians = _LeaveOneOutMedian(blocked.values())
     for row in ranks:
         rank = int(row["rank"])
         m = own[rank]
@@ -187,6 +202,11 @@ def hostload_metrics(
             lateness = row.get("wait_caused_ms")
             if lateness is not None:
                 m["late_own_ms"] = max(0.0, lateness - max(0.0, m["cpu_wait_excess_ms"]))
+                if rank in blocked and len(blocked) > 1:  # the scheduler's measure of the same (docstring)
+                    work_excess = m["loop_cpu_ms"] - work_medians.without(m["loop_cpu_ms"])
+                    blocked_excess = blocked[rank] - blocked_medians.without(blocked[rank])
+                    measured = max(0.0, work_excess) + max(0.0, blocked_excess)
+                    m["late_own_ms"] = min(m["late_own_ms"], measured)
         row.update(m)
     shared = _same_work(captures, ranks, work or {}, work_medians)
     run = _run_level(ranks)
@@ -217,6 +237,7 @@ def _same_work(
         return False
     steps = [r["step_ms_median"] for r in ranks if r.get("step_ms_median")]
     step_ms = sum(steps) / len(steps) if steps else None
+    blocked = _blocked_outside_collectives(ranks)
     for row in ranks:
         rank = int(row["rank"])
         mine = work.get(rank)
@@ -228,6 +249,8 @@ def _same_work(
             continue
         peers = [r for r in ranks if int(r["rank"]) != rank]
         busy = [r["loop_cpu_ms"] + r["cpu_wait_ms"] for r in peers if r.get("loop_cpu_ms") is not None]
+        idle = [blocked[int(r["rank"])] for r in peers if int(r["rank"]) in blocked]
+        idle_excess = blocked[rank] - statistics.median(idle) if rank in blocked and idle else None
         op_ms = statistics.median(sum(v[2] for v in w.values()) for w in others)
         share = min(1.0, op_ms / statistics.median(busy)) if busy and statistics.median(busy) > 0 else None
         row["same_work_slower"] = same_work_slower(
@@ -239,8 +262,19 @@ def _same_work(
             step_ms=step_ms,
             runnable_per_cpu=row.get("host_runnable_per_cpu"),
             ops_share=share,
+            idle_excess_ms=idle_excess,
         )
     return True
+
+
+def _blocked_outside_collectives(ranks: list[dict[str, Any]]) -> dict[int, float]:
+    """Per rank, the time per step its training loop was blocked or asleep outside the collectives: its
+    ``loop_blocked_ms`` less its wait in them (``collective_wait_ms``), where both are known."""
+    out = {}
+    for r in ranks:
+        if r.get("loop_blocked_ms") is not None and r.get("collective_wait_ms") is not None:
+            out[int(r["rank"])] = max(0.0, r["loop_blocked_ms"] - r["collective_wait_ms"])
+    return out
 
 
 def same_work_slower(
@@ -253,11 +287,13 @@ def same_work_slower(
     step_ms: float,
     runnable_per_cpu: float | None,
     ops_share: float | None,
+    idle_excess_ms: float | None = None,
 ) -> bool | None:
     """Whether a rank's lateness (the others' wait for it per step) is the same work run slower on an
     oversubscribed host the ranks share (module docstring). ``runnable_per_cpu``: None when the ranks do not all
     share the host (False then: ranks of several hosts run on CPUs of their own); ``ops_share``: the others'
-    top-level op time per step / their loop's CPU time and wait (None: unknown, False then). None when its
+    top-level op time per step / their loop's CPU time and wait (None: unknown, False then); ``idle_excess_ms``:
+    its time blocked or asleep outside the collectives per step less the others' (None: unknown). None when its
     lateness is unknown."""
     if lateness_ms is None:
         return None
@@ -269,6 +305,8 @@ def same_work_slower(
     if ops_slower_ms - ops_share * wait < SLOWER_OPS_SHARE * ops_share * cpu:
         return False  # its extra CPU time is not in the ops: work of its own between them
     left = lateness_ms - cpu - wait
+    if idle_excess_ms is not None:  # two measures of its own lateness (module docstring): the smaller
+        left = min(left, max(0.0, idle_excess_ms))
     own = left > OWN_MS and left / step_ms > OWN_STEP_SHARE and left >= OWN_SHARE * lateness_ms
     return not own
 
@@ -282,9 +320,17 @@ def cause_known(ranks: list[dict[str, Any]]) -> tuple[bool | None, str | None]:
     step = [r["step_ms_median"] for r in ranks if r.get("step_ms_median")]
     step_ms = sum(step) / len(step) if step else float("nan")
     said = []
+    blocked = _blocked_outside_collectives(ranks)
     for r in slow:
         others = [o["loop_cpu_ms"] for o in ranks if o is not r and o.get("loop_cpu_ms") is not None]
         more = r["loop_cpu_ms"] - statistics.median(others) if others else float("nan")
+        idle = [v for k, v in blocked.items() if k != int(r["rank"])]
+        rest = (
+            f" (what they leave is not time of its own: it was blocked or asleep outside the collectives"
+            f" {blocked[int(r['rank'])]:.1f} ms per step, the others {statistics.median(idle):.1f} ms)"
+            if int(r["rank"]) in blocked and idle
+            else ""
+        )
         said.append(
             f"rank {r['rank']} arrived last at {100 * (r.get('last_arrival_share') or 0):.0f}% of the matched"
             f" collectives (p = {r.get('last_arrival_p_value') or 0:.1g}) and the others waited"
@@ -292,7 +338,7 @@ def cause_known(ranks: list[dict[str, Any]]) -> tuple[bool | None, str | None]:
             f" {step_ms:.1f} ms step), but it ran the same CPU ops as they did ({r['extra_ops_ms']:.1f} ms per step"
             f" in ops only it ran), those ops {r['ops_slower_ms']:.1f} ms per step slower, and its extra CPU time"
             f" ({more:+.1f} ms per step: {r['loop_cpu_ms']:.1f} ms) and run-queue wait"
-            f" ({r['cpu_wait_excess_ms']:+.1f} ms per step against the others) explain its lateness, with"
+            f" ({r['cpu_wait_excess_ms']:+.1f} ms per step against the others) explain its lateness{rest}, with"
             f" {r['host_runnable_per_cpu']:.1f} runnable threads"
             " per CPU on the host all ranks share"
         )

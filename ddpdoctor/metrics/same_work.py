@@ -9,8 +9,12 @@ rank loses is chance (it shows as CPU time, not as run-queue wait, so ``cpu_star
 
 ``op_work`` (per rank, from its trace; stored in the rank summary as ``"op_work"``): per CPU-op name on the
 training loop's thread, over the analysed steps: ops per step, top-level ops per step (not inside another op) and
-their wall time per step (ms). Collective calls (``c10d::``, ``gloo:``, ``nccl:``, ``record_param_comms``) are left
-out: their time is waiting for the others.
+their wall time per step (ms). Collective calls (``c10d::``, ``gloo:``, ``nccl:``, ``record_param_comms``, the
+functional collectives ``_c10d_functional::`` and their waits) are left out: their time is waiting for the others.
+So is their time inside the ops that hold them: a DTensor op waits in ``_c10d_functional::wait_tensor`` inside its
+``aten::linear`` (tensor parallelism's collectives are waited for where their result is first used), and the rank
+that arrived first waits longest there: counted as op time, its ops looked slower and the late rank's faster
+(a balanced tensor-parallel job on a busy host: rank 1's ``aten::linear`` 19.7 ms a step, rank 0's 10.5).
 
 ``compare`` (per rank, against the median of the other ranks, per name):
 
@@ -24,15 +28,19 @@ Pure functions; no I/O.
 
 from __future__ import annotations
 
+import re
 import statistics
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from ddpdoctor.load.columns import COMM_NAME
 from ddpdoctor.load.model import RankTrace
+from ddpdoctor.metrics.phases import names_matching
 from ddpdoctor.table import Table
+
+# Collective calls and their waits: the others' time, not this rank's work
+COLLECTIVE = re.compile(r"^(nccl:|gloo:|ucc:|mpi:|record_param_comms$|c10d::|_?c10d_functional|aten::wait)")
 
 
 def op_work(rt: RankTrace, analysed: Table) -> dict[str, list[float]] | None:
@@ -46,7 +54,8 @@ def op_work(rt: RankTrace, analysed: Table) -> dict[str, list[float]] | None:
     if not len(steps):
         return None
     ops = rt.tables.ops
-    cpu = ops[ops["cat"].isin(["cpu_op"]) & ~ops["name"].matches(COMM_NAME)]
+    is_cpu, is_comm = ops["cat"].isin(["cpu_op"]), names_matching(ops, COLLECTIVE)
+    cpu, comm = ops[is_cpu & ~is_comm], ops[is_cpu & is_comm]
     names = list(cpu["name"].categories)
     k = len(names) + 1  # the last slot: ops without a name (code -1)
     count, top_count, top_ms = np.zeros(k), np.zeros(k), np.zeros(k)
@@ -63,12 +72,35 @@ def op_work(rt: RankTrace, analysed: Table) -> dict[str, list[float]] | None:
         codes = np.where(codes >= 0, codes, k - 1)
         reach = np.maximum.accumulate(ts + dur)
         top = np.r_[True, ts[1:] >= reach[:-1]]  # not inside an earlier op
+        top_dur = dur[top] - _waited_inside(comm, tid, span, lo, hi, ts[top], ts[top] + dur[top])
         count += np.bincount(codes, minlength=k)
         top_count += np.bincount(codes[top], minlength=k)
-        top_ms += np.bincount(codes[top], weights=dur[top] / 1e3, minlength=k)
+        top_ms += np.bincount(codes[top], weights=top_dur / 1e3, minlength=k)
     n = len(steps)
     labels = [*names, "?"]
     return {labels[i]: [count[i] / n, top_count[i] / n, top_ms[i] / n] for i in np.flatnonzero(count).tolist()}
+
+
+def _waited_inside(
+    comm: Table, tid: int, span: int, lo: float, hi: float, top_ts: np.ndarray, top_end: np.ndarray
+) -> np.ndarray:
+    """The time of the collective calls (the outermost of nested ones) inside each of the top-level ops
+    ``[top_ts, top_end)`` (sorted, disjoint) of one step's thread."""
+    waited = np.zeros(len(top_ts))
+    rows = (comm["tid"] == tid) & (comm["span"] == span) & (comm["ts_us"] >= lo) & (comm["ts_us"] < hi)
+    if not len(top_ts) or not rows.any():
+        return waited
+    part = comm[rows]
+    ts, dur = part["ts_us"].astype(np.float64), part["dur_us"].astype(np.float64)
+    order = np.lexsort((-dur, ts))
+    ts, end = ts[order], ts[order] + dur[order]
+    reach = np.maximum.accumulate(end)
+    outer = np.r_[True, ts[1:] >= reach[:-1]]  # not inside an earlier collective call
+    ts, end = ts[outer], end[outer]
+    at = np.searchsorted(top_ts, ts, side="right") - 1
+    inside = (at >= 0) & (end <= top_end[np.maximum(at, 0)])
+    np.add.at(waited, at[inside], end[inside] - ts[inside])
+    return waited
 
 
 def compare(mine: Mapping[str, Any], others: list[Mapping[str, Any]]) -> tuple[float, float]:

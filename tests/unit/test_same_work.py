@@ -179,3 +179,58 @@ def test_op_work_counts_the_training_threads_ops_per_step_top_level_and_nested(t
         "aten::addmm": [1.0, 0.0, 0.0],
         "aten::add_": [1.0, 1.0, pytest.approx(0.01)],
     }
+
+
+# A balanced tensor-parallel job on a busy host (a real run, rank 0 late): its extra CPU time (8.2 ms a step) and
+# run-queue wait (4.3 ms) left 5.6 ms of the others' 18.2 ms wait unexplained, but both ranks were blocked outside
+# the collectives alike (6.4 and 6.6 ms a step): none of it was rank 0's own.
+TP_LATE = dict(
+    lateness_ms=18.16,
+    extra_ops_ms=0.0,
+    ops_slower_ms=9.97,
+    cpu_excess_ms=8.19,
+    wait_excess_ms=4.33,
+    step_ms=66.8,
+    runnable_per_cpu=1.6,
+    ops_share=0.75,
+)
+
+
+def test_lateness_the_rank_was_not_blocked_for_is_not_its_own() -> None:
+    assert _verdict(**TP_LATE) is False  # what the CPU time and wait leave: 5.6 ms, "its own"
+    assert _verdict(**TP_LATE, idle_excess_ms=-0.2) is True
+    # a rank that sleeps 5 ms a step on the busy host, its ops slowed by preemption: blocked 5 ms more, its own
+    sleeper = dict(lateness_ms=8.0, cpu_excess_ms=1.0, wait_excess_ms=2.0, ops_slower_ms=2.0, ops_share=0.6)
+    assert _verdict(**sleeper, idle_excess_ms=5.0) is False
+    assert _verdict(**sleeper, idle_excess_ms=0.5) is True
+
+
+def test_blocked_time_outside_the_collectives_comes_from_the_windows_and_the_waits() -> None:
+    # 10 steps; rank 0: 41.0 ms on a CPU, 24.8 waiting for one, 73.6 of wall time a step (blocked 7.8 ms, 1.4 of it
+    # in collectives); rank 1: 32.8, 20.5, 78.1 (blocked 24.8 ms, 18.3 in collectives)
+    captures = _captures(
+        _window(0.410, 0.248, wall_s=0.736, runnable=3.2), _window(0.328, 0.205, wall_s=0.781, runnable=3.2)
+    )
+
+    def rows(waits: bool) -> list[dict]:
+        return [
+            {
+                "rank": r,
+                "wait_caused_ms": w,
+                "slow_rank": r == 0,
+                "step_ms_median": 66.8,
+                "last_arrival_share": s,
+                "last_arrival_p_value": p,
+                **({"collective_wait_ms": c} if waits else {}),
+            }
+            for r, w, c, s, p in ((0, 18.16, 1.36, 0.87, 0.007), (1, 0.67, 18.3, 0.13, 1.0))
+        ]
+
+    with_waits = rows(True)
+    run, why = hostload.hostload_metrics(captures, with_waits, {0: _scaled(BALANCED, 1.4), 1: BALANCED})
+    assert [r["loop_blocked_ms"] for r in with_waits] == pytest.approx([7.8, 24.8])
+    assert with_waits[0]["same_work_slower"] is True and run["slow_rank_cause_known"] is None
+    assert "blocked or asleep outside the collectives 6.4 ms per step, the others 6.5 ms" in why["slow_rank_cause_known"]
+    without = rows(False)  # the waits unknown: the CPU time and wait alone decide, as before
+    run, _ = hostload.hostload_metrics(captures, without, {0: _scaled(BALANCED, 1.4), 1: BALANCED})
+    assert without[0]["same_work_slower"] is False and run["slow_rank_cause_known"] is True
