@@ -230,7 +230,41 @@ def test_blocked_time_outside_the_collectives_comes_from_the_windows_and_the_wai
     run, why = hostload.hostload_metrics(captures, with_waits, {0: _scaled(BALANCED, 1.4), 1: BALANCED})
     assert [r["loop_blocked_ms"] for r in with_waits] == pytest.approx([7.8, 24.8])
     assert with_waits[0]["same_work_slower"] is True and run["slow_rank_cause_known"] is None
-    assert "blocked or asleep outside the collectives 6.4 ms per step, the others 6.5 ms" in why["slow_rank_cause_known"]
+    assert (
+        "blocked or asleep outside the collectives 6.4 ms per step, the others 6.5 ms" in why["slow_rank_cause_known"]
+    )
     without = rows(False)  # the waits unknown: the CPU time and wait alone decide, as before
     run, _ = hostload.hostload_metrics(captures, without, {0: _scaled(BALANCED, 1.4), 1: BALANCED})
     assert without[0]["same_work_slower"] is False and run["slow_rank_cause_known"] is True
+
+
+def test_a_starved_ranks_own_lateness_is_what_it_worked_or_blocked_beyond_the_others() -> None:
+    # a balanced tensor-parallel run on a busy host (10 steps here): rank 0 20.4 ms late, 12.9 ms of it more
+    # run-queue wait; it had less CPU time than rank 1 (31.0 against 32.8 ms a step) and was blocked outside the
+    # collectives 6.4 ms a step against rank 1's 4.9 ms. The lateness less the wait left 7.5 ms "of its own" (a
+    # straggler); the scheduler's measure leaves 1.5 ms: it is starved.
+    captures = _captures(
+        _window(0.310, 0.333, wall_s=0.718, runnable=3.3), _window(0.328, 0.205, wall_s=0.786, runnable=3.3)
+    )
+
+    def rows(waits: bool, sleep_ms: float = 0.0) -> list[dict]:
+        return [
+            {"rank": r, "wait_caused_ms": w, "slow_rank": r == 0, "step_ms_median": 65.0}
+            | ({"collective_wait_ms": c} if waits else {})
+            for r, w, c in ((0, 20.37 + sleep_ms, 1.10), (1, 0.77, 20.37 + sleep_ms))
+        ]
+
+    measured = rows(True)
+    hostload.hostload_metrics(captures, measured)
+    assert measured[0]["cpu_starved"] is True
+    assert measured[0]["late_own_ms"] == pytest.approx((7.5 - 1.10) - (25.3 - 20.37), abs=0.01)
+    unknown = rows(False)  # no collective waits: the lateness less the wait, as before
+    hostload.hostload_metrics(captures, unknown)
+    assert unknown[0]["late_own_ms"] == pytest.approx(20.37 - 12.8, abs=0.01)
+    # the same rank sleeping 10 ms a step more: 10 ms more blocked, and it is its own
+    sleeper = _captures(
+        _window(0.310, 0.333, wall_s=0.818, runnable=3.3), _window(0.328, 0.205, wall_s=0.886, runnable=3.3)
+    )
+    slept = rows(True, sleep_ms=10.0)
+    hostload.hostload_metrics(sleeper, slept)
+    assert slept[0]["late_own_ms"] == pytest.approx((17.5 - 1.10) - (35.3 - 30.37), abs=0.01)
