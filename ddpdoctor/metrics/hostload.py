@@ -55,6 +55,7 @@ traced by an older ddpdoctor) get None and the reason in ``not_measured``.
 from __future__ import annotations
 
 import bisect
+import math
 import statistics
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -272,8 +273,9 @@ def _blocked_outside_collectives(ranks: list[dict[str, Any]]) -> dict[int, float
     ``loop_blocked_ms`` less its wait in them (``collective_wait_ms``), where both are known."""
     out = {}
     for r in ranks:
-        if r.get("loop_blocked_ms") is not None and r.get("collective_wait_ms") is not None:
-            out[int(r["rank"])] = max(0.0, r["loop_blocked_ms"] - r["collective_wait_ms"])
+        blocked, waited = r.get("loop_blocked_ms"), r.get("collective_wait_ms")
+        if blocked is not None and waited is not None and math.isfinite(blocked) and math.isfinite(waited):
+            out[int(r["rank"])] = max(0.0, blocked - waited)
     return out
 
 

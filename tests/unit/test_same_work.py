@@ -5,6 +5,7 @@ tests/integration/straggler_job.py and samples/ddp_train.py on a 2-CPU machine."
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 from test_hostload import _captures, _window
@@ -268,3 +269,15 @@ def test_a_starved_ranks_own_lateness_is_what_it_worked_or_blocked_beyond_the_ot
     slept = rows(True, sleep_ms=10.0)
     hostload.hostload_metrics(sleeper, slept)
     assert slept[0]["late_own_ms"] == pytest.approx((17.5 - 1.10) - (35.3 - 30.37), abs=0.01)
+
+
+def test_an_unknown_collective_wait_leaves_the_old_measure() -> None:
+    captures = _captures(
+        _window(0.310, 0.333, wall_s=0.718, runnable=3.3), _window(0.328, 0.205, wall_s=0.786, runnable=3.3)
+    )
+    rows = [
+        {"rank": 0, "wait_caused_ms": 20.37, "slow_rank": True, "step_ms_median": 65.0, "collective_wait_ms": math.nan},
+        {"rank": 1, "wait_caused_ms": 0.77, "slow_rank": False, "step_ms_median": 65.0, "collective_wait_ms": 20.37},
+    ]
+    hostload.hostload_metrics(captures, rows)
+    assert rows[0]["late_own_ms"] == pytest.approx(20.37 - 12.8, abs=0.01)
