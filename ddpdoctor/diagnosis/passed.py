@@ -253,7 +253,10 @@ def passed_reason(
             params.update([param] if param else [])
         unknown = [rank for rank, outcome in outcomes.items() if outcome is None]
         if unknown:
-            undecided = f"; undecided on {format_ranks(unknown)} (a value it needs was not measured)"
+            undecided = (
+                f"; undecided on {format_ranks(unknown)}"
+                " (a value it needs was not measured, or what was measured cannot decide it)"
+            )
     reason = "; ".join(texts) + undecided
     if rule.passed:
         specials = {"ranks": format_ranks(r["rank"] for r in rows), "worst": ""}

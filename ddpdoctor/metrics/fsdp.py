@@ -58,7 +58,7 @@ _PREFETCH = re.compile(r"^FSDP::(forward|backward)_prefetch for ")
 _BACKWARD_CONTEXT = re.compile(r"^FSDP::(pre_backward|backward_prefetch)\b")
 _RUNS_ON_CPU = re.compile(r"^(gloo|ucc|mpi):")
 # FSDP2's ranges in which the training thread issues a collective and, on CPU, waits for it
-_WAITS_IN = re.compile(r"^FSDP::(all_gather|all_gather_copy_out|post_backward_reduce|post_backward_rs_wait)\b")
+WAITS_IN = re.compile(r"^FSDP::(all_gather|all_gather_copy_out|post_backward_reduce|post_backward_rs_wait)\b")
 # not work inside those ranges: the collective calls (their wait) and what comm.busy_sets leaves out
 _NOT_WORK = re.compile(
     r"^(c10d::|record_param_comms$|nccl:|gloo:|ucc:|mpi:|aten::wait|_?c10d_functional|ProfilerStep#)"
@@ -151,7 +151,7 @@ def _without_fsdp_waits(ops: Table, compute: iv.Intervals) -> iv.Intervals:
     computation for its whole length in ``busy_sets``, although on CPU the thread is blocked in the all-gather or
     reduce inside it. The ops inside those ranges that do work (``fsdp::all_gather_copy_in``, ``fsdp::chunk_cat``,
     copies) stay computation."""
-    waits = ops[names_matching(ops, _WAITS_IN)]
+    waits = ops[names_matching(ops, WAITS_IN)]
     if len(waits) == 0:
         return compute
     spans = iv.union(waits["ts_us"], waits["end_us"])

@@ -208,6 +208,7 @@ def hostload_metrics(
                     blocked_excess = blocked[rank] - blocked_medians.without(blocked[rank])
                     measured = max(0.0, work_excess) + max(0.0, blocked_excess)
                     m["late_own_ms"] = min(m["late_own_ms"], measured)
+        m["dataloader_own_ms"] = dataloader_own(row, m)
         row.update(m)
     shared = _same_work(captures, ranks, work or {}, work_medians)
     run = _run_level(ranks)
@@ -266,6 +267,19 @@ def _same_work(
             idle_excess_ms=idle_excess,
         )
     return True
+
+
+def dataloader_own(row: Mapping[str, Any], load: Mapping[str, Any]) -> float | None:
+    """``dataloader_own_ms``: the rank's wait for data (``dataloader_ms``), less all of its loop's run-queue wait
+    where the loop waited ``CONTENDED_WAIT_SHARE`` of the window or more for a CPU and loads its batches itself (no
+    DataLoader workers: the loading runs in the loop, and the host's load stretches it as much as its own work)."""
+    data = row.get("dataloader_ms")
+    if data is None:
+        return None
+    share, wait = load.get("cpu_wait_share"), load.get("cpu_wait_ms")
+    if share is None or wait is None or share < CONTENDED_WAIT_SHARE or (row.get("dataloader_workers") or 0) > 0:
+        return data
+    return max(0.0, data - wait)
 
 
 def _blocked_outside_collectives(ranks: list[dict[str, Any]]) -> dict[int, float]:

@@ -14,7 +14,10 @@ functional collectives ``_c10d_functional::`` and their waits) are left out: the
 So is their time inside the ops that hold them: a DTensor op waits in ``_c10d_functional::wait_tensor`` inside its
 ``aten::linear`` (tensor parallelism's collectives are waited for where their result is first used), and the rank
 that arrived first waits longest there: counted as op time, its ops looked slower and the late rank's faster
-(a balanced tensor-parallel job on a busy host: rank 1's ``aten::linear`` 19.7 ms a step, rank 0's 10.5).
+(a balanced tensor-parallel job on a busy host: rank 1's ``aten::linear`` 19.7 ms a step, rank 0's 10.5). FSDP2
+issues its collectives and, on the CPU, waits for them in ranges of its own (``FSDP::all_gather``,
+``FSDP::post_backward_reduce``, ...: ``fsdp.WAITS_IN``), inside the autograd node that runs its post-backward
+hook; their time is taken out of the ops that hold them as well.
 
 ``compare`` (per rank, against the median of the other ranks, per name):
 
@@ -36,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from ddpdoctor.load.model import RankTrace
+from ddpdoctor.metrics.fsdp import WAITS_IN
 from ddpdoctor.metrics.phases import names_matching
 from ddpdoctor.table import Table
 
@@ -55,7 +59,8 @@ def op_work(rt: RankTrace, analysed: Table) -> dict[str, list[float]] | None:
         return None
     ops = rt.tables.ops
     is_cpu, is_comm = ops["cat"].isin(["cpu_op"]), names_matching(ops, COLLECTIVE)
-    cpu, comm = ops[is_cpu & ~is_comm], ops[is_cpu & is_comm]
+    in_fsdp_wait = ops["cat"].isin(["user_annotation"]) & names_matching(ops, WAITS_IN)
+    cpu, comm = ops[is_cpu & ~is_comm], ops[(is_cpu & is_comm) | in_fsdp_wait]
     names = list(cpu["name"].categories)
     k = len(names) + 1  # the last slot: ops without a name (code -1)
     count, top_count, top_ms = np.zeros(k), np.zeros(k), np.zeros(k)

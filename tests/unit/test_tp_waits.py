@@ -63,3 +63,24 @@ def test_a_wait_inside_an_op_does_not_hide_the_transfer(tmp_path: Path) -> None:
     (tmp_path / "plain").mkdir()
     plain = analyze(_load(tmp_path / "plain", None)).per_step
     assert float(plain["exposed_comm_ms"].mean()) == pytest.approx(0.0)  # the linear's work hides it all
+
+
+def test_fsdp2s_wait_ranges_inside_an_autograd_node_are_not_its_work(tmp_path: Path) -> None:
+    # FSDP2's post-backward hook runs in an autograd node and waits for its reduce-scatter in its own range: a
+    # balanced FSDP2 job on a busy host had the early rank's node 8 ms a step longer (its wait), and the late rank's
+    # slower matmuls showed as 4.7 ms "slower ops" instead of 15.7
+    events: list[dict] = []
+    for s in range(3):
+        t0 = 10_000.0 + s * 1000.0
+        events.append(_x(f"ProfilerStep#{s + 1}", "user_annotation", t0, 1000.0))
+        node = "autograd::engine::evaluate_function: RegisterPostBackwardFunctionBackward"
+        events.append(_x(node, "cpu_op", t0 + 100.0, 500.0))
+        events.append(_x("FSDP::post_backward_reduce", "user_annotation", t0 + 150.0, 400.0))
+        events.append(_x("c10d::_reduce_scatter_base_", "cpu_op", t0 + 160.0, 20.0))
+        events.append(_x("aten::mm", "cpu_op", t0 + 700.0, 100.0))
+    (tmp_path / "rank0.pt.trace.json").write_text(json.dumps({"schemaVersion": 1, "traceEvents": events}))
+    rt = load(tmp_path, workers=1).ranks[0]
+    work = op_work(rt, rt.tables.steps)
+    node_ms = work["autograd::engine::evaluate_function: RegisterPostBackwardFunctionBackward"]
+    assert node_ms == pytest.approx([1.0, 1.0, 0.1])  # 500 us less the 400 us range it holds
+    assert work["aten::mm"] == pytest.approx([1.0, 1.0, 0.1])
