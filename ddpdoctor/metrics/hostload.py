@@ -185,7 +185,9 @@ def hostload_metrics(
     # the others' medians, each rank left out: sorted once (O(ranks log ranks), not a sort per rank)
     wait_medians = _LeaveOneOutMedian(waits.values())
     work_medians = _LeaveOneOutMedian(own[r]["loop_cpu_ms"] for r in waits)
-    blocked = _blocked_outside_collectives([{**row, **own[int(row["rank"])]} for row in ranks])
+    blocked = _blocked_outside_collectives(
+        (row["rank"], own[int(row["rank"])].get("loop_blocked_ms"), row.get("collective_wait_ms")) for row in ranks
+    )
     blocked_medians = _LeaveOneOutMedian(blocked.values())
     for row in ranks:
         rank = int(row["rank"])
@@ -239,7 +241,7 @@ def _same_work(
         return False
     steps = [r["step_ms_median"] for r in ranks if r.get("step_ms_median")]
     step_ms = sum(steps) / len(steps) if steps else None
-    blocked = _blocked_outside_collectives(ranks)
+    blocked = _blocked_of_rows(ranks)
     for row in ranks:
         rank = int(row["rank"])
         mine = work.get(rank)
@@ -282,15 +284,21 @@ def dataloader_own(row: Mapping[str, Any], load: Mapping[str, Any]) -> float | N
     return max(0.0, data - wait)
 
 
-def _blocked_outside_collectives(ranks: list[dict[str, Any]]) -> dict[int, float]:
+def _blocked_outside_collectives(ranks: Iterable[tuple[int, Any, Any]]) -> dict[int, float]:
     """Per rank, the time per step its training loop was blocked or asleep outside the collectives: its
-    ``loop_blocked_ms`` less its wait in them (``collective_wait_ms``), where both are known."""
+    ``loop_blocked_ms`` less its wait in them (``collective_wait_ms``), where both are known. ``ranks``: (rank,
+    loop_blocked_ms, collective_wait_ms) of each."""
     out = {}
-    for r in ranks:
-        blocked, waited = r.get("loop_blocked_ms"), r.get("collective_wait_ms")
+    for rank, blocked, waited in ranks:
         if blocked is not None and waited is not None and math.isfinite(blocked) and math.isfinite(waited):
-            out[int(r["rank"])] = max(0.0, blocked - waited)
+            out[int(rank)] = max(0.0, blocked - waited)
     return out
+
+
+def _blocked_of_rows(ranks: list[dict[str, Any]]) -> dict[int, float]:
+    return _blocked_outside_collectives(
+        (r["rank"], r.get("loop_blocked_ms"), r.get("collective_wait_ms")) for r in ranks
+    )
 
 
 def same_work_slower(
@@ -336,7 +344,7 @@ def cause_known(ranks: list[dict[str, Any]]) -> tuple[bool | None, str | None]:
     step = [r["step_ms_median"] for r in ranks if r.get("step_ms_median")]
     step_ms = sum(step) / len(step) if step else float("nan")
     said = []
-    blocked = _blocked_outside_collectives(ranks)
+    blocked = _blocked_of_rows(ranks)
     for r in slow:
         others = [o["loop_cpu_ms"] for o in ranks if o is not r and o.get("loop_cpu_ms") is not None]
         more = r["loop_cpu_ms"] - statistics.median(others) if others else float("nan")
@@ -433,9 +441,7 @@ def _run_level(ranks: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def summary_line(
-    measured: list[dict[str, Any]], worst: dict[str, Any], steal: float | None, contended: bool
-) -> str:
+def summary_line(measured: list[dict[str, Any]], worst: dict[str, Any], steal: float | None, contended: bool) -> str:
     """The report's line on the host's load (``host_load_summary``)."""
     rank = worst["rank"]
     waited = (
