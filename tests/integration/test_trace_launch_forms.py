@@ -93,12 +93,14 @@ def _assert_two_ranks_traced(out: Path, launch: str, *, steps: int = 8) -> dict:
 
 
 def _diagnosis(out: Path) -> tuple[set[str], set[str]]:
-    """(findings that do not turn on timing alone, rules diagnose could not evaluate) of `diagnose --format json`."""
+    """(findings that do not turn on timing alone, rules diagnose could not evaluate) of `diagnose --format json`.
+    Timing rules are left out of both: whether one can be decided turns on the host's load in that run too
+    (rank-straggler is not evaluated where the slow rank ran the same work slower on a busy host)."""
     result = run_cli("diagnose", "--format", "json", str(out), timeout=120)
     assert result.returncode in (0, 1), result.stderr
     doc = json.loads(result.stdout)
     assert doc["run"]["world_size"] == 2 and doc["run"]["mode"] == "ddp" and doc["run"]["backend"] == "gloo"
-    return {f["name"] for f in doc["findings"]} - TIMING_RULES, {n["name"] for n in doc["not_evaluated"]}
+    return {f["name"] for f in doc["findings"]} - TIMING_RULES, {n["name"] for n in doc["not_evaluated"]} - TIMING_RULES
 
 
 def test_mp_spawn_two_ranks_diagnosed_as_under_torchrun(tmp_path):
