@@ -33,12 +33,13 @@ COMM_KERNEL = re.compile(r"^(nccl|rccl).*kernel", re.IGNORECASE)
 _NOT_COMPUTE = re.compile(r"^nccl.*Kernel|Memcpy|Memset|Sync")
 _CPU_COMM_RANGE = re.compile(r"^(gloo|ucc|mpi):")
 _COMM_CALL = re.compile(r"^(nccl|gloo|ucc|mpi):")
+# The collective calls on the CPU timeline and their waits (c10d, the backends' ranges, the functional collectives
+# torch names ``_c10d_functional::``): the others' time, not the rank's work. One pattern for every use (busy_sets
+# here, fsdp's work inside its ranges, same_work's ops), so that a name added is added everywhere.
+COLLECTIVE_CALL = r"c10d::|record_param_comms$|nccl:|gloo:|ucc:|mpi:|aten::wait|_?c10d_functional"
 # Not computation on the CPU timeline: communication calls, and the step/data-loading ranges that torch <= 1.9
 # wrote with category "Operator" (so they load as cpu_op) although they enclose waiting as much as work.
-_NOT_CPU_COMPUTE = re.compile(
-    r"^(c10d::|record_param_comms$|nccl:|gloo:|ucc:|mpi:|aten::wait|_?c10d_functional|ProfilerStep#"
-    r"|enumerate\(DataLoader\))"
-)
+_NOT_CPU_COMPUTE = re.compile(rf"^({COLLECTIVE_CALL}|ProfilerStep#|enumerate\(DataLoader\))")
 # Waiting for a collective on the CPU timeline, inside the ops that hold it: a DTensor op (tensor parallelism) waits in
 # ``_c10d_functional::wait_tensor`` inside its ``aten::linear``; that time is not computation of the op that holds it.
 _CPU_WAIT = re.compile(r"^(aten::wait|_?c10d_functional)")

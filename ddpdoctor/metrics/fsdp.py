@@ -35,7 +35,7 @@ import numpy as np
 from ddpdoctor.load.model import RankTrace
 from ddpdoctor.metrics import catalog
 from ddpdoctor.metrics import intervals as iv
-from ddpdoctor.metrics.comm import _numel, _type_bytes, busy_sets, comm_kernels, kind_of
+from ddpdoctor.metrics.comm import COLLECTIVE_CALL, _numel, _type_bytes, busy_sets, comm_kernels, kind_of
 from ddpdoctor.metrics.phases import names_matching
 from ddpdoctor.metrics.steps import first_index, launch_times
 from ddpdoctor.table import Table, distinct
@@ -60,9 +60,7 @@ _RUNS_ON_CPU = re.compile(r"^(gloo|ucc|mpi):")
 # FSDP2's ranges in which the training thread issues a collective and, on CPU, waits for it
 WAITS_IN = re.compile(r"^FSDP::(all_gather|all_gather_copy_out|post_backward_reduce|post_backward_rs_wait)\b")
 # not work inside those ranges: the collective calls (their wait) and what comm.busy_sets leaves out
-_NOT_WORK = re.compile(
-    r"^(c10d::|record_param_comms$|nccl:|gloo:|ucc:|mpi:|aten::wait|_?c10d_functional|ProfilerStep#)"
-)
+_NOT_WORK = re.compile(rf"^({COLLECTIVE_CALL}|ProfilerStep#)")
 
 
 def fsdp_rank(rt: RankTrace, analysed: Table) -> tuple[dict[str, Any], dict[str, list[Any]]]:

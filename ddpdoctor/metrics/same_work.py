@@ -39,12 +39,13 @@ from typing import Any
 import numpy as np
 
 from ddpdoctor.load.model import RankTrace
+from ddpdoctor.metrics.comm import COLLECTIVE_CALL
 from ddpdoctor.metrics.fsdp import WAITS_IN
 from ddpdoctor.metrics.phases import names_matching
 from ddpdoctor.table import Table
 
 # Collective calls and their waits: the others' time, not this rank's work
-COLLECTIVE = re.compile(r"^(nccl:|gloo:|ucc:|mpi:|record_param_comms$|c10d::|_?c10d_functional|aten::wait)")
+COLLECTIVE = re.compile(rf"^({COLLECTIVE_CALL})")
 
 
 def op_work(rt: RankTrace, analysed: Table) -> dict[str, list[float]] | None:
