@@ -196,29 +196,29 @@ def hostload_metrics(
         if m["cpu_wait_ms"] is not None and others:
             typical = wait_medians.without(m["cpu_wait_ms"])
             m["cpu_wait_excess_ms"] = m["cpu_wait_ms"] - typical
+            work_excess = m["loop_cpu_ms"] - work_medians.without(m["loop_cpu_ms"])
             m["cpu_starved"] = starved(
                 lateness_ms=row.get("wait_caused_ms"),
                 wait_excess_ms=m["cpu_wait_excess_ms"],
-                work_excess_ms=m["loop_cpu_ms"] - work_medians.without(m["loop_cpu_ms"]),
+                work_excess_ms=work_excess,
                 got_ratio=m["cpu_got_ratio"],
             )
             lateness = row.get("wait_caused_ms")
             if lateness is not None:
                 m["late_own_ms"] = max(0.0, lateness - max(0.0, m["cpu_wait_excess_ms"]))
-                if rank in blocked and len(blocked) > 1:  # the scheduler's measure of the same (docstring)
-                    work_excess = m["loop_cpu_ms"] - work_medians.without(m["loop_cpu_ms"])
-                    blocked_excess = blocked[rank] - blocked_medians.without(blocked[rank])
+                blocked_excess = _excess(blocked, blocked_medians, rank)
+                if blocked_excess is not None:  # the scheduler's measure of the same (docstring)
                     measured = max(0.0, work_excess) + max(0.0, blocked_excess)
                     m["late_own_ms"] = min(m["late_own_ms"], measured)
         m["dataloader_own_ms"] = dataloader_own(row, m)
         row.update(m)
-    shared = _same_work(captures, ranks, work or {}, work_medians)
+    shared = _same_work(captures, ranks, work or {}, work_medians, blocked, blocked_medians)
     run = _run_level(ranks)
     reasons = _reasons(why, ranks, run)
     if not shared and not why:
         for name in catalog.group("same_work"):
             reasons[name] = ONE_HOST_ONLY
-    run["slow_rank_cause_known"], doubt = cause_known(ranks)
+    run["slow_rank_cause_known"], doubt = cause_known(ranks, blocked, blocked_medians)
     run["slow_ranks_same_work"] = doubt is not None
     reasons.pop("slow_rank_cause_known", None)
     reasons.pop("slow_ranks_same_work", None)
@@ -232,6 +232,8 @@ def _same_work(
     ranks: list[dict[str, Any]],
     work: Mapping[int, Mapping[str, Any] | None],
     work_medians: _LeaveOneOutMedian,
+    blocked: Mapping[int, float],
+    blocked_medians: _LeaveOneOutMedian,
 ) -> bool:
     """``extra_ops_ms``, ``ops_slower_ms`` and ``same_work_slower`` of every rank (module docstring), where all
     ranks share one host (then there are few: one rank's ops are compared with every other's); whether they do."""
@@ -241,7 +243,6 @@ def _same_work(
         return False
     steps = [r["step_ms_median"] for r in ranks if r.get("step_ms_median")]
     step_ms = sum(steps) / len(steps) if steps else None
-    blocked = _blocked_of_rows(ranks)
     for row in ranks:
         rank = int(row["rank"])
         mine = work.get(rank)
@@ -253,8 +254,7 @@ def _same_work(
             continue
         peers = [r for r in ranks if int(r["rank"]) != rank]
         busy = [r["loop_cpu_ms"] + r["cpu_wait_ms"] for r in peers if r.get("loop_cpu_ms") is not None]
-        idle = [blocked[int(r["rank"])] for r in peers if int(r["rank"]) in blocked]
-        idle_excess = blocked[rank] - statistics.median(idle) if rank in blocked and idle else None
+        idle_excess = _excess(blocked, blocked_medians, rank)
         op_ms = statistics.median(sum(v[2] for v in w.values()) for w in others)
         share = min(1.0, op_ms / statistics.median(busy)) if busy and statistics.median(busy) > 0 else None
         row["same_work_slower"] = same_work_slower(
@@ -295,10 +295,9 @@ def _blocked_outside_collectives(ranks: Iterable[tuple[int, Any, Any]]) -> dict[
     return out
 
 
-def _blocked_of_rows(ranks: list[dict[str, Any]]) -> dict[int, float]:
-    return _blocked_outside_collectives(
-        (r["rank"], r.get("loop_blocked_ms"), r.get("collective_wait_ms")) for r in ranks
-    )
+def _excess(blocked: Mapping[int, float], medians: _LeaveOneOutMedian, rank: int) -> float | None:
+    """The rank's blocked time outside the collectives less the other ranks' median; None without both."""
+    return blocked[rank] - medians.without(blocked[rank]) if rank in blocked and len(blocked) > 1 else None
 
 
 def same_work_slower(
@@ -335,24 +334,26 @@ def same_work_slower(
     return not own
 
 
-def cause_known(ranks: list[dict[str, Any]]) -> tuple[bool | None, str | None]:
+def cause_known(
+    ranks: list[dict[str, Any]], blocked: Mapping[int, float], blocked_medians: _LeaveOneOutMedian
+) -> tuple[bool | None, str | None]:
     """``slow_rank_cause_known``: True, or None and why when every slow rank is ``same_work_slower`` and one of
-    them at least is not ``cpu_starved`` (a starved rank's cause is known: rank-starved-of-cpu names it)."""
+    them at least is not ``cpu_starved`` (a starved rank's cause is known: rank-starved-of-cpu names it).
+    ``blocked``: each rank's time blocked outside the collectives (``_blocked_outside_collectives``)."""
     slow = [r for r in ranks if r.get("slow_rank")]
     if not slow or not all(r.get("same_work_slower") for r in slow) or all(r.get("cpu_starved") for r in slow):
         return True, None
     step = [r["step_ms_median"] for r in ranks if r.get("step_ms_median")]
     step_ms = sum(step) / len(step) if step else float("nan")
     said = []
-    blocked = _blocked_of_rows(ranks)
     for r in slow:
         others = [o["loop_cpu_ms"] for o in ranks if o is not r and o.get("loop_cpu_ms") is not None]
         more = r["loop_cpu_ms"] - statistics.median(others) if others else float("nan")
-        idle = [v for k, v in blocked.items() if k != int(r["rank"])]
+        mine = blocked.get(int(r["rank"]))
         rest = (
             f" (what they leave is not time of its own: it was blocked or asleep outside the collectives"
-            f" {blocked[int(r['rank'])]:.1f} ms per step, the others {statistics.median(idle):.1f} ms)"
-            if int(r["rank"]) in blocked and idle
+            f" {mine:.1f} ms per step, the others {blocked_medians.without(mine):.1f} ms)"
+            if mine is not None and len(blocked) > 1
             else ""
         )
         said.append(
