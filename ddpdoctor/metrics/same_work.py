@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from ddpdoctor.load.model import RankTrace
+from ddpdoctor.metrics import intervals as iv
 from ddpdoctor.metrics.comm import COLLECTIVE_CALL
 from ddpdoctor.metrics.fsdp import WAITS_IN
 from ddpdoctor.metrics.phases import names_matching
@@ -97,12 +98,7 @@ def _waited_inside(
     if not len(top_ts) or not rows.any():
         return waited
     part = comm[rows]
-    ts, dur = part["ts_us"].astype(np.float64), part["dur_us"].astype(np.float64)
-    order = np.lexsort((-dur, ts))
-    ts, end = ts[order], ts[order] + dur[order]
-    reach = np.maximum.accumulate(end)
-    outer = np.r_[True, ts[1:] >= reach[:-1]]  # not inside an earlier collective call
-    ts, end = ts[outer], end[outer]
+    ts, end = iv.union(part["ts_us"], part["ts_us"] + part["dur_us"])  # a thread's calls nest: the outermost
     at = np.searchsorted(top_ts, ts, side="right") - 1
     inside = (at >= 0) & (end <= top_end[np.maximum(at, 0)])
     np.add.at(waited, at[inside], end[inside] - ts[inside])
