@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from ddpdoctor._version import __version__
-from ddpdoctor.errors import DDPDoctorError
+from ddpdoctor.errors import DDPDoctorError, UsageError
 
 # command name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -81,11 +81,19 @@ def _import_numpy_single_threaded() -> None:
                 os.environ.pop(key, None)
 
 
+class _Parser(argparse.ArgumentParser):
+    """A usage error as one line (``UsageError``, printed as ``ddpdoctor: error: ...``, exit 2), naming the help to
+    read, instead of argparse's usage block above it. The commands' parsers are made of this class too."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"{message} (see `{self.prog} --help`)")
+
+
 def build_parser(only: str | None | object = _ALL) -> argparse.ArgumentParser:
     """The command line's parser. ``only``: register only that command's options (None: no command's) and list
     the others by their one-line help alone, so that a command imports its own module and nothing else
     (``ddpdoctor --help`` imports none); by default every command is registered."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="ddpdoctor",
         description="Profile and diagnose PyTorch DataParallel / DistributedDataParallel training.",
     )
@@ -149,8 +157,11 @@ def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser(command)
     try:
         args = parser.parse_args(argv)
-    except SystemExit as exc:  # argparse: --help (0) or a usage error (2)
+    except SystemExit as exc:  # argparse: --help or --version (0)
         return int(exc.code or 0)
+    except UsageError as exc:
+        print(f"ddpdoctor: error: {exc}", file=sys.stderr)
+        return exc.exit_code
     try:
         from ddpdoctor.cli.cluster_opts import cluster_from_args
 

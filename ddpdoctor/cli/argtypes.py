@@ -1,4 +1,4 @@
-"""Numeric option types for argparse (``type=``): whole numbers and seconds, within bounds.
+"""Option types for argparse (``type=``): whole numbers and seconds, within bounds; files a command will write.
 
 ``float`` alone takes ``nan``, ``inf`` and ``1e300``, and ``nan`` compares false with every limit, so a check such
 as ``value <= 0`` lets it through (``--hang-timeout nan`` ended a healthy job at once); ``int`` alone takes any
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
 from collections.abc import Callable
 
@@ -44,3 +45,25 @@ def seconds(maximum: float = MAX_SECONDS) -> Callable[[str], float]:
         return value
 
     return parse
+
+
+def output_file(text: str) -> str:
+    """A file the command can write once its work is done: not a folder, under folders that are folders (missing
+    ones are made) and, where the nearest existing one is, writable. Checked when the options are read, so that a
+    mistyped ``--output`` is said at once, not after minutes of reading traces (the file is still written
+    atomically at the end, where a full disk or a folder removed meanwhile is said as it happens)."""
+    if not text:
+        raise argparse.ArgumentTypeError("must name a file, not ''")
+    path = os.path.abspath(text)
+    if os.path.isdir(path):
+        raise argparse.ArgumentTypeError(f"{text} is a folder; name the file to write in it")
+    folder = os.path.dirname(path)
+    while not os.path.exists(folder):
+        if os.path.lexists(folder):  # a dangling link where a folder should be
+            raise argparse.ArgumentTypeError(f"cannot write {text}: {folder} is a broken link")
+        folder = os.path.dirname(folder)
+    if not os.path.isdir(folder):
+        raise argparse.ArgumentTypeError(f"cannot write {text}: {folder} is a file, not a folder")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"cannot write {text}: no permission to write in {folder}")
+    return text

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
+from ddpdoctor.cli.argtypes import output_file
 from ddpdoctor.cli.cluster_opts import add_cluster_options
 from ddpdoctor.cli.diagnose_cmd import add_rule_options, add_rule_selection, rule_options
 from ddpdoctor.errors import DDPDoctorError
@@ -53,7 +54,9 @@ def register(subparsers: Any, name: str, help_text: str) -> None:
         default=OutputFormat.TEXT.value,
         help="report format (default: text; html has charts)",
     )
-    p.add_argument("--output", "-o", metavar="FILE", help="write the report to FILE instead of stdout")
+    p.add_argument(
+        "--output", "-o", metavar="FILE", type=output_file, help="write the report to FILE instead of stdout"
+    )
     add_rule_selection(p)
     add_rule_options(p)
     add_cluster_options(p)

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ddpdoctor.cli.argtypes import output_file
 from ddpdoctor.cli.cluster_opts import add_cluster_options
 from ddpdoctor.diagnosis.findings import SEVERITIES
 from ddpdoctor.errors import DDPDoctorError, UsageError
@@ -84,7 +85,9 @@ def register(subparsers: Any, name: str, help_text: str) -> None:
         default=OutputFormat.TEXT.value,
         help="report format (default: text)",
     )
-    p.add_argument("--output", "-o", metavar="FILE", help="write the report to FILE instead of stdout")
+    p.add_argument(
+        "--output", "-o", metavar="FILE", type=output_file, help="write the report to FILE instead of stdout"
+    )
     p.add_argument(
         "--fail-on",
         choices=SEVERITIES,

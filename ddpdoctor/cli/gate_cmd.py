@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ddpdoctor.cli.argtypes import output_file
 from ddpdoctor.cli.cluster_opts import add_cluster_options
 from ddpdoctor.cli.compare_cmd import emit
 from ddpdoctor.cli.diagnose_cmd import add_rule_options, add_rule_selection, rule_options
@@ -54,7 +55,9 @@ def register(subparsers: Any, name: str, help_text: str) -> None:
             help="a ddpdoctor run directory (or traces); several runs of the same job (3 or more recommended) "
             "let the gate measure the noise between runs",
         )
-        p.add_argument("--output", "-o", metavar="FILE", help="write the baseline to FILE (default: stdout)")
+        p.add_argument(
+            "--output", "-o", metavar="FILE", type=output_file, help="write the baseline to FILE (default: stdout)"
+        )
         add_rule_selection(p)
         add_rule_options(p)
         add_cluster_options(p)
@@ -107,8 +110,10 @@ def register(subparsers: Any, name: str, help_text: str) -> None:
         default=OutputFormat.TEXT.value,
         help="output format (default: text)",
     )
-    p.add_argument("--output", "-o", metavar="FILE", help="write the result to FILE instead of stdout")
-    p.add_argument("--junit", metavar="FILE", help="also write JUnit XML to FILE")
+    p.add_argument(
+        "--output", "-o", metavar="FILE", type=output_file, help="write the result to FILE instead of stdout"
+    )
+    p.add_argument("--junit", metavar="FILE", type=output_file, help="also write JUnit XML to FILE")
     p.add_argument(
         "--config",
         metavar="FILE",

@@ -6,6 +6,7 @@ the engine's logic: which rule fires on which numbers; they are not findings mea
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -282,8 +283,7 @@ def test_usage_errors_exit_2_with_one_line(fake_analyze, tmp_path, capsys, args,
     assert main(["diagnose", str(tmp_path), *args]) == 2
     err = capsys.readouterr().err
     assert message in err
-    if "invalid choice" not in message:  # argparse prints its usage block; ours are one line
-        assert err.count("\n") == 1 and err.startswith("ddpdoctor: error: ")
+    assert err.count("\n") == 1 and err.startswith("ddpdoctor: error: ")
 
 
 def test_missing_run_exits_2(fake_analyze, tmp_path, capsys):
@@ -319,6 +319,31 @@ def test_output_is_written_atomically_and_only_on_success(fake_analyze, tmp_path
         main(["diagnose", str(tmp_path), "--output", str(out)])
     assert out.read_text().startswith("<!DOCTYPE html>")  # the previous report is untouched
     assert [p.name for p in out.parent.iterdir()] == ["report.html"]
+
+
+@pytest.mark.parametrize("command", ["diagnose", "compare", "baseline", "gate"])
+@pytest.mark.parametrize("where", ["a folder", "under a file", "a read-only folder", "empty"])
+def test_an_output_that_cannot_be_written_is_refused_before_any_run_is_read(
+    fake_analyze, tmp_path, capsys, command, where
+):
+    (tmp_path / "a-file").write_text("kept")
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    target, said = {
+        "a folder": (tmp_path, "is a folder; name the file to write in it"),
+        "under a file": (tmp_path / "a-file" / "sub" / "r.json", "a-file is a file, not a folder"),
+        "a read-only folder": (locked / "new" / "r.json", f"no permission to write in {locked}"),
+        "empty": ("", "must name a file"),
+    }[where]
+    if where == "a read-only folder" and os.access(locked, os.W_OK):
+        pytest.skip("running as a user that can write anywhere")
+    runs = {"diagnose": ["r"], "compare": ["a", "b"], "baseline": ["r"], "gate": ["base", "r"]}[command]
+    argv = [command, *(str(tmp_path / r) for r in runs), "--output", str(target)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ddpdoctor: error: argument --output") and said in err and err.count("\n") == 1
+    assert fake_analyze == []  # nothing read: the path was checked with the options
+    assert (tmp_path / "a-file").read_text() == "kept" and not (locked / "new").exists()
 
 
 def test_rules_and_explain_commands(capsys):
