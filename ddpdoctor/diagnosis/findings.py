@@ -156,8 +156,13 @@ def sort_findings(findings: Iterable[Finding]) -> tuple[Finding, ...]:
     )
 
 
+_SPANS_SHOWN = 12  # of a rank list in text; more are elided, with the count (JSON's `ranks` keeps every rank)
+
+
 def format_ranks(ranks: Iterable[int]) -> str:
-    """``[0, 1, 2, 5]`` -> ``"ranks 0-2, 5"``; ``[3]`` -> ``"rank 3"``; ``[]`` -> ``"no rank"``."""
+    """``[0, 1, 2, 5]`` -> ``"ranks 0-2, 5"``; ``[3]`` -> ``"rank 3"``; ``[]`` -> ``"no rank"``. Over 12 spans
+    (every other rank of a large job), the first and last few and the count: ``"ranks 0, 2, ..., 16382 (8,192
+    ranks)"``, so that a line of a report stays a line at any world size."""
     ordered = sorted(set(ranks))
     if not ordered:
         return "no rank"
@@ -170,4 +175,6 @@ def format_ranks(ranks: Iterable[int]) -> str:
         spans.append(str(start) if start == prev else f"{start}-{prev}")
         if r is not None:
             start = prev = r
+    if len(spans) > _SPANS_SHOWN:
+        return f"ranks {', '.join(spans[:8])}, ..., {', '.join(spans[-2:])} ({len(ordered):,} ranks)"
     return ("rank " if len(ordered) == 1 else "ranks ") + ", ".join(spans)

@@ -64,10 +64,19 @@ def gain(value: float | None) -> str:
     return "—" if value is None else f"~{value:,.1f} ms/step"
 
 
+_LISTED_RANKS = 8  # per-rank evidence of up to this many ranks is listed rank by rank
+_VALUE_GROUPS = 3  # else, up to this many distinct values are each shown with their ranks
+
+
 def evidence_value(value: Any) -> str:
-    """One evidence value: a number, or per-rank numbers ``r0=1.2, r1=3.4``."""
+    """One evidence value: a number, or per-rank numbers ``r0=1.2, r1=3.4``. Of more than 8 ranks: each value with
+    its ranks (``1 on ranks 0-16383``) where they take 3 values or fewer, else the range with the ranks that hold
+    its ends (``9.8 (r3) to 64.1 (r1021) over 4,096 ranks``): a report of 131,072 ranks lists no rank by rank
+    (the JSON report keeps every value)."""
     if isinstance(value, dict):
-        return ", ".join(f"r{k}={evidence_value(v)}" for k, v in value.items())
+        if len(value) <= _LISTED_RANKS:
+            return ", ".join(f"r{k}={evidence_value(v)}" for k, v in value.items())
+        return _many_ranks(value)
     value = clean_value(value)
     if value is None:
         return "n/a"
@@ -76,3 +85,37 @@ def evidence_value(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:,.0f}" if abs(value) >= 1e5 else f"{value:.4g}"
     return plain(value)
+
+
+def _many_ranks(values: dict[Any, Any]) -> str:
+    groups = _by_text(values)
+    if len(groups) <= _VALUE_GROUPS:
+        return _groups_text(groups)
+    numbers = {k: float(v) for k, v in values.items() if _finite_number(v)}
+    if not numbers:
+        shown = dict(sorted(groups.items(), key=lambda g: -len(g[1]))[:_VALUE_GROUPS])
+        return _groups_text(shown) + f"; {len(groups) - len(shown)} more values"
+    low, high = min(numbers, key=numbers.__getitem__), max(numbers, key=numbers.__getitem__)
+    ends = f"{evidence_value(values[low])} (r{low}) to {evidence_value(values[high])} (r{high})"
+    text = f"{ends} over {len(numbers):,} ranks"
+    rest = _by_text({k: v for k, v in values.items() if k not in numbers})  # n/a, true/false, text
+    if len(rest) > _VALUE_GROUPS:
+        return text + f"; {len(values) - len(numbers):,} ranks with other values"
+    return "; ".join(filter(None, (text, _groups_text(rest))))
+
+
+def _by_text(values: dict[Any, Any]) -> dict[str, list[Any]]:
+    groups: dict[str, list[Any]] = {}
+    for rank, v in values.items():
+        groups.setdefault(evidence_value(v), []).append(rank)
+    return groups
+
+
+def _groups_text(groups: dict[str, list[Any]]) -> str:
+    from ddpdoctor.diagnosis.findings import format_ranks
+
+    return "; ".join(f"{t} on {format_ranks(ranks)}" for t, ranks in sorted(groups.items(), key=lambda g: -len(g[1])))
+
+
+def _finite_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) < float("inf")

@@ -196,10 +196,28 @@ def _render_json(result: Diagnosis) -> str:
 def test_format_ranks_and_sort_helpers():
     assert format_ranks([3]) == "rank 3"
     assert format_ranks([0, 1, 2, 5, 7, 8]) == "ranks 0-2, 5, 7-8"
+    every_other = format_ranks(range(0, 16384, 2))  # a line at any world size; the count says how many
+    assert every_other == "ranks 0, 2, 4, 6, 8, 10, 12, 14, ..., 16380, 16382 (8,192 ranks)"
+    assert format_ranks(range(0, 24, 2)).endswith("20, 22")  # 12 spans: all of them
     a = Finding("X001", "a", "info", (0,), "m", "r", {}, None)
     b = Finding("X002", "b", "warning", (0,), "m", "r", {}, 1.0)
     c = Finding("X003", "c", "error", (0,), "m", "r", {}, None)
     assert [f.id for f in sort_findings([a, b, c])] == ["X003", "X002", "X001"]  # errors lead
+
+
+def test_evidence_of_many_ranks_is_their_values_not_a_list_of_every_rank():
+    from ddpdoctor.report.fmt import evidence_value
+
+    assert evidence_value({0: 1.5, 1: 2}) == "r0=1.5, r1=2"  # a few ranks: each one
+    assert evidence_value({r: 1 for r in range(16384)}) == "1 on ranks 0-16383"
+    two = {r: 4 if r in (7, 900) else 1 for r in range(16384)}
+    assert evidence_value(two) == "1 on ranks 0-6, 8-899, 901-16383; 4 on ranks 7, 900"
+    spread = {r: 10 + (r * 7919) % 4096 / 100 for r in range(4096)}
+    assert evidence_value(spread) == "10 (r0) to 50.95 (r4081) over 4,096 ranks"
+    with_gaps = {r: None if r == 3 else float(r) for r in range(20)}  # not measured on one rank: said, not dropped
+    assert evidence_value(with_gaps) == "0 (r0) to 19 (r19) over 19 ranks; n/a on rank 3"
+    names = {r: f"host{r % 5}" for r in range(100)}
+    assert evidence_value(names).endswith("; 2 more values") and len(evidence_value(names)) < 400
 
 
 @pytest.mark.parametrize(
