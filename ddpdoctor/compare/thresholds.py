@@ -21,7 +21,6 @@ Sources, later ones winning: the catalog defaults, ``[tool.ddpdoctor.gate]`` in 
 from __future__ import annotations
 
 import re
-import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,11 +28,7 @@ from typing import Any
 
 from ddpdoctor.compare import catalog
 from ddpdoctor.errors import UsageError
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
+from ddpdoctor.tomlfile import TOMLError, load_bytes
 
 SEVERITIES_OR_OFF = ("info", "warning", "error", "off")
 # New findings fail the gate from this severity on. Not "warning": the warning-level rules (straggler,
@@ -105,9 +100,7 @@ def parse_threshold(metric: str, text: str, source: str = "--threshold") -> Thre
         return None
     m = _THRESHOLD_RE.match(raw)
     if not m:
-        raise UsageError(
-            f"{source}: {name}={raw!r} is not a threshold (examples: +5%, +2ms, +512MiB, -0.1, off)"
-        )
+        raise UsageError(f"{source}: {name}={raw!r} is not a threshold (examples: +5%, +2ms, +512MiB, -0.1, off)")
     amount, unit = float(m.group("num")), (m.group("unit") or "").lower()
     want = "+" if spec.worse == "up" else "-"
     if m.group("sign") and m.group("sign") != want:
@@ -147,17 +140,14 @@ def defaults() -> dict[str, Threshold]:
 
 def _read_toml(path: Path) -> dict[str, Any]:
     try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
+        return load_bytes(path.read_bytes())
     except OSError as exc:
         raise UsageError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    except tomllib.TOMLDecodeError as exc:
+    except TOMLError as exc:
         raise UsageError(f"{path}: not valid TOML: {exc}") from None
 
 
-def find_gate_table(
-    config_file: str | None = None, cwd: str | Path | None = None
-) -> tuple[str | None, dict[str, Any]]:
+def find_gate_table(config_file: str | None = None, cwd: str | Path | None = None) -> tuple[str | None, dict[str, Any]]:
     """``[tool.ddpdoctor.gate]`` of ``config_file`` (a pyproject.toml, or plain TOML with a ``[gate]``
     table), or of the nearest pyproject.toml with a ``[tool.ddpdoctor]`` table from ``cwd`` upwards."""
     if config_file is not None:
@@ -197,9 +187,7 @@ def load_config(
         )
     conf_thresholds = table.get("thresholds") or {}
     if not isinstance(conf_thresholds, Mapping):
-        raise UsageError(
-            f'{source}: [tool.ddpdoctor.gate.thresholds] must be a table of METRIC = "THRESHOLD"'
-        )
+        raise UsageError(f'{source}: [tool.ddpdoctor.gate.thresholds] must be a table of METRIC = "THRESHOLD"')
     for metric, text in conf_thresholds.items():
         t = parse_threshold(metric, str(text), f"{source} [tool.ddpdoctor.gate.thresholds]")
         thresholds[catalog.canonical(metric) or metric] = t

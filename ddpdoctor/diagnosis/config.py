@@ -11,18 +11,13 @@ table, searched from the current directory upwards (like ruff), or in the file g
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ddpdoctor.diagnosis.rules import Rule, RuleError
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
+from ddpdoctor.tomlfile import TOMLError, load_bytes
 
 
 @dataclass(frozen=True)
@@ -35,11 +30,10 @@ class RuleConfig:
 
 def _read_toml(path: Path) -> dict[str, Any]:
     try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
+        return load_bytes(path.read_bytes())
     except OSError as exc:
         raise RuleError(f"{path}: cannot read config file: {exc.strerror or exc}") from None
-    except tomllib.TOMLDecodeError as exc:
+    except TOMLError as exc:
         raise RuleError(f"{path}: not valid TOML: {exc}") from None
 
 
@@ -71,8 +65,7 @@ def load_config(config_file: str | Path | None = None, *, cwd: str | Path | None
     rules = table.get("rules", {}) if isinstance(table, dict) else None
     if not isinstance(rules, dict) or not all(isinstance(v, dict) for v in rules.values()):
         raise RuleError(
-            f"{path}: [tool.ddpdoctor.rules] must hold one table per rule, "
-            "e.g. [tool.ddpdoctor.rules.dataloader-bound]"
+            f"{path}: [tool.ddpdoctor.rules] must hold one table per rule, e.g. [tool.ddpdoctor.rules.dataloader-bound]"
         )
     return RuleConfig(str(path), {name: dict(values) for name, values in rules.items()})
 

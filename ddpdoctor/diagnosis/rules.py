@@ -39,7 +39,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,11 +51,7 @@ from ddpdoctor.diagnosis.rule_schema import PARALLELISMS, DocsFile, Prescription
 from ddpdoctor.diagnosis.template import Template, compile_template
 from ddpdoctor.errors import DDPDoctorError
 from ddpdoctor.metrics import catalog
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
+from ddpdoctor.tomlfile import TOMLError, load_bytes
 
 _DEFAULT_PARALLELISM = {
     "dp": ("dp",),
@@ -211,8 +206,8 @@ def load_rule_file(path: _Resource | str | Path) -> Rule:
     if key in _PARSED:  # the same file with the same bytes: checked already in this process
         return _PARSED[key]
     try:
-        data = tomllib.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        data = load_bytes(raw)
+    except TOMLError as exc:
         raise RuleError(f"{where}: not valid TOML: {exc}") from None
     try:
         rule = _build(data, res.name, where)

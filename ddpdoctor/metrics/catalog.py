@@ -14,15 +14,9 @@ Import-light on purpose (no pandas, numpy or torch): the rule engine and the CLI
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 Scope = Literal["rank", "run"]
 Kind = Literal["number", "flag", "text"]
@@ -62,7 +56,9 @@ _SOURCES = ("summary", "cross_rank", "setup", "collectives", "ddp_log", "run", "
 
 def _load() -> tuple[dict[str, str], dict[str, Metric], dict[str, Metric], dict[str, tuple[str, str]]]:
     """The tables of ``catalog.toml`` (package data beside this module), checked."""
-    data = tomllib.loads((Path(__file__).with_name("catalog.toml")).read_text(encoding="utf-8"))
+    from ddpdoctor.tomlfile import loads
+
+    data = loads((Path(__file__).with_name("catalog.toml")).read_text(encoding="utf-8"))
     why = {str(k): str(v) for k, v in data["why_missing"].items()}
     tables: list[dict[str, Metric]] = []
     for scope in ("rank", "run"):
