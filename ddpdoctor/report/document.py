@@ -38,7 +38,7 @@ Times are ms per step, ratios 0-1, sizes bytes; a value that was not measured is
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from ddpdoctor.diagnosis.findings import Diagnosis
 from ddpdoctor.metrics import catalog
@@ -216,14 +216,59 @@ RANK_TABLE_COLUMNS = (
 _BREAKDOWN_MS = catalog.group("breakdown")[:4] + RANK_KEYS[: RANK_KEYS.index("overlap_ratio")]
 
 
-def rank_table_rows(doc: dict[str, Any]) -> list[list[str]]:
-    """The per-rank step breakdown as formatted cells, in RANK_TABLE_COLUMNS order (ms per step, ratios in %)."""
+# A report for people lists every rank up to this many; of a larger job, the ranks worth reading (listed_ranks).
+# The JSON report keeps every rank.
+MAX_LISTED_RANKS = 32
+_SLOWEST, _FASTEST, _MOST_MEMORY, _NAMED = 8, 3, 3, 8
+
+
+def listed_ranks(doc: dict[str, Any]) -> tuple[list[dict[str, Any]], str | None]:
+    """The ``doc["ranks"]`` entries the tables of the text, Markdown, HTML and TensorBoard reports show, and a note
+    saying which (None when all). Up to 32 ranks: all. Beyond: the lowest rank, the 8 slowest and 3 fastest by
+    median step time, the 3 with the most device memory reserved, and the ranks a finding names where it names 8
+    or fewer, in rank order: 16,384 rows say less than these and take minutes to scroll. JSON keeps every rank."""
+    ranks = doc["ranks"]
+    if len(ranks) <= MAX_LISTED_RANKS:
+        return ranks, None
+
+    def p50(r: dict[str, Any]) -> Any:
+        return clean_value((r.get("step_ms") or {}).get("median"))
+
+    def memory(r: dict[str, Any]) -> Any:
+        peaks = [
+            clean_value(d.get("peak_reserved_bytes")) or clean_value(d.get("peak_allocated_bytes"))
+            for d in r.get("devices") or []
+        ]
+        return max((p for p in peaks if p is not None), default=None)
+
+    timed = sorted((r for r in ranks if p50(r) is not None), key=lambda r: (p50(r), r["rank"]))
+    held = sorted((r for r in ranks if memory(r) is not None), key=lambda r: (-memory(r), r["rank"]))
+    keep = {ranks[0]["rank"], *(r["rank"] for r in timed[-_SLOWEST:] + timed[:_FASTEST] + held[:_MOST_MEMORY])}
+    for f in doc.get("findings") or []:
+        if len(f["ranks"]) <= _NAMED:
+            keep.update(f["ranks"])
+    shown = [r for r in ranks if r["rank"] in keep]
+    which = ["the lowest rank"]
+    if timed:
+        which.append(f"the {min(_SLOWEST, len(timed))} slowest and {min(_FASTEST, len(timed))} fastest by median step")
+    if held:
+        which.append(f"the {min(_MOST_MEMORY, len(held))} with the most device memory")
+    which.append("the ranks findings name")
+    return shown, f"{len(shown)} of {len(ranks):,} ranks: {', '.join(which)}; every rank is in --format json"
+
+
+def rank_table_rows(doc: dict[str, Any], ranks: list[dict[str, Any]] | None = None) -> list[list[str]]:
+    """The per-rank step breakdown as formatted cells, in RANK_TABLE_COLUMNS order (ms per step, ratios in %), of
+    ``ranks`` (default: every rank of ``doc``)."""
     return [
         [str(r["rank"]), fmt.ms((r.get("step_ms") or {}).get("median")), fmt.ms((r.get("step_ms") or {}).get("p90"))]
         + [fmt.ms(r.get(k)) for k in _BREAKDOWN_MS]
         + [fmt.ratio_pct(r.get("overlap_ratio")), fmt.ms(r.get("other_ms")), fmt.ratio_pct(r.get("gil_contention"))]
-        for r in doc["ranks"]
+        for r in (doc["ranks"] if ranks is None else ranks)
     ]
+
+
+_TABLE_RATIOS = ("overlap_ratio", "other_ms", "gil_contention")  # the table's columns after the ms ones
 
 
 # What a run without any timing per rank (no trace: it hung or failed before its profiled window) shows instead
@@ -247,19 +292,52 @@ def rank_status_rows(doc: dict[str, Any]) -> list[list[str]]:
     ]
 
 
-def rank_table(doc: dict[str, Any]) -> tuple[str, list[tuple[str, str]], list[list[str]]] | None:
-    """The per-rank table every format shows: ("breakdown" | "status", columns (long, short), rows). The step
-    breakdown where a rank has any timing; else each rank's state (a run without trace); else None (no table:
-    never a table of dashes)."""
-    rows = rank_table_rows(doc)
-    if any(cell != fmt.ms(None) for row in rows for cell in row[1:]):
-        return "breakdown", list(RANK_TABLE_COLUMNS), rows
-    status = rank_status_rows(doc)
+class RankTable(NamedTuple):
+    kind: str  # "breakdown" | "status"
+    columns: list[tuple[str, str]]  # (long, short) headers
+    rows: list[list[str]]
+    note: str | None = None  # which ranks the rows are, where not all of them (listed_ranks)
+
+
+def rank_table(doc: dict[str, Any]) -> RankTable | None:
+    """The per-rank table every format shows. The step breakdown where a rank has any timing; else each rank's
+    state (a run without trace); else None (no table: never a table of dashes). Of more than 32 ranks, the rows
+    of the ranks worth reading, with a note saying which (``listed_ranks``, ``_listed_status``)."""
+    shown, note = listed_ranks(doc)
+    if any(_has_timing(r) for r in doc["ranks"]):
+        return RankTable("breakdown", list(RANK_TABLE_COLUMNS), rank_table_rows(doc, shown), note)
+    status, note = _listed_status(rank_status_rows(doc))
     if status:
         # a column nothing is known of (no dumps: no phase) is left out
         keep = [i for i in range(len(RANK_STATUS_COLUMNS)) if i < 2 or any(row[i] != "—" for row in status)]
-        return "status", [(RANK_STATUS_COLUMNS[i],) * 2 for i in keep], [[row[i] for i in keep] for row in status]
+        columns = [(RANK_STATUS_COLUMNS[i],) * 2 for i in keep]
+        return RankTable("status", columns, [[row[i] for i in keep] for row in status], note)
     return None
+
+
+def _has_timing(r: dict[str, Any]) -> bool:
+    """Whether a rank's row of the breakdown table has a value (not only dashes)."""
+    step = r.get("step_ms") or {}
+    values = (step.get("median"), step.get("p90"), *(r.get(k) for k in (*_BREAKDOWN_MS, *_TABLE_RATIOS)))
+    return any(clean_value(v) is not None for v in values)
+
+
+def _listed_status(rows: list[list[str]]) -> tuple[list[list[str]], str | None]:
+    """Of more than 32 ranks' states: the ranks whose state is not the most common one (up to 24; in a hang,
+    the few that are not waiting) and the first 4 of the rest, with a note saying how many are not shown."""
+    if len(rows) <= MAX_LISTED_RANKS:
+        return rows, None
+    from collections import Counter
+
+    common = Counter(row[1] for row in rows).most_common(1)[0][0]
+    odd = [row for row in rows if row[1] != common][: MAX_LISTED_RANKS - 8]
+    usual = [row for row in rows if row[1] == common][:4]
+    keep = {id(row) for row in odd + usual}
+    shown = [row for row in rows if id(row) in keep]
+    return shown, (
+        f"{len(shown)} of {len(rows):,} ranks: those not {common} (up to {MAX_LISTED_RANKS - 8}) and the first "
+        f"{len(usual)} {common}; all in --format json"
+    )
 
 
 def status_justify(columns: list[tuple[str, str]]) -> str:

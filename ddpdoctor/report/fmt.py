@@ -87,7 +87,11 @@ def evidence_value(value: Any) -> str:
     return plain(value)
 
 
-def _many_ranks(values: dict[Any, Any]) -> str:
+def _many_ranks(by_rank: dict[Any, Any]) -> str:
+    try:  # evidence is keyed by str(rank), as JSON keeps it
+        values = {int(k): v for k, v in by_rank.items()}
+    except (TypeError, ValueError):
+        return ", ".join(f"{plain(k)}={evidence_value(v)}" for k, v in by_rank.items())
     groups = _by_text(values)
     if len(groups) <= _VALUE_GROUPS:
         return _groups_text(groups)

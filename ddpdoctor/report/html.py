@@ -19,6 +19,7 @@ from ddpdoctor.report.document import (
     grouped_not_evaluated,
     health_lines,
     health_title,
+    listed_ranks,
     override_lines,
     rank_table,
 )
@@ -171,11 +172,13 @@ def _body(result: Diagnosis) -> list[str]:
         out.append("</ul>")
     out += _trials_html(doc)
     table = rank_table(doc)
-    if table is not None and table[0] == "status":
+    if table is not None and table.kind == "status":
         out.append(f"<h2>{fmt.esc(RANK_STATUS_TITLE)}</h2>")
-        out.append(_rank_table(table[1], table[2], left=frozenset(("state", "last phase"))))
+        out.append(_rank_table(table.columns, table.rows, left=frozenset(("state", "last phase"))))
     elif table is not None:
-        out += _breakdown_html(doc, *_with_gpu_util(result, table[1], table[2]))
+        out += _breakdown_html(doc, *_with_gpu_util(result, table.columns, table.rows))
+    if table is not None and table.note:
+        out.append(f'<p class="note">{fmt.esc(table.note)}</p>')
     out += fsdp_units.html_parts(doc)
     over = over_time.html_items(doc)
     if over:
@@ -197,7 +200,7 @@ def _with_gpu_util(
 
 def _breakdown_html(doc: dict[str, Any], columns: list[tuple[str, str]], rows: list[list[str]]) -> list[str]:
     out = ["<h2>Step breakdown per rank</h2>"]
-    bars = [(f"rank {r['rank']}", [(label, r[key]) for label, key in _BREAKDOWN]) for r in doc["ranks"]]
+    bars = [(f"rank {r['rank']}", [(label, r[key]) for label, key in _BREAKDOWN]) for r in listed_ranks(doc)[0]]
     if any(v for _, parts in bars for _, v in parts):
         colors = {label: palette.color(key) for label, key in _BREAKDOWN}
         out.append(svg.stacked_bars(bars, unit="ms mean", colors=colors))
@@ -247,11 +250,13 @@ def _after_breakdown(result: Diagnosis, doc: dict[str, Any]) -> list[str]:
             d["peak_reserved_bytes"],
             d["capacity_bytes"],
         )
-        for r in doc["ranks"]
+        for r in listed_ranks(doc)[0]
         for d in r["devices"]
     ]
     out.append("<h2>Memory per device</h2>")
     out.append(svg.capacity_bars(devices) if devices else '<p class="note">No device memory recorded.</p>')
+    if devices and listed_ranks(doc)[1]:
+        out.append(f'<p class="note">{fmt.esc(listed_ranks(doc)[1])}</p>')
     out.append("<h2>Collectives</h2>")
     out.append(_collectives_table(result.metrics))
     if doc["passed_reasons"]:

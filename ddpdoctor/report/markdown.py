@@ -13,6 +13,7 @@ from ddpdoctor.report.document import (
     grouped_not_evaluated,
     health_lines,
     health_title,
+    listed_ranks,
     override_lines,
     rank_table,
     status_justify,
@@ -81,16 +82,18 @@ def _lines(result: Diagnosis) -> list[str]:
         out += [f"- {fmt.md(line)}" for line in trials] + [""]
     table = rank_table(doc)
     if table is not None:
-        kind, columns, rows = table
-        header = [long for long, _ in columns]
-        if kind == "status":
-            out += [f"## {RANK_STATUS_TITLE}", ""] + _table(header, rows, status_justify(columns)) + [""]
+        header = [long for long, _ in table.columns]
+        if table.kind == "status":
+            out += [f"## {RANK_STATUS_TITLE}", ""] + _table(header, table.rows, status_justify(table.columns)) + [""]
         else:
             out += ["## Per-rank step breakdown (ms per step; wait: in collectives for late ranks)", ""]
-            out += _table(header, rows, "r" * len(header)) + [""]
+            out += _table(header, table.rows, "r" * len(header)) + [""]
+        if table.note:
+            out += [f"_{fmt.md(table.note)}_", ""]
     out += fsdp_units.markdown_lines(doc)
     out += over_time.markdown_lines(doc)
-    devices = [(r["rank"], d) for r in doc["ranks"] for d in r["devices"]]
+    listed, note = listed_ranks(doc)
+    devices = [(r["rank"], d) for r in listed for d in r["devices"]]
     if devices:
         out += ["## Memory per device (peak)", ""]
         rows = [
@@ -104,6 +107,8 @@ def _lines(result: Diagnosis) -> list[str]:
             for rank, d in devices
         ]
         out += _table(["rank", "device", "allocated", "reserved", "capacity"], rows, "rlrrr") + [""]
+        if note:
+            out += [f"_{fmt.md(note)}_", ""]
     if result.not_evaluated:
         out += [f"## Not evaluated ({len(result.not_evaluated)})", ""]
         out += [

@@ -19,6 +19,7 @@ from ddpdoctor.report.document import (
     grouped_not_evaluated,
     health_lines,
     health_title,
+    listed_ranks,
     override_lines,
     rank_table,
     status_justify,
@@ -199,16 +200,16 @@ def _findings(console: Console, result: Diagnosis, Text: Any, _t: Callable[..., 
 _RANK_TITLE = "Per-rank step breakdown (ms per step; p50/p90: step time)"
 
 
-def _rank_table_parts(doc: dict[str, Any]) -> tuple[str, list[str], str, list[list[str]]] | None:
-    """(title, header, justification, rows) of the per-rank table (``document.rank_table``), None for none."""
+def _rank_table_parts(doc: dict[str, Any]) -> tuple[str, list[str], str, list[list[str]], str | None] | None:
+    """(title, header, justification, rows, note) of the per-rank table (``document.rank_table``), None for
+    none."""
     table = rank_table(doc)
     if table is None:
         return None
-    kind, columns, rows = table
-    header = [short for _, short in columns]
-    if kind == "status":
-        return RANK_STATUS_TITLE, header, status_justify(columns), rows
-    return _RANK_TITLE, header, "r" * len(header), rows
+    header = [short for _, short in table.columns]
+    if table.kind == "status":
+        return RANK_STATUS_TITLE, header, status_justify(table.columns), table.rows, table.note
+    return _RANK_TITLE, header, "r" * len(header), table.rows, table.note
 
 
 def _rank_table(doc: dict[str, Any], parts: Any = None) -> Table | None:
@@ -219,7 +220,7 @@ def _rank_table(doc: dict[str, Any], parts: Any = None) -> Table | None:
     parts = _rank_table_parts(doc) if parts is None else parts
     if parts is None:
         return None
-    title, columns, justify, rows = parts
+    title, columns, justify, rows, _ = parts
     table = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left", padding=(0, 0))
     for i, col in enumerate(columns):
         # numbers never get squeezed into "3…": the column is at least as wide as its widest value
@@ -239,7 +240,7 @@ def _rank_table_lines(doc: dict[str, Any], console: Console, parts: Any = None) 
     parts = _rank_table_parts(doc) if parts is None else parts
     if parts is None:
         return []
-    title, header, justify, rows = parts
+    title, header, justify, rows, _ = parts
     return _plain_table(console, title, header, justify, rows, padding=0)
 
 
@@ -272,14 +273,18 @@ def _plain_table(
     return [title.ljust(width), blank, line(header), " " + "─" * (width - 2) + " ", *map(line, rows), blank]
 
 
-def _print_table(console: Console, lines: list[str] | None, table: Any) -> None:
-    """``lines`` (``_plain_table``) written as they are, else ``table()`` printed by rich."""
+def _print_table(console: Console, lines: list[str] | None, table: Any, note: str | None = None) -> None:
+    """``lines`` (``_plain_table``) written as they are, else ``table()`` printed by rich; then ``note`` (which
+    rows the table shows, where not every rank's)."""
     if lines is None:
         if isinstance(console, _PlainConsole):
             raise _NeedsRich
         console.print(table())
     else:
         console.file.write("\n".join(lines) + "\n")
+    if note:
+        console.print(_t(f"  ({note})"), overflow="fold")
+        console.print()
 
 
 _MEMORY_COLUMNS = (
@@ -294,7 +299,7 @@ _MEMORY_COLUMNS = (
 
 def _memory_rows(doc: dict[str, Any]) -> list[list[str]]:
     out = []
-    for r in doc["ranks"]:
+    for r in listed_ranks(doc)[0]:
         for d in r["devices"]:
             used = None
             if d["peak_reserved_bytes"] is not None and d["capacity_bytes"]:
@@ -378,9 +383,10 @@ def _write(console: Any, result: Diagnosis, doc: dict[str, Any], Text: Any, _t: 
         console.print()
     parts = _rank_table_parts(doc)
     if parts is not None:
-        _print_table(console, _rank_table_lines(doc, console, parts), lambda: _rank_table(doc, parts))
+        _print_table(console, _rank_table_lines(doc, console, parts), lambda: _rank_table(doc, parts), parts[4])
     if any(r["devices"] for r in doc["ranks"]):
-        _print_table(console, _memory_table_lines(doc, console), lambda: _memory_table(doc))
+        note = listed_ranks(doc)[1]
+        _print_table(console, _memory_table_lines(doc, console), lambda: _memory_table(doc), note)
     timeline = over_time.text_lines(doc)
     if timeline:
         console.print(Text(over_time.TITLE, style="bold"))

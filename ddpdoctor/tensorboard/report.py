@@ -99,9 +99,9 @@ def _rank_table(doc: dict[str, Any]) -> dict[str, Any] | None:
     table = rank_table(doc)
     if table is None:
         return None
-    kind, columns, rows = table
-    title = RANK_STATUS_TITLE if kind == "status" else "Per-rank step breakdown (ms per step)"
-    return {"kind": kind, "title": title, "columns": [long for long, _ in columns], "rows": rows}
+    title = RANK_STATUS_TITLE if table.kind == "status" else "Per-rank step breakdown (ms per step)"
+    columns = [long for long, _ in table.columns]
+    return {"kind": table.kind, "title": title, "columns": columns, "rows": table.rows, "note": table.note}
 
 
 def _timeline(analysis: Analysis) -> dict[str, Any] | None:

@@ -210,6 +210,7 @@ def test_evidence_of_many_ranks_is_their_values_not_a_list_of_every_rank():
 
     assert evidence_value({0: 1.5, 1: 2}) == "r0=1.5, r1=2"  # a few ranks: each one
     assert evidence_value({r: 1 for r in range(16384)}) == "1 on ranks 0-16383"
+    assert evidence_value({str(r): 1 for r in range(16384)}) == "1 on ranks 0-16383"  # as the engine keys it
     two = {r: 4 if r in (7, 900) else 1 for r in range(16384)}
     assert evidence_value(two) == "1 on ranks 0-6, 8-899, 901-16383; 4 on ranks 7, 900"
     spread = {r: 10 + (r * 7919) % 4096 / 100 for r in range(4096)}

@@ -342,3 +342,44 @@ def test_per_step_is_made_on_first_use_and_pickles_as_a_table() -> None:
     assert type(again.per_step) is Table and again.to_json() == metrics.to_json()
     assert copy.deepcopy(metrics).to_json() == metrics.to_json()
     assert len(metrics.per_step) == 16 and metrics.per_step.columns[0] == "rank"  # 2 ranks x 8 steps
+
+
+# --- tables of large runs -------------------------------------------------------------------------------------
+def test_a_table_of_many_ranks_shows_the_ranks_worth_reading_and_says_which() -> None:
+    from ddpdoctor.report.document import listed_ranks, rank_table
+
+    few = _doc(32)
+    assert listed_ranks(few) == (few["ranks"], None) and rank_table(few).note is None
+    doc = _doc(4096)
+    for r in doc["ranks"]:
+        r["step_ms"]["median"] = 100.0 + (r["rank"] * 37) % 4096 / 100  # slowest 4095.., fastest 0..
+        r["devices"] = [{"peak_reserved_bytes": 2**30 + r["rank"] % 1000, "peak_allocated_bytes": 1}]
+    doc["findings"] = [{"ranks": [1234]}, {"ranks": list(range(4096))}]  # one named rank; one finding of all
+    shown, note = listed_ranks(doc)
+    by_time = sorted(doc["ranks"], key=lambda r: r["step_ms"]["median"])
+    by_memory = sorted(doc["ranks"], key=lambda r: -r["devices"][0]["peak_reserved_bytes"])
+    expected = {0, 1234} | {r["rank"] for r in by_time[-8:] + by_time[:3] + by_memory[:3]}
+    assert [r["rank"] for r in shown] == sorted(expected)
+    assert note.startswith(f"{len(expected)} of 4,096 ranks: the lowest rank, the 8 slowest and 3 fastest")
+    table = rank_table(doc)
+    assert [row[0] for row in table.rows] == [str(r) for r in sorted(expected)] and table.note == note
+
+
+def test_a_hang_of_many_ranks_shows_the_ranks_not_waiting() -> None:
+    from ddpdoctor.report.document import rank_table
+
+    states = [{"rank": r, "state": "waiting" if r not in (77, 3001) else "running", "steps": 5} for r in range(4096)]
+    doc = {"ranks": [{"rank": r} for r in range(4096)], "run": {"health": {"ranks": states}}}
+    table = rank_table(doc)
+    assert table.kind == "status" and [row[0] for row in table.rows] == ["0", "1", "2", "3", "77", "3001"]
+    assert table.note == "6 of 4,096 ranks: those not waiting (up to 24) and the first 4 waiting; all in --format json"
+
+
+def test_the_text_report_of_many_ranks_says_which_it_shows() -> None:
+    doc = _doc(100)
+    parts = text._rank_table_parts(doc)
+    assert len(parts[3]) < 20 and parts[4].startswith(f"{len(parts[3])} of 100 ranks")
+    out = io.StringIO()
+    console = report_console.console(out, text.WIDTH_NOT_A_TERMINAL)
+    text._print_table(console, text._rank_table_lines(doc, console, parts), lambda: None, parts[4])
+    assert " ".join(out.getvalue().split()).endswith(f"({parts[4]})")  # after the table (folded at the width)

@@ -85,7 +85,8 @@ export function rankTable(report) {
   if (!t) return null;
   const explain = t.kind === "status" ? "No trace was recorded: what the run files and dumps say of each rank."
     : "ms per step; p50/p90: step time; wait: time in collectives waiting for late ranks; overlap: share of communication hidden behind computation.";
-  return section("ranks", t.title, explain, table(t.columns, t.rows));
+  // of a large job, the ranks worth reading and a line saying which (report/document.py listed_ranks)
+  return section("ranks", t.title, explain, table(t.columns, t.rows), t.note ? el("p", { class: "explain" }, t.note) : null);
 }
 
 export function breakdown(report) {
