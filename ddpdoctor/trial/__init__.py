@@ -21,6 +21,10 @@ from ddpdoctor.trial import measure as measure_mod
 from ddpdoctor.trial.execute import TrialRun, run_trial
 from ddpdoctor.trial.plan import RunCommand, setting_label
 
+# Knobs whose trial runs processes the control has not (DataLoader workers; DataParallel as DDP ranks): their CPU
+# counts as other processes' in ``other_cpu_cores``, so a busier host in such a trial is the knob's doing.
+SPAWNING_KNOBS = frozenset(("loader.num_workers", "loader.persistent_workers", "loader.prefetch_factor", "dp.as_ddp"))
+
 
 @dataclass(frozen=True)
 class Prescribed:
@@ -182,12 +186,20 @@ def run_session(
     say("control, after the trials (load that changed meanwhile shows as a drift between the two controls)")
     session.control_after = run_trial(cmd, folder, {}, max_steps=max_steps, timeout_s=timeout_s, label="control-after")
     say(run_done("control, after the trials", session.control_after))
-    controls = [measure_mod.read(control.out, rules)[0]]
+    read = [measure_mod.read(control.out, rules)]
     if session.control_after.ok:
-        controls.append(measure_mod.read(session.control_after.out, rules)[0])
+        read.append(measure_mod.read(session.control_after.out, rules))
+    controls = [snapshot for snapshot, _ in read]
+    control_loads = [measure_mod.foreign_cpus(analysis) for _, analysis in read]
     for outcome in session.outcomes:
         if outcome.run.ok:
-            outcome.measurement = measure_mod.measure(controls, measure_mod.read(outcome.run.out, rules)[0])
+            trial, analysis = measure_mod.read(outcome.run.out, rules)
+            outcome.measurement = measure_mod.measure(
+                controls,
+                trial,
+                (control_loads, measure_mod.foreign_cpus(analysis)),
+                spawns_processes=any(name in SPAWNING_KNOBS for name in outcome.run.settings),
+            )
     write_results(session)
     return session
 

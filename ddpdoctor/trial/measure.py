@@ -23,6 +23,11 @@ from ddpdoctor.compare import snapshot as snap
 from ddpdoctor.compare.catalog import METRICS
 
 HELPS, HURTS, NO_EFFECT, FAILED = "helps", "hurts", "no measurable effect", "failed"
+# Other processes' CPUs (``other_cpu_cores``) in a trial beyond those in every control run (or below, for a gain):
+# from this many, a run's change cannot be told from the host's. Both controls can agree, and still a trial that
+# ran in a quieter spell of a busy machine looked faster (202 -> 110 ms, controls 203 and 182, beside a test
+# suite): the drift between the controls cannot see that, what the runs recorded of the host can.
+FOREIGN_CPUS_APART = 0.25
 
 
 @dataclass(frozen=True)
@@ -66,6 +71,9 @@ class Measurement:
     step_vs_each_control: tuple[tuple[float, float] | None, ...] = ()
     control_step_ms: tuple[float | None, ...] = ()
     reason: str = ""  # why the verdict is what it is, in a few words (printed beside it)
+    # other processes' CPUs during each control run and during the trial (None: not recorded)
+    control_foreign_cpus: tuple[float | None, ...] = ()
+    foreign_cpus: float | None = None
 
     def change(self, name: str) -> Change | None:
         return next((c for c in self.changes if c.name == name), None)
@@ -79,6 +87,8 @@ class Measurement:
             "metrics": [c.to_json() for c in self.changes],
             "step_ratio_interval_vs_each_control": [list(i) if i else None for i in self.step_vs_each_control],
             "control_step_ms_median": list(self.control_step_ms),
+            "control_other_cpu_cores": list(self.control_foreign_cpus),
+            "other_cpu_cores": self.foreign_cpus,
             "findings_appeared": list(self.appeared),
             "findings_went_away": list(self.went_away),
             "notes": list(self.notes),
@@ -95,17 +105,36 @@ def read(run_dir: Path, rules: Any) -> tuple[snap.Snapshot, Any]:
     return snap.build(str(run_dir), captures, analysis.metrics, analysis.diagnosis, notes), analysis
 
 
+def foreign_cpus(analysis: Any) -> float | None:
+    """The CPUs other processes kept busy beside a run, on its busiest host in the profiled window (the ranks'
+    ``other_cpu_cores``), or None where no rank recorded it."""
+    ranks = getattr(getattr(analysis, "metrics", None), "ranks", None) or []
+    values = [r.get("other_cpu_cores") for r in ranks]
+    values = [float(v) for v in values if isinstance(v, (int, float)) and v == v]
+    return max(values, default=None)
+
+
 def _step_interval(control: snap.Snapshot, trial: snap.Snapshot) -> stats.Interval | None:
     a, b = control.samples.get("step_ms"), trial.samples.get("step_ms")
     return None if not a or not b else stats.change_interval(a, b, "median", relative=True)
 
 
-def measure(controls: list[snap.Snapshot], trial: snap.Snapshot) -> Measurement:
+def measure(
+    controls: list[snap.Snapshot],
+    trial: snap.Snapshot,
+    foreign: tuple[list[float | None], float | None] = ([], None),
+    *,
+    spawns_processes: bool = False,
+) -> Measurement:
     """B (``trial``) against A: the control runs made before and after the trials, pooled (``snapshot.combine``).
 
     The verdict needs the median step's change to exclude no change against the pooled controls *and* against
     each control run on its own: load that changed between the runs (a busy machine) moves the two controls
-    apart, and then a change no bigger than that drift is "no measurable effect", never a gain."""
+    apart, and then a change no bigger than that drift is "no measurable effect", never a gain. ``foreign``: the
+    CPUs other processes used during each control and during the trial (``foreign_cpus``): a gain measured in a
+    trial that had ``FOREIGN_CPUS_APART`` fewer of them than every control (a loss, more than every control) is
+    no verdict either. ``spawns_processes``: the knob starts processes of its own (DataLoader workers), which
+    count as other processes: more of them in the trial is the knob, not the host."""
     control = snap.combine(controls)
     comparison: Comparison = compare(control, trial)
     changes = []
@@ -155,6 +184,20 @@ def measure(controls: list[snap.Snapshot], trial: snap.Snapshot) -> Measurement:
     else:
         reason = "no step time in one of the runs"
         notes.append("no step time in one of the runs: no verdict")
+    control_loads, trial_load = foreign
+    known = [c for c in control_loads if c is not None]
+    if verdict in (HELPS, HURTS) and trial_load is not None and len(known) == len(controls) and known:
+        quieter = verdict == HELPS and trial_load <= min(known) - FOREIGN_CPUS_APART
+        busier = verdict == HURTS and not spawns_processes and trial_load >= max(known) + FOREIGN_CPUS_APART
+        if quieter or busier:
+            loads = ", ".join(f"{c:.2f}" for c in known)
+            notes.append(
+                f"other processes used {trial_load:.2f} CPUs during the trial and {loads} during the control runs: "
+                f"the trial ran on a {'quieter' if quieter else 'busier'} host, so its change cannot be told from "
+                f"the host's; no verdict (B's median step {units.value('step_ms.median', step.b if step else None)})"
+            )
+            verdict = NO_EFFECT
+            reason = f"the host was {'quieter' if quieter else 'busier'} during the trial than during each control run"
     notes += list(comparison.not_comparable)
     return Measurement(
         changes=tuple(changes),
@@ -167,4 +210,6 @@ def measure(controls: list[snap.Snapshot], trial: snap.Snapshot) -> Measurement:
         reason=reason,
         step_vs_each_control=tuple(None if i is None else (1 + i.low, 1 + i.high) for i in each),
         control_step_ms=tuple(c.value("step_ms.median") for c in controls),
+        control_foreign_cpus=tuple(control_loads),
+        foreign_cpus=trial_load,
     )

@@ -65,8 +65,8 @@ def test_try_numbers_its_trials_and_says_when_each_ended(tmp_path, monkeypatch):
         return _trial_run(settings, folder / name, ok=settings != {"ddp.bucket_cap_mb": "100"})
 
     monkeypatch.setattr(trial, "run_trial", fake_run)
-    monkeypatch.setattr(trial.measure_mod, "read", lambda out, rules: (None,))
-    monkeypatch.setattr(trial.measure_mod, "measure", lambda controls, b: None)
+    monkeypatch.setattr(trial.measure_mod, "read", lambda out, rules: (None, None))
+    monkeypatch.setattr(trial.measure_mod, "measure", lambda controls, b, foreign, spawns_processes: None)
     said: list[str] = []
     cmd = SimpleNamespace(run=tmp_path / "run")
     settings = [{"ddp.bucket_cap_mb": "50"}, {"ddp.bucket_cap_mb": "100"}]
