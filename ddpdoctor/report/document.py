@@ -268,9 +268,6 @@ def rank_table_rows(doc: dict[str, Any], ranks: list[dict[str, Any]] | None = No
     ]
 
 
-_TABLE_RATIOS = ("overlap_ratio", "other_ms", "gil_contention")  # the table's columns after the ms ones
-
-
 # What a run without any timing per rank (no trace: it hung or failed before its profiled window) shows instead
 # of a table of dashes: each rank's state as the run's files and dumps say it.
 RANK_STATUS_COLUMNS = ("rank", "state", "steps", "last phase", "exit")
@@ -304,7 +301,7 @@ def rank_table(doc: dict[str, Any]) -> RankTable | None:
     state (a run without trace); else None (no table: never a table of dashes). Of more than 32 ranks, the rows
     of the ranks worth reading, with a note saying which (``listed_ranks``, ``_listed_status``)."""
     shown, note = listed_ranks(doc)
-    if any(_has_timing(r) for r in doc["ranks"]):
+    if any(_has_timing(doc, r) for r in doc["ranks"]):
         return RankTable("breakdown", list(RANK_TABLE_COLUMNS), rank_table_rows(doc, shown), note)
     status, note = _listed_status(rank_status_rows(doc))
     if status:
@@ -315,11 +312,9 @@ def rank_table(doc: dict[str, Any]) -> RankTable | None:
     return None
 
 
-def _has_timing(r: dict[str, Any]) -> bool:
+def _has_timing(doc: dict[str, Any], r: dict[str, Any]) -> bool:
     """Whether a rank's row of the breakdown table has a value (not only dashes)."""
-    step = r.get("step_ms") or {}
-    values = (step.get("median"), step.get("p90"), *(r.get(k) for k in (*_BREAKDOWN_MS, *_TABLE_RATIOS)))
-    return any(clean_value(v) is not None for v in values)
+    return any(cell != fmt.ms(None) for cell in rank_table_rows(doc, [r])[0][1:])
 
 
 def _listed_status(rows: list[list[str]]) -> tuple[list[list[str]], str | None]:
