@@ -74,10 +74,18 @@ def _verdict(trial: dict) -> str:
     assert len(intervals) == 3  # pooled, before, after
     if any(i is None for i in intervals):
         return "no measurable effect"
+    # ...and the host no quieter during the trial than during both controls (busier, for a loss), by 0.25 CPUs of
+    # other processes: a gain or loss the host's load can explain is none (DataLoader workers are the knob's own)
+    load, loads = measurement["other_cpu_cores"], measurement["control_other_cpu_cores"]
+    recorded = load is not None and len(loads) == 2 and None not in loads
+    spawns = bool(
+        {"loader.num_workers", "loader.persistent_workers", "loader.prefetch_factor", "dp.as_ddp"}
+        & set(trial["settings"])
+    )
     if all(i[1] < 1 for i in intervals):
-        return "helps"
+        return "no measurable effect" if recorded and load <= min(loads) - 0.25 else "helps"
     if all(i[0] > 1 for i in intervals):
-        return "hurts"
+        return "no measurable effect" if recorded and not spawns and load >= max(loads) + 0.25 else "hurts"
     return "no measurable effect"
 
 
