@@ -370,6 +370,9 @@ COMPARED: tuple[Compared, ...] = (
         aliases=("peak_allocated_bytes", "max_peak_allocated"),
     ),
     Compared("gil_contention", "gil_contention", "GIL contention", "host", "+0.1", "gil_contention"),
+    # not gated by default: what the gate weighs a timing regression against (gate.host_explains)
+    Compared("cpu_wait_ms", "cpu_wait_ms", "training loop's wait for a CPU", "host"),
+    Compared("other_cpu_cores", "other_cpu_cores", "other processes' CPUs", "host"),
 )
 
 
