@@ -273,9 +273,11 @@ def _plain_table(
     return [title.ljust(width), blank, line(header), " " + "─" * (width - 2) + " ", *map(line, rows), blank]
 
 
-def _print_table(console: Console, lines: list[str] | None, table: Any, note: str | None = None) -> None:
+def _print_table(
+    console: Console, lines: list[str] | None, table: Any, note: str | None = None, text: Callable[..., Any] = _t
+) -> None:
     """``lines`` (``_plain_table``) written as they are, else ``table()`` printed by rich; then ``note`` (which
-    rows the table shows, where not every rank's)."""
+    rows the table shows, where not every rank's), made by ``text`` (the console's kind of Text)."""
     if lines is None:
         if isinstance(console, _PlainConsole):
             raise _NeedsRich
@@ -283,7 +285,7 @@ def _print_table(console: Console, lines: list[str] | None, table: Any, note: st
     else:
         console.file.write("\n".join(lines) + "\n")
     if note:
-        console.print(_t(f"  ({note})"), overflow="fold")
+        console.print(text(f"  ({note})"), overflow="fold")
         console.print()
 
 
@@ -383,10 +385,10 @@ def _write(console: Any, result: Diagnosis, doc: dict[str, Any], Text: Any, _t: 
         console.print()
     parts = _rank_table_parts(doc)
     if parts is not None:
-        _print_table(console, _rank_table_lines(doc, console, parts), lambda: _rank_table(doc, parts), parts[4])
+        _print_table(console, _rank_table_lines(doc, console, parts), lambda: _rank_table(doc, parts), parts[4], _t)
     if any(r["devices"] for r in doc["ranks"]):
         note = listed_ranks(doc)[1]
-        _print_table(console, _memory_table_lines(doc, console), lambda: _memory_table(doc), note)
+        _print_table(console, _memory_table_lines(doc, console), lambda: _memory_table(doc), note, _t)
     timeline = over_time.text_lines(doc)
     if timeline:
         console.print(Text(over_time.TITLE, style="bold"))

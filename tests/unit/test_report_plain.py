@@ -82,3 +82,28 @@ def test_report_without_rich_is_rich_s_report() -> None:
         except text._NeedsRich:
             pass
     assert plain_count >= 2  # the plain writer is what is tested here, not rich's fallback
+
+
+def test_a_report_of_many_ranks_is_written_without_rich_too() -> None:
+    # 40 ranks: the tables list some of them and say which in a note, which the plain writer writes as rich would
+    import copy
+    import json
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from ddpdoctor.diagnosis import evaluate, load_rules
+    from ddpdoctor.report.document import build
+
+    golden = Path(__file__).resolve().parents[1] / "golden" / "inputs" / "ddp_4ranks.json"
+    data = json.loads(golden.read_text())
+    ranks = [dict(copy.deepcopy(data["ranks"][i % len(data["ranks"])]), rank=i) for i in range(40)]
+    frames = {k: pd.DataFrame(data[k]) for k in ("per_step", "collectives", "devices")}
+    result = evaluate(load_rules(), SimpleNamespace(run={**data["run"], "world_size": 40}, ranks=ranks, **frames))
+    plain = text._PlainConsole(text.WIDTH_NOT_A_TERMINAL)
+    text._write(plain, result, build(result), text._PlainText, text._plain_t)  # no _NeedsRich
+    drawn = io.StringIO()
+    text._write(text._console(drawn), result, build(result), Text, text._t)
+    assert plain.file.getvalue() == drawn.getvalue()
+    assert "of 40 ranks: the lowest rank" in " ".join(drawn.getvalue().split())
