@@ -1,3 +1,3 @@
-from ddpdoctor.cli import main
+from ddpdoctor.cli import console_main
 
-raise SystemExit(main())
+console_main()

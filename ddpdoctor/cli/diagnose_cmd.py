@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ddpdoctor.cli import keep_until_exit
 from ddpdoctor.cli.argtypes import output_file
 from ddpdoctor.cli.cluster_opts import add_cluster_options
 from ddpdoctor.diagnosis.findings import SEVERITIES
@@ -167,7 +168,9 @@ def _run(args: argparse.Namespace) -> int:
     steps = parse_steps(args.steps)
     rules = resolve_rules(rule_options(args))  # rule errors before any trace is read
     progress = Progress()
-    result = analyze_run(args.run, steps=steps, rules=rules, progress=progress, over_time=True).diagnosis
+    analysis = analyze_run(args.run, steps=steps, rules=rules, progress=progress, over_time=True)
+    keep_until_exit(analysis)  # a large run's objects are left to the OS (console_main), not freed one by one
+    result = analysis.diagnosis
     if args.output is None:
         render(result, args.format, sys.stdout)
         sys.stdout.flush()

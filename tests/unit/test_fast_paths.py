@@ -383,3 +383,38 @@ def test_the_text_report_of_many_ranks_says_which_it_shows() -> None:
     console = report_console.console(out, text.WIDTH_NOT_A_TERMINAL)
     text._print_table(console, text._rank_table_lines(doc, console, parts), lambda: None, parts[4])
     assert " ".join(out.getvalue().split()).endswith(f"({parts[4]})")  # after the table (folded at the width)
+
+
+# --- the process's end ----------------------------------------------------------------------------------------
+def test_the_command_ends_without_freeing_its_analysis_and_says_all_of_it(tmp_path: Path, capsys) -> None:
+    from ddpdoctor.cli import main
+
+    recorded = REPO / "samples" / "recorded" / "ddp_straggler"
+    assert main(["diagnose", str(recorded), "--fail-on", "warning"]) == 1
+    expected = capsys.readouterr().out
+    # as a process (console_main: os._exit once stdout and stderr are flushed), the same report and exit status
+    done = subprocess.run(
+        [sys.executable, "-m", "ddpdoctor", "diagnose", str(recorded), "--fail-on", "warning"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1 and done.stdout == expected and done.stderr == ""
+    out = tmp_path / "report.json"
+    written = subprocess.run(
+        [sys.executable, "-m", "ddpdoctor", "diagnose", str(recorded), "--format", "json", "-o", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert written.returncode == 0 and written.stderr == f"ddpdoctor: wrote the json report to {out}\n"
+    assert json.loads(out.read_text())["findings"]  # complete, and in place
+    # a command that keeps nothing exits as before (its atexit handlers run)
+    probe = "import atexit, sys; atexit.register(lambda: print('atexit ran')); sys.argv = ['ddpdoctor', 'rules'];"
+    rules = subprocess.run(
+        [sys.executable, "-c", probe + " from ddpdoctor.cli import console_main; console_main()"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert rules.returncode == 0 and rules.stdout.rstrip().endswith("atexit ran")
