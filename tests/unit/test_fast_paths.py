@@ -128,6 +128,7 @@ def test_the_shared_process_groups_are_decoded_once_and_compared_exactly(tmp_pat
         ('"step_ms_median": ', '"step_ms_median": NaN, "x": '),
         ('"step_ms_median": ', '"step_ms_median": 1e400, "x": '),
         ('"step_ms_median": ', '"step_ms_median": "12", "x": '),
+        ('"step_ms_median": ', '"step_ms_median": 1, "not_in_the_catalog": "text", "x": '),
         ('"step_ms_median": ', f'"step_ms_median": {10**400}, "x": '),
         ('"step_ms_median": ', f'"step_ms_median": {2**70}, "x": '),  # beyond int64: checked the slow way
     ],
