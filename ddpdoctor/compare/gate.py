@@ -41,6 +41,7 @@ from ddpdoctor.compare.thresholds import GateConfig, Threshold
 from ddpdoctor.diagnosis.findings import SEVERITY_RANK
 
 FAIL, WARN, OK = "fail", "warn", "ok"
+HOST_BUSIER = "host busier"  # the verdict of a timing regression the host's load explains (host_explains)
 
 
 @dataclass(frozen=True)
@@ -359,7 +360,7 @@ def host_explains(check: MetricCheck, baseline: Snapshot, current: Snapshot) -> 
         return check  # the loop waited on the job's own threads (or it cannot be told)
     return replace(
         check,
-        verdict="host busier",
+        verdict=HOST_BUSIER,
         outcome=WARN,
         message=(
             f"{check.message[: -len(': regression')] if check.message.endswith(': regression') else check.message}"

@@ -63,3 +63,17 @@ def test_the_wait_travels_in_the_baseline_file():
     base = from_json(__import__("json").loads(dumps(_run(100, 1, 2.0))), "baseline.json")
     assert base.value("cpu_wait_ms") == 2.0 and base.value("other_cpu_cores") == 0.1
     assert _step(gate(_run(130, 2, 27.0), base, load_config(cwd="/"))).verdict == "host busier"
+
+
+def test_the_reports_say_the_numbers_behind_host_busier():
+    import io
+
+    from ddpdoctor.report import gate_text
+
+    result = gate(_run(130, 2, 27.0), _run(100, 1, 2.0), load_config(cwd="/"))
+    text = io.StringIO()
+    gate_text.render(result, text)
+    said = " ".join(text.getvalue().split())
+    assert "host busier" in said and "warning: step_ms.median: " in said and "waited 25.0 ms more per step" in said
+    markdown = "\n".join(gate_text.markdown_lines(result))
+    assert "- ⚠️ step\\_ms.median: " in markdown and "waited 25.0 ms more per step" in markdown
