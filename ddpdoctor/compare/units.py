@@ -9,7 +9,7 @@ from ddpdoctor.report import fmt
 
 
 def value(metric: str, v: float | None) -> str:
-    """``31.20 ms``, ``1.5 GiB``, ``0.351``, ``1.37x``, ``0.41 GB/s``; ``n/a`` when not measured."""
+    """``31.20 ms``, ``1.5 GiB``, ``0.351``, ``1.37x``, ``0.41 GB/s``, ``1.13 CPUs``; ``n/a`` when not measured."""
     unit = catalog.spec(metric).unit
     if v is None:
         return "n/a"
@@ -21,6 +21,8 @@ def value(metric: str, v: float | None) -> str:
         return f"{v:,.3g} GB/s"
     if unit == "x":
         return f"{v:.2f}x"
+    if unit == "CPUs":
+        return f"{v:.2f} CPUs"
     return f"{v:.3f}"
 
 
