@@ -39,7 +39,9 @@ ONE_RANK = "only one rank's trace was loaded; cross-rank metrics need two or mor
 class Metric:
     name: str
     scope: Scope
-    unit: str  # "ms", "bytes", "ratio" (0-1), "x" (a multiple), "CPUs" (CPU time / wall time), "count", "GB/s", "MB", "flag", "rank", "text"
+    # "ms", "bytes", "ratio" (0-1), "x" (a multiple), "CPUs" (CPU time / wall time), "count", "GB/s", "MB", "flag",
+    # "rank", "text"
+    unit: str
     description: str
     source: Source
     worse: Literal["up", "down"] | None = None  # which way is a regression (None: neither, e.g. a setting)

@@ -89,9 +89,7 @@ def test_sick_ddp_run_fires_the_expected_rules_on_the_expected_ranks():
 def test_findings_carry_the_numbers_that_made_them_fire():
     found = by_name(evaluate(load_rules(), fake_metrics("ddp_4ranks")))
     loader = found["dataloader-bound"]
-    assert loader.message.startswith(
-        "Waiting for the next batch takes 30.0 ms per step on rank 2: 25% of a 120.0"
-    )
+    assert loader.message.startswith("Waiting for the next batch takes 30.0 ms per step on rank 2: 25% of a 120.0")
     assert loader.evidence["dataloader_ms"] == {"2": 30.0} and loader.evidence["params.min_share"] == 0.10
     assert loader.estimated_gain_ms == 30.0
     overlap = found["poor-comm-compute-overlap"]
@@ -107,9 +105,7 @@ def test_findings_carry_the_numbers_that_made_them_fire():
     oom = found["gpu0-oom-risk"]
     assert oom.severity == "error" and oom.estimated_gain_ms is None
     assert "never call torch.cuda.set_device(local_rank)" in oom.message and "4% headroom" in oom.message
-    assert found["low-collective-bandwidth"].estimated_gain_ms == pytest.approx(
-        22.0 * (1 - 3.2 / 5.0), abs=1e-3
-    )
+    assert found["low-collective-bandwidth"].estimated_gain_ms == pytest.approx(22.0 * (1 - 3.2 / 5.0), abs=1e-3)
     assert found["host-sync-stalls"].estimated_gain_ms == pytest.approx(9.0 * 0.4)
 
 
@@ -221,9 +217,7 @@ def test_evidence_of_many_ranks_is_their_values_not_a_list_of_every_rank():
     assert evidence_value(names).endswith("; 2 more values") and len(evidence_value(names)) < 400
 
 
-@pytest.mark.parametrize(
-    ("fail_on", "fails"), [(None, False), ("info", True), ("warning", True), ("error", False)]
-)
+@pytest.mark.parametrize(("fail_on", "fails"), [(None, False), ("info", True), ("warning", True), ("error", False)])
 def test_fails_at_or_above_threshold(fail_on, fails):
     result = evaluate(
         select_rules(load_rules(), ["dataloader-bound", "ddp-bucket-size-mismatch"]),
