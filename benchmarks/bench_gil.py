@@ -120,4 +120,5 @@ if __name__ == "__main__":
     else:
         for threads, loaded in CASES:
             r = measure(threads, loaded, 6, 15)
-            print(threads, "loaded" if loaded else "quiet", f"{r['ratio']:.3f}", f"{r['on_ms']:.1f} vs {r['off_ms']:.1f} ms")
+            times = f"{r['on_ms']:.1f} vs {r['off_ms']:.1f} ms"
+            print(threads, "loaded" if loaded else "quiet", f"{r['ratio']:.3f}", times)
