@@ -38,6 +38,7 @@ Times are ms per step, ratios 0-1, sizes bytes; a value that was not measured is
 
 from __future__ import annotations
 
+import heapq
 from typing import Any, NamedTuple
 
 from ddpdoctor.diagnosis.findings import Diagnosis
@@ -222,7 +223,10 @@ MAX_LISTED_RANKS = 32
 _SLOWEST, _FASTEST, _MOST_MEMORY, _NAMED = 8, 3, 3, 8
 
 
-def listed_ranks(doc: dict[str, Any]) -> tuple[list[dict[str, Any]], str | None]:
+Listed = tuple[list[dict[str, Any]], str | None]  # listed_ranks: the ranks a table shows, and which they are
+
+
+def listed_ranks(doc: dict[str, Any]) -> Listed:
     """The ``doc["ranks"]`` entries the tables of the text, Markdown, HTML and TensorBoard reports show, and a note
     saying which (None when all). Up to 32 ranks: all. Beyond: the lowest rank, the 8 slowest and 3 fastest by
     median step time, the 3 with the most device memory reserved, and the ranks a finding names where it names 8
@@ -230,20 +234,17 @@ def listed_ranks(doc: dict[str, Any]) -> tuple[list[dict[str, Any]], str | None]
     ranks = doc["ranks"]
     if len(ranks) <= MAX_LISTED_RANKS:
         return ranks, None
-
-    def p50(r: dict[str, Any]) -> Any:
-        return clean_value((r.get("step_ms") or {}).get("median"))
-
-    def memory(r: dict[str, Any]) -> Any:
-        peaks = [
-            clean_value(d.get("peak_reserved_bytes")) or clean_value(d.get("peak_allocated_bytes"))
-            for d in r.get("devices") or []
-        ]
-        return max((p for p in peaks if p is not None), default=None)
-
-    timed = sorted((r for r in ranks if p50(r) is not None), key=lambda r: (p50(r), r["rank"]))
-    held = sorted((r for r in ranks if memory(r) is not None), key=lambda r: (-memory(r), r["rank"]))
-    keep = {ranks[0]["rank"], *(r["rank"] for r in timed[-_SLOWEST:] + timed[:_FASTEST] + held[:_MOST_MEMORY])}
+    steps = {r["rank"]: clean_value((r.get("step_ms") or {}).get("median")) for r in ranks}
+    peaks = {r["rank"]: _peak(r) for r in ranks if r.get("devices")}
+    timed = [rank for rank, v in steps.items() if v is not None]
+    held = [rank for rank, v in peaks.items() if v is not None]
+    by_step, by_peak = (lambda rank: (steps[rank], rank)), (lambda rank: (-peaks[rank], rank))
+    keep = {
+        ranks[0]["rank"],
+        *heapq.nlargest(_SLOWEST, timed, key=by_step),
+        *heapq.nsmallest(_FASTEST, timed, key=by_step),
+        *heapq.nsmallest(_MOST_MEMORY, held, key=by_peak),
+    }
     for f in doc.get("findings") or []:
         if len(f["ranks"]) <= _NAMED:
             keep.update(f["ranks"])
@@ -255,6 +256,15 @@ def listed_ranks(doc: dict[str, Any]) -> tuple[list[dict[str, Any]], str | None]
         which.append(f"the {min(_MOST_MEMORY, len(held))} with the most device memory")
     which.append("the ranks findings name")
     return shown, f"{len(shown)} of {len(ranks):,} ranks: {', '.join(which)}; every rank is in --format json"
+
+
+def _peak(r: dict[str, Any]) -> Any:
+    """A rank's most device memory: the largest peak reserved (allocated where reserved is not known)."""
+    peaks = [
+        clean_value(d.get("peak_reserved_bytes")) or clean_value(d.get("peak_allocated_bytes"))
+        for d in r.get("devices") or []
+    ]
+    return max((p for p in peaks if p is not None), default=None)
 
 
 def rank_table_rows(doc: dict[str, Any], ranks: list[dict[str, Any]] | None = None) -> list[list[str]]:
@@ -296,11 +306,12 @@ class RankTable(NamedTuple):
     note: str | None = None  # which ranks the rows are, where not all of them (listed_ranks)
 
 
-def rank_table(doc: dict[str, Any]) -> RankTable | None:
+def rank_table(doc: dict[str, Any], listed: Listed | None = None) -> RankTable | None:
     """The per-rank table every format shows. The step breakdown where a rank has any timing; else each rank's
     state (a run without trace); else None (no table: never a table of dashes). Of more than 32 ranks, the rows
-    of the ranks worth reading, with a note saying which (``listed_ranks``, ``_listed_status``)."""
-    shown, note = listed_ranks(doc)
+    of the ranks worth reading, with a note saying which (``listed``: ``listed_ranks(doc)`` where the caller has
+    it; ``_listed_status``)."""
+    shown, note = listed or listed_ranks(doc)
     if any(_has_timing(doc, r) for r in doc["ranks"]):
         return RankTable("breakdown", list(RANK_TABLE_COLUMNS), rank_table_rows(doc, shown), note)
     status, note = _listed_status(rank_status_rows(doc))

@@ -13,6 +13,7 @@ from ddpdoctor.metrics import catalog
 from ddpdoctor.report import fmt, fsdp_units, over_time, palette, svg, timeline
 from ddpdoctor.report.document import (
     RANK_STATUS_TITLE,
+    Listed,
     build,
     frame,
     frame_records,
@@ -171,19 +172,20 @@ def _body(result: Diagnosis) -> list[str]:
         out += [f"<li>{_text(line)}</li>" for line in health]
         out.append("</ul>")
     out += _trials_html(doc)
-    table = rank_table(doc)
+    listed = listed_ranks(doc)  # once: the rank table's, the breakdown bars' and the memory bars' ranks
+    table = rank_table(doc, listed)
     if table is not None and table.kind == "status":
         out.append(f"<h2>{fmt.esc(RANK_STATUS_TITLE)}</h2>")
         out.append(_rank_table(table.columns, table.rows, left=frozenset(("state", "last phase"))))
     elif table is not None:
-        out += _breakdown_html(doc, *_with_gpu_util(result, table.columns, table.rows))
+        out += _breakdown_html(listed[0], *_with_gpu_util(result, table.columns, table.rows))
     if table is not None and table.note:
         out.append(f'<p class="note">{fmt.esc(table.note)}</p>')
     out += fsdp_units.html_parts(doc)
     over = over_time.html_items(doc)
     if over:
         out.append(over)
-    out += _after_breakdown(result, doc)
+    out += _after_breakdown(result, doc, listed)
     return out
 
 
@@ -198,9 +200,9 @@ def _with_gpu_util(
     return [*columns, ("GPU util", "gpu")], [[*row, cell] for row, cell in zip(rows, cells, strict=True)]
 
 
-def _breakdown_html(doc: dict[str, Any], columns: list[tuple[str, str]], rows: list[list[str]]) -> list[str]:
+def _breakdown_html(ranks: list[dict[str, Any]], columns: list[tuple[str, str]], rows: list[list[str]]) -> list[str]:
     out = ["<h2>Step breakdown per rank</h2>"]
-    bars = [(f"rank {r['rank']}", [(label, r[key]) for label, key in _BREAKDOWN]) for r in listed_ranks(doc)[0]]
+    bars = [(f"rank {r['rank']}", [(label, r[key]) for label, key in _BREAKDOWN]) for r in ranks]
     if any(v for _, parts in bars for _, v in parts):
         colors = {label: palette.color(key) for label, key in _BREAKDOWN}
         out.append(svg.stacked_bars(bars, unit="ms mean", colors=colors))
@@ -222,7 +224,7 @@ def _breakdown_html(doc: dict[str, Any], columns: list[tuple[str, str]], rows: l
     return out
 
 
-def _after_breakdown(result: Diagnosis, doc: dict[str, Any]) -> list[str]:
+def _after_breakdown(result: Diagnosis, doc: dict[str, Any], listed: Listed) -> list[str]:
     out: list[str] = []
     times, shade = _step_time_series(result.metrics)
     out.append("<h2>Step time</h2>")
@@ -250,13 +252,13 @@ def _after_breakdown(result: Diagnosis, doc: dict[str, Any]) -> list[str]:
             d["peak_reserved_bytes"],
             d["capacity_bytes"],
         )
-        for r in listed_ranks(doc)[0]
+        for r in listed[0]
         for d in r["devices"]
     ]
     out.append("<h2>Memory per device</h2>")
     out.append(svg.capacity_bars(devices) if devices else '<p class="note">No device memory recorded.</p>')
-    if devices and listed_ranks(doc)[1]:
-        out.append(f'<p class="note">{fmt.esc(listed_ranks(doc)[1])}</p>')
+    if devices and listed[1]:
+        out.append(f'<p class="note">{fmt.esc(listed[1])}</p>')
     out.append("<h2>Collectives</h2>")
     out.append(_collectives_table(result.metrics))
     if doc["passed_reasons"]:

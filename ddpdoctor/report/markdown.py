@@ -80,7 +80,8 @@ def _lines(result: Diagnosis) -> list[str]:
     if trials:
         out += [f"## Trials of this run ({len(trials)}, `ddpdoctor try`)", ""]
         out += [f"- {fmt.md(line)}" for line in trials] + [""]
-    table = rank_table(doc)
+    listed = listed_ranks(doc)  # once: the rank table's and the memory table's rows
+    table = rank_table(doc, listed)
     if table is not None:
         header = [long for long, _ in table.columns]
         if table.kind == "status":
@@ -92,8 +93,7 @@ def _lines(result: Diagnosis) -> list[str]:
             out += [f"_{fmt.md(table.note)}_", ""]
     out += fsdp_units.markdown_lines(doc)
     out += over_time.markdown_lines(doc)
-    listed, note = listed_ranks(doc)
-    devices = [(r["rank"], d) for r in listed for d in r["devices"]]
+    devices = [(r["rank"], d) for r in listed[0] for d in r["devices"]]
     if devices:
         out += ["## Memory per device (peak)", ""]
         rows = [
@@ -107,8 +107,8 @@ def _lines(result: Diagnosis) -> list[str]:
             for rank, d in devices
         ]
         out += _table(["rank", "device", "allocated", "reserved", "capacity"], rows, "rlrrr") + [""]
-        if note:
-            out += [f"_{fmt.md(note)}_", ""]
+        if listed[1]:
+            out += [f"_{fmt.md(listed[1])}_", ""]
     if result.not_evaluated:
         out += [f"## Not evaluated ({len(result.not_evaluated)})", ""]
         out += [

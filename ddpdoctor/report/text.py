@@ -15,6 +15,7 @@ from ddpdoctor.report import fmt, fsdp_units, over_time
 from ddpdoctor.report import timeline as step_timeline
 from ddpdoctor.report.document import (
     RANK_STATUS_TITLE,
+    Listed,
     build,
     grouped_not_evaluated,
     health_lines,
@@ -200,10 +201,12 @@ def _findings(console: Console, result: Diagnosis, Text: Any, _t: Callable[..., 
 _RANK_TITLE = "Per-rank step breakdown (ms per step; p50/p90: step time)"
 
 
-def _rank_table_parts(doc: dict[str, Any]) -> tuple[str, list[str], str, list[list[str]], str | None] | None:
+def _rank_table_parts(
+    doc: dict[str, Any], listed: Listed | None = None
+) -> tuple[str, list[str], str, list[list[str]], str | None] | None:
     """(title, header, justification, rows, note) of the per-rank table (``document.rank_table``), None for
     none."""
-    table = rank_table(doc)
+    table = rank_table(doc, listed)
     if table is None:
         return None
     header = [short for _, short in table.columns]
@@ -299,9 +302,9 @@ _MEMORY_COLUMNS = (
 )
 
 
-def _memory_rows(doc: dict[str, Any]) -> list[list[str]]:
+def _memory_rows(doc: dict[str, Any], listed: Listed | None = None) -> list[list[str]]:
     out = []
-    for r in listed_ranks(doc)[0]:
+    for r in (listed or listed_ranks(doc))[0]:
         for d in r["devices"]:
             used = None
             if d["peak_reserved_bytes"] is not None and d["capacity_bytes"]:
@@ -319,19 +322,19 @@ def _memory_rows(doc: dict[str, Any]) -> list[list[str]]:
     return out
 
 
-def _memory_table_lines(doc: dict[str, Any], console: Console) -> list[str] | None:
+def _memory_table_lines(doc: dict[str, Any], console: Console, listed: Listed | None = None) -> list[str] | None:
     """The memory table as rich draws it (``_memory_table``), as plain lines (``_plain_table``)."""
-    rows = _memory_rows(doc)
+    rows = _memory_rows(doc, listed)
     header = [name for name, _ in _MEMORY_COLUMNS]
     justify = "".join(j[0] for _, j in _MEMORY_COLUMNS)
     return _plain_table(console, "Memory per device (peak)", header, justify, rows, padding=1)
 
 
-def _memory_table(doc: dict[str, Any]) -> Table | None:
+def _memory_table(doc: dict[str, Any], listed: Listed | None = None) -> Table | None:
     from rich import box
     from rich.table import Table
 
-    rows = _memory_rows(doc)
+    rows = _memory_rows(doc, listed)
     if not rows:
         return None
     table = Table(title="Memory per device (peak)", box=box.SIMPLE_HEAD, title_justify="left")
@@ -383,12 +386,13 @@ def _write(console: Any, result: Diagnosis, doc: dict[str, Any], Text: Any, _t: 
         for line in trials:
             console.print(_t("  " + line), overflow="fold")
         console.print()
-    parts = _rank_table_parts(doc)
+    listed = listed_ranks(doc)  # once: the rank table's and the memory table's rows
+    parts = _rank_table_parts(doc, listed)
     if parts is not None:
         _print_table(console, _rank_table_lines(doc, console, parts), lambda: _rank_table(doc, parts), parts[4], _t)
     if any(r["devices"] for r in doc["ranks"]):
-        note = listed_ranks(doc)[1]
-        _print_table(console, _memory_table_lines(doc, console), lambda: _memory_table(doc), note, _t)
+        lines = _memory_table_lines(doc, console, listed)
+        _print_table(console, lines, lambda: _memory_table(doc, listed), listed[1], _t)
     timeline = over_time.text_lines(doc)
     if timeline:
         console.print(Text(over_time.TITLE, style="bold"))
