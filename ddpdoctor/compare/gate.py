@@ -336,7 +336,7 @@ def _verdict(
 
 
 # The share of a timing regression (ms per step) the loop's extra wait for a CPU must reach to explain it, and
-# how many more CPUs other processes must have used (the same margin as ``try``'s, trial.measure).
+# how many more CPUs other processes must have used (``try`` uses the same margin, trial.measure).
 HOST_SHARE = 0.5
 OTHER_CPUS_MORE = 0.25
 
@@ -347,9 +347,10 @@ def host_explains(check: MetricCheck, baseline: Snapshot, current: Snapshot) -> 
     baseline's, and other processes used ``OTHER_CPUS_MORE`` more CPUs: the host's neighbours can explain it, the
     code need not be slower. Where either run did not record these (foreign traces, an older baseline), the
     check stands."""
-    if check.verdict != "regression" or check.outcome != FAIL or not catalog.spec(check.metric).noisy:
+    spec = catalog.spec(check.metric)
+    if check.verdict != "regression" or check.outcome != FAIL or not spec.noisy or spec.unit != "ms":
         return check
-    if catalog.spec(check.metric).unit != "ms" or check.baseline is None or check.current is None:
+    if check.baseline is None or check.current is None:
         return check
     before, after = baseline.value("cpu_wait_ms"), current.value("cpu_wait_ms")
     others_before, others = baseline.value("other_cpu_cores"), current.value("other_cpu_cores")
@@ -363,9 +364,9 @@ def host_explains(check: MetricCheck, baseline: Snapshot, current: Snapshot) -> 
         verdict=HOST_BUSIER,
         outcome=WARN,
         message=(
-            f"{check.message[: -len(': regression')] if check.message.endswith(': regression') else check.message}"
-            f": past the threshold, but the training loop waited {after - before:,.1f} ms more per step for a CPU "
-            f"than in the baseline ({before:,.1f} -> {after:,.1f} ms) while other processes used {others:.2f} CPUs "
+            f"{check.message.removesuffix(': regression')}: past the threshold, but the training loop waited "
+            f"{after - before:,.1f} ms more per step for a CPU than in the baseline ({before:,.1f} -> {after:,.1f} ms) "
+            f"while other processes used {others:.2f} CPUs "
             f"(baseline {others_before:.2f}): the host's load can explain the {regression:,.1f} ms; rerun on a "
             "quiet machine to decide"
         ),

@@ -21,13 +21,14 @@ from typing import Any
 from ddpdoctor.compare import Comparison, compare, stats, units
 from ddpdoctor.compare import snapshot as snap
 from ddpdoctor.compare.catalog import METRICS
+from ddpdoctor.compare.gate import OTHER_CPUS_MORE
 
 HELPS, HURTS, NO_EFFECT, FAILED = "helps", "hurts", "no measurable effect", "failed"
 # Other processes' CPUs (``other_cpu_cores``) in a trial beyond those in every control run (or below, for a gain):
-# from this many, a run's change cannot be told from the host's. Both controls can agree, and still a trial that
-# ran in a quieter spell of a busy machine looked faster (202 -> 110 ms, controls 203 and 182, beside a test
-# suite): the drift between the controls cannot see that, what the runs recorded of the host can.
-FOREIGN_CPUS_APART = 0.25
+# from ``OTHER_CPUS_MORE`` (the gate's margin for the same question), a run's change cannot be told from the
+# host's. Both controls can agree, and still a trial that ran in a quieter spell of a busy machine looked faster
+# (202 -> 110 ms, controls 203 and 182, beside a test suite): the drift between the controls cannot see that,
+# what the runs recorded of the host can.
 
 
 @dataclass(frozen=True)
@@ -132,7 +133,7 @@ def measure(
     each control run on its own: load that changed between the runs (a busy machine) moves the two controls
     apart, and then a change no bigger than that drift is "no measurable effect", never a gain. ``foreign``: the
     CPUs other processes used during each control and during the trial (``foreign_cpus``): a gain measured in a
-    trial that had ``FOREIGN_CPUS_APART`` fewer of them than every control (a loss, more than every control) is
+    trial that had ``OTHER_CPUS_MORE`` fewer of them than every control (a loss, more than every control) is
     no verdict either. ``spawns_processes``: the knob starts processes of its own (DataLoader workers), which
     count as other processes: more of them in the trial is the knob, not the host."""
     control = snap.combine(controls)
@@ -187,8 +188,8 @@ def measure(
     control_loads, trial_load = foreign
     known = [c for c in control_loads if c is not None]
     if verdict in (HELPS, HURTS) and trial_load is not None and len(known) == len(controls) and known:
-        quieter = verdict == HELPS and trial_load <= min(known) - FOREIGN_CPUS_APART
-        busier = verdict == HURTS and not spawns_processes and trial_load >= max(known) + FOREIGN_CPUS_APART
+        quieter = verdict == HELPS and trial_load <= min(known) - OTHER_CPUS_MORE
+        busier = verdict == HURTS and not spawns_processes and trial_load >= max(known) + OTHER_CPUS_MORE
         if quieter or busier:
             loads = ", ".join(f"{c:.2f}" for c in known)
             notes.append(
