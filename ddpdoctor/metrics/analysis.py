@@ -114,6 +114,9 @@ def analyze(run: Run, steps: tuple[int, int | None] | None = None, verdict: Any 
             "exposed_transfer_ms": "the ranks' summary files predate the exposed-transfer measurement"
             " (`diagnose --steps 0..` reads the traces)",
         }
+    why_loop = _why_no_loop_transfer(ranks, run_metrics.get("not_measured", {}))
+    if why_loop:
+        run_metrics["not_measured"] = {**run_metrics.get("not_measured", {}), "loop_exposed_transfer_ms": why_loop}
     return RunMetrics(
         run=run_metrics,
         ranks=ranks,
@@ -123,6 +126,27 @@ def analyze(run: Run, steps: tuple[int, int | None] | None = None, verdict: Any 
         timeline=LazyTimeline(summaries, colls),
         step_times=LazyTable(lambda: _step_times(run)),
     )
+
+
+def _why_no_loop_transfer(ranks: list[dict[str, Any]], said: dict[str, str]) -> str | None:
+    """Why no rank has ``loop_exposed_transfer_ms`` (None where one has it, or the run has no collective: the
+    catalog says that)."""
+    if any(r.get("loop_exposed_transfer_ms") is not None for r in ranks):
+        return None
+    if any(r.get("exposed_transfer_ms") is not None for r in ranks):
+        return (
+            "which code issued each collective cannot be told: no rank's gradient all-reduce was seen issued in the"
+            " backward pass (no DistributedDataParallel.forward range in the trace, gradients all-reduced by hand"
+            " after backward, or summary files from an older ddpdoctor: `diagnose --steps 0..` reads the traces)"
+        )
+    if said.get("exposed_transfer_ms"):
+        return str(said["exposed_transfer_ms"])
+    if any(r.get("comm_ms") for r in ranks):
+        return (
+            "no collective was matched with all of its peers in the data, so its transfer cannot be told from"
+            " waiting for them"
+        )
+    return None
 
 
 def _step_times(run: Run) -> Table:

@@ -194,7 +194,14 @@ GROUPS: dict[str, tuple[str, ...]] = {
     ),
     "bandwidth": ("algbw_gbps", "busbw_gbps"),
     # from each collective's transfer time, the same on every rank (transfer.transfer_metrics)
-    "transfer": ("exposed_transfer_ms", "optimizer_exposed_transfer_ms", "algbw_gbps", "busbw_gbps"),
+    "transfer": (
+        "exposed_transfer_ms",
+        "optimizer_exposed_transfer_ms",
+        "loop_exposed_transfer_ms",
+        "ddp_exposed_transfer_ms",
+        "algbw_gbps",
+        "busbw_gbps",
+    ),
     # FSDP2 units (ddpdoctor.metrics.fsdp)
     "fsdp": (
         "fsdp_units",

@@ -23,7 +23,7 @@ import numpy as np
 
 from ddpdoctor.load.model import RankTrace
 from ddpdoctor.metrics import intervals as iv
-from ddpdoctor.metrics.phases import names_matching
+from ddpdoctor.metrics.phases import BACKWARD_OPS, names_matching
 from ddpdoctor.metrics.steps import first_index, launch_times
 from ddpdoctor.table import Codes, Table, distinct
 
@@ -58,10 +58,13 @@ KINDS = (
 COLLECTIVE_COLUMNS = ["kind", "start_us", "end_us", "dur_us", "bytes", "group_size", "source", "issued_us"]
 # Where the training thread issued a collective (``issuers``): DDP's buffer broadcast runs inside
 # ``DistributedDataParallel.forward``; an optimizer's own collectives (ZeroRedundancyOptimizer's parameter
-# broadcasts after its local step) inside torch's ``Optimizer.step#<Class>.step`` range.
+# broadcasts after its local step) inside torch's ``Optimizer.step#<Class>.step`` range; DDP's gradient all-reduces
+# inside the backward pass (its reducer's hooks run in ``autograd::engine::evaluate_function: AccumulateGrad``, on
+# the training thread on a CPU, on autograd's device thread on a GPU: seen so in every DDP trace of ../shared);
+# the training loop's own (a loss or metric all_reduce, all_gather_object) outside all three.
 _DDP_FORWARD = re.compile(r"^DistributedDataParallel\.forward$")
 _OPTIMIZER_STEP = re.compile(r"^Optimizer\.step#")
-ISSUED_IN = ("ddp_forward", "optimizer", "other")
+ISSUED_IN = ("ddp_forward", "optimizer", "backward", "loop", "other")
 
 # Bytes per element of every dtype string torch writes into a trace, keyed in the form ``dtype_bytes`` looks up
 # (lower case, no ``c10::``/``at::``/``torch.`` prefix, single spaces): c10::toString names (``Float``, ``Byte``:
@@ -459,8 +462,13 @@ def _kernel_collectives(rt: RankTrace, kernels: Table, calls: Table) -> Table:
 def issuers(rt: RankTrace, colls: Table) -> np.ndarray:
     """For each row of ``collectives(rt)``, where the job issued it: "ddp_forward" (inside
     ``DistributedDataParallel.forward``: DDP's buffer broadcast), "optimizer" (inside an ``Optimizer.step#...``
-    range: ZeRO's parameter sync), "other"; None for every row where the trace cannot tell (no issuing
-    ``c10d::*``/``nccl:*``/``gloo:*`` op on a training thread, or no range of DDP or an optimizer at all).
+    range: ZeRO's parameter sync), "backward" (inside an autograd op on its thread: DDP's gradient all-reduce from
+    its reducer's hooks, a comm hook's, a custom autograd function's), "loop" (its issuing op found outside all of
+    those, on a thread that runs DDP's forward: the training loop's own collective), "other" (issued on another
+    thread outside those ranges, or no issuing op of its kind in the trace: a thread of its own); None for every row
+    where the trace cannot tell (no issuing ``c10d::*``/``nccl:*``/``gloo:*`` op on a training thread, or no range
+    of DDP or an optimizer at all). Without a DDP forward range only "optimizer" is said (nothing else can be told
+    apart from it).
 
     A collective is issued by the latest issuing op of its kind at or before its issue time (the kernel's launch,
     or the start of gloo's work, which runs on gloo's own threads after the training thread queued it): several
@@ -489,7 +497,13 @@ def issuers(rt: RankTrace, colls: Table) -> np.ndarray:
     kinds = kinds_of(issued["name"])
     in_fwd = _enclosing(ddp_fwd, issued) >= 0 if len(ddp_fwd) else np.zeros(len(issued), dtype=bool)
     in_opt = _enclosing_any(opt_step, issued) if len(opt_step) else np.zeros(len(issued), dtype=bool)
-    where = np.where(in_fwd, "ddp_forward", np.where(in_opt, "optimizer", "other")).astype(object)
+    in_bwd = _enclosing_any(ops[names_matching(ops, BACKWARD_OPS)], issued)
+    # the loop's own: on a thread that runs DDP's forward (the training loop's), outside the three; a collective
+    # another thread issued (a comm hook's callback on a backend thread) is not placed
+    on_loop = np.isin(issued["tid"], distinct(ddp_fwd["tid"])) if len(ddp_fwd) else np.zeros(len(issued), dtype=bool)
+    where = np.select(
+        [in_fwd, in_opt, in_bwd, on_loop], ["ddp_forward", "optimizer", "backward", "loop"], "other"
+    ).astype(object)
     ts = issued["ts_us"].astype(np.float64)
     at = colls["issued_us"].astype(np.float64)
     row_kinds = np.asarray(colls["kind"], dtype=object)

@@ -33,7 +33,7 @@ from ddpdoctor.table import Table, group_max, group_min
 PHASES = ("dataloader", "forward", "backward", "optimizer")
 _DATALOADER = re.compile(r"^enumerate\(DataLoader\)#.*__next__$|^enumerate\(DataPipe\)#")
 _OPTIMIZER = re.compile(r"^Optimizer\.(step|zero_grad)#")
-_BACKWARD = re.compile(
+BACKWARD_OPS = re.compile(
     r"^autograd::engine::evaluate_function|^torch\.distributed\.ddp\.reducer::|Backward\d*$|^torch::autograd::AccumulateGrad$"
 )
 _FORWARD = re.compile(r"^(DistributedDataParallel|DataParallel)\.forward$")
@@ -73,7 +73,7 @@ def host_phases(ops: Table, steps: Table) -> dict[str, iv.Intervals]:
     optimizer = iv.union(*_ranges(ops, _OPTIMIZER))
     lo = steps["host_start_us"]
     hi = steps["host_end_us"]
-    bwd_ops = _ranges(ops, _BACKWARD)
+    bwd_ops = _ranges(ops, BACKWARD_OPS)
     micro, rest = _micro_batches(_ranges(ops, _FORWARD), bwd_ops, lo, hi)
     # steps without forward ranges: one forward, from the batch fetch (else the step start) to backward
     b_start, b_end = _per_step_extent(rest, lo, hi)

@@ -3,9 +3,11 @@
 A collective's transfer time is the same on every rank: from the moment its last peer arrived to its end, the
 shortest duration over the ranks that ran it (``transfer_times``). ``transfer_metrics`` gives each rank's
 ``exposed_transfer_ms`` (the transfer intervals, unioned, not hidden by computation: waiting hidden under compute was
-never exposed) and ``optimizer_exposed_transfer_ms``; ``transfer_bandwidth`` the bandwidth per collective kind
-(bytes over the union of the transfer intervals: collectives running at once on gloo's two threads or NCCL's streams
-are counted once). All on numpy columns over every rank at once.
+never exposed), the parts of it in collectives issued inside an optimizer's step
+(``optimizer_exposed_transfer_ms``) and by the training loop itself (``loop_exposed_transfer_ms``), and the rest,
+DDP's (``ddp_exposed_transfer_ms``);
+``transfer_bandwidth`` the bandwidth per collective kind (bytes over the union of the transfer intervals: collectives
+running at once on gloo's two threads or NCCL's streams are counted once). All on numpy columns over every rank at once.
 """
 
 from __future__ import annotations
@@ -95,9 +97,19 @@ def transfer_metrics(
     own_t = np.where(matched, tt, dur)
     transfer = iv.union_by(end - own_t, end, rid)
     # the part of it issued inside an optimizer's step (ZeroRedundancyOptimizer's parameter sync after its update)
-    in_opt = (c["issued_in"].values() == "optimizer") if len(c) else np.zeros(0, dtype=bool)
+    issued_in = c["issued_in"].values() if len(c) else np.zeros(0, dtype=object)
+    in_opt = issued_in == "optimizer"
     opt_transfer = iv.union_by((end - own_t)[in_opt], end[in_opt], rid[in_opt])
-    has_exposed, exposed_us, hidden_not, opt_exposed = _exposed_transfer(summaries, transfer, opt_transfer)
+    # the training loop's own collectives (a loss all_reduce for logging), told apart only on a rank whose DDP
+    # gradient all-reduces are seen issued in its backward pass (else: a summary from before the distinction, or a
+    # job that all-reduces its gradients by hand after backward, whose exposed all-reduce is what the DDP rule
+    # is about)
+    in_loop = issued_in == "loop"
+    told = np.bincount(rid[issued_in == "backward"], minlength=n) > 0
+    loop_transfer = iv.union_by((end - own_t)[in_loop], end[in_loop], rid[in_loop])
+    has_exposed, exposed_us, hidden_not, opt_exposed, loop_exposed = _exposed_transfer(
+        summaries, transfer, opt_transfer, loop_transfer
+    )
     nbytes = c["bytes"].astype(np.float64) if len(c) else np.zeros(0)
     sized = matched & ~np.isnan(nbytes) & (nbytes > 0) & (tt > 0)
     moving = iv.union_by((end - tt)[sized], end[sized], rid[sized])
@@ -124,6 +136,11 @@ def transfer_metrics(
             elif matched_n[i] > 0:
                 values["exposed_transfer_ms"] = float(hidden_not[i]) / steps / 1e3
                 values["optimizer_exposed_transfer_ms"] = float(opt_exposed[i]) / steps / 1e3
+                ddp_us = hidden_not[i] - opt_exposed[i]
+                if told[i]:
+                    values["loop_exposed_transfer_ms"] = float(loop_exposed[i]) / steps / 1e3
+                    ddp_us -= loop_exposed[i]
+                values["ddp_exposed_transfer_ms"] = max(0.0, float(ddp_us)) / steps / 1e3
         if seconds[i] > 0:
             values["algbw_gbps"] = float(bytes_sum[i] / seconds[i] / 1e9)
             values["busbw_gbps"] = float(bus_sum[i] / seconds[i] / 1e9)
@@ -137,16 +154,16 @@ EXPOSED_CHUNK = 2048
 
 
 def _exposed_transfer(
-    summaries: list[dict[str, Any]], transfer: Any, opt_transfer: Any
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    summaries: list[dict[str, Any]], transfer: Any, opt_transfer: Any, loop_transfer: Any
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per rank (by position): whether its summary has ``exposed_comm``, the total exposed time, and the parts of
-    it that ``transfer`` and ``opt_transfer`` (``intervals.union_by`` by position) cover, in µs; ``EXPOSED_CHUNK``
-    ranks at a time."""
+    it that ``transfer``, ``opt_transfer`` and ``loop_transfer`` (``intervals.union_by`` by position) cover, in
+    µs; ``EXPOSED_CHUNK`` ranks at a time."""
     from ddpdoctor.metrics import intervals as iv
 
     n = len(summaries)
     has_exposed = np.zeros(n, dtype=bool)
-    exposed_us, hidden_not, opt_exposed = np.zeros(n), np.zeros(n), np.zeros(n)
+    exposed_us, hidden_not, opt_exposed, loop_exposed = np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n)
     intervals = (list, np.ndarray)  # lists as a summary holds them, float64 arrays as load.kept keeps them
     for lo in range(0, n, EXPOSED_CHUNK):
         hi = min(n, lo + EXPOSED_CHUNK)
@@ -166,7 +183,8 @@ def _exposed_transfer(
         exposed_us[lo:hi] = iv.total_by(exposed, hi)[lo:hi]
         hidden_not[lo:hi] = iv.total_by(iv.intersect_by(_groups(transfer, lo, hi), exposed), hi)[lo:hi]
         opt_exposed[lo:hi] = iv.total_by(iv.intersect_by(_groups(opt_transfer, lo, hi), exposed), hi)[lo:hi]
-    return has_exposed, exposed_us, hidden_not, opt_exposed
+        loop_exposed[lo:hi] = iv.total_by(iv.intersect_by(_groups(loop_transfer, lo, hi), exposed), hi)[lo:hi]
+    return has_exposed, exposed_us, hidden_not, opt_exposed, loop_exposed
 
 
 def _groups(ivs: Any, lo: int, hi: int) -> Any:

@@ -26,7 +26,7 @@ def _findings(metrics, cpu_wait_ms: float, exposed_ms: float) -> dict:
     m = copy.deepcopy(metrics)
     for r in m.ranks:
         r["cpu_wait_ms"] = cpu_wait_ms
-        r["exposed_transfer_ms"] = exposed_ms
+        r["exposed_transfer_ms"] = r["ddp_exposed_transfer_ms"] = exposed_ms
         r["overlap_ratio"] = 0.1
     rules = [r for r in load_rules() if r.name in RULES]
     return {f.name: f.message for f in evaluate(rules, m).findings}
@@ -52,6 +52,7 @@ def test_a_job_that_already_uses_static_graph_is_not_told_to_use_it(metrics) -> 
     m = copy.deepcopy(metrics)
     for r in m.ranks:
         r["cpu_wait_ms"], r["exposed_transfer_ms"], r["overlap_ratio"] = 0.0, 12.0, 0.1
+        r["ddp_exposed_transfer_ms"] = 12.0
     rule = [r for r in load_rules() if r.name == "poor-comm-compute-overlap"]
     plain = evaluate(rule, m).findings[0]
     assert "use static_graph=True" in plain.recommendation and "static_graph=True here" not in plain.message

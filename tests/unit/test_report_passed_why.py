@@ -95,6 +95,7 @@ def test_overlap_that_passed_because_its_exposed_time_is_waiting_says_so():
             "overlap_ratio": 0.46,
             "exposed_comm_ms": 25.5,
             "exposed_transfer_ms": 0.0,
+            "ddp_exposed_transfer_ms": 0.0,
             "collective_wait_ms": 25.4,
         },
         {
@@ -103,6 +104,7 @@ def test_overlap_that_passed_because_its_exposed_time_is_waiting_says_so():
             "overlap_ratio": 0.6,
             "exposed_comm_ms": 0.4,
             "exposed_transfer_ms": 0.0,
+            "ddp_exposed_transfer_ms": 0.0,
             "collective_wait_ms": 0.0,
         },
     ]
@@ -111,7 +113,9 @@ def test_overlap_that_passed_because_its_exposed_time_is_waiting_says_so():
     assert result.passed == ("poor-comm-compute-overlap",)
     (why,) = build(result)["passed_reasons"]
     reason = why["reason"]
-    assert reason.startswith("exposed data transfer 0.0 ms per step (0.0% of a 133.0 ms step)"), reason
+    assert reason.startswith("exposed data transfer of DDP's collectives 0.0 ms per step (0.0% of a 133.0 ms step)"), (
+        reason
+    )
     assert "up to 25.5 ms per step on a rank includes up to 25.4 ms of waiting for late ranks" in reason
     assert "which is not transfer" in reason
     assert re.search(r"exposed_transfer_ms.* = 0 < 1 \(min_exposed_ms\)", reason), reason  # what decided it
@@ -119,7 +123,7 @@ def test_overlap_that_passed_because_its_exposed_time_is_waiting_says_so():
         assert "25.4 ms of waiting for late ranks" in _flat(text), fmt
     # without a transfer measurement (a rank missing) it does not claim any part is transfer
     for r in ranks:
-        r["exposed_transfer_ms"] = None
+        r["exposed_transfer_ms"] = r["ddp_exposed_transfer_ms"] = None
     result = evaluate(rules, _metrics(ranks[:1], world_size=2, ranks_loaded=1, ranks_missing=1))
     if result.passed:
         assert "transfer" not in result.passed_reasons[0].reason.split(";")[0]
