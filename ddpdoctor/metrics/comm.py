@@ -501,8 +501,10 @@ def issuers(rt: RankTrace, colls: Table) -> np.ndarray:
     # the loop's own: on a thread that runs DDP's forward (the training loop's), outside the three; a collective
     # another thread issued (a comm hook's callback on a backend thread) is not placed
     on_loop = np.isin(issued["tid"], distinct(ddp_fwd["tid"])) if len(ddp_fwd) else np.zeros(len(issued), dtype=bool)
+    # backward before the optimizer: a closure (Lightning's automatic optimisation, LBFGS) runs forward and backward
+    # inside the optimizer's step, and DDP's gradient all-reduce there is still DDP's
     where = np.select(
-        [in_fwd, in_opt, in_bwd, on_loop], ["ddp_forward", "optimizer", "backward", "loop"], "other"
+        [in_fwd, in_bwd, in_opt, on_loop], ["ddp_forward", "backward", "optimizer", "loop"], "other"
     ).astype(object)
     ts = issued["ts_us"].astype(np.float64)
     at = colls["issued_us"].astype(np.float64)

@@ -406,6 +406,12 @@ def test_lightning_trainer_ddp(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     # Lightning runs rank 0 in the process ddpdoctor started and re-executes the script for rank 1.
     assert _assert_two_ranks_traced(out, "spawn")["mode"] == "spawn"
+    # its automatic optimisation runs forward and backward inside optimizer.step(closure): DDP's gradient
+    # all-reduces are the backward pass's, not collectives of the optimizer's own (ZeRO's, left out of DDP's time)
+    for rank in (0, 1):
+        c = json.loads((out / "ranks" / f"rank{rank}.summary.json").read_text())["collectives"]
+        issued = {w for k, w in zip(c["kind"], c["issued_in"], strict=True) if k == "all_reduce"}
+        assert issued == {"backward"}, c
 
 
 def test_lightning_fabric_ddp(tmp_path):

@@ -36,7 +36,15 @@ def _allreduce(ts: float, dur: float, tid: int = MAIN) -> list[dict]:
     ]
 
 
-def _trace(rank: int, *, ddp: bool = True, autograd: bool = True, loop: bool = True, loop_tid: int = MAIN) -> dict:
+def _trace(
+    rank: int,
+    *,
+    ddp: bool = True,
+    autograd: bool = True,
+    loop: bool = True,
+    loop_tid: int = MAIN,
+    closure: bool = False,
+) -> dict:
     events: list[dict] = []
     for s in range(6):
         t0 = 10_000.0 + s * 5000.0
@@ -52,7 +60,10 @@ def _trace(rank: int, *, ddp: bool = True, autograd: bool = True, loop: bool = T
                 _x("autograd::engine::evaluate_function: torch::autograd::AccumulateGrad", "cpu_op", t0 + 1500.0, 20.0)
             )
         events += _allreduce(t0 + 1505.0, 600.0)  # DDP's bucket, issued from its hook, under the backward matmul
-        events.append(_x("Optimizer.step#SGD.step", "user_annotation", t0 + 2400.0, 300.0))
+        if closure:  # Lightning's automatic optimisation, LBFGS: forward and backward run inside the step
+            events.append(_x("Optimizer.step#SGD.step", "user_annotation", t0 + 50.0, 2650.0))
+        else:
+            events.append(_x("Optimizer.step#SGD.step", "user_annotation", t0 + 2400.0, 300.0))
         events.append(_x("aten::add_", "cpu_op", t0 + 2410.0, 280.0))
         if loop:
             events += _allreduce(t0 + 3000.0, 1500.0, loop_tid)  # the loop's logging all-reduce, nothing beside it
@@ -82,6 +93,17 @@ def test_the_logging_all_reduce_is_the_loops_and_ddps_is_hidden(tmp_path: Path) 
     assert "1.5 ms per step" in loop.message
     # DDP's own exposed time is 0: its overlap is not the problem, whatever the overlap ratio says
     assert "poor-comm-compute-overlap" not in findings
+
+
+def test_ddps_all_reduce_inside_an_optimizer_closure_is_still_the_backward_passs(tmp_path: Path) -> None:
+    """Forward and backward inside ``optimizer.step(closure)``: DDP's all-reduce is issued in the backward pass,
+    not the optimizer's own (ZeRO's) collective, and the loop's logging all-reduce is still the loop's."""
+    metrics, findings, _ = _diagnose(tmp_path, closure=True)
+    for r in metrics.ranks:
+        assert r["optimizer_exposed_transfer_ms"] == 0.0, r
+        assert r["loop_exposed_transfer_ms"] == pytest.approx(1.5, abs=1e-6), r
+        assert r["ddp_exposed_transfer_ms"] == pytest.approx(0.0, abs=1e-6), r
+    assert "loop-collectives-exposed" in findings
 
 
 def test_without_the_loops_collective_nothing_is_left_out(tmp_path: Path) -> None:
