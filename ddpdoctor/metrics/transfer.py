@@ -2,12 +2,12 @@
 
 A collective's transfer time is the same on every rank: from the moment its last peer arrived to its end, the
 shortest duration over the ranks that ran it (``transfer_times``). ``transfer_metrics`` gives each rank's
-``exposed_transfer_ms`` (the transfer intervals, unioned, not hidden by computation: waiting hidden under compute was
-never exposed), the parts of it in collectives issued inside an optimizer's step
+``exposed_transfer_ms`` (the transfer intervals, unioned, not hidden by computation: waiting hidden under compute
+was never exposed), the parts of it in collectives issued inside an optimizer's step
 (``optimizer_exposed_transfer_ms``) and by the training loop itself (``loop_exposed_transfer_ms``), and the rest,
-DDP's (``ddp_exposed_transfer_ms``);
-``transfer_bandwidth`` the bandwidth per collective kind (bytes over the union of the transfer intervals: collectives
-running at once on gloo's two threads or NCCL's streams are counted once). All on numpy columns over every rank at once.
+DDP's (``ddp_exposed_transfer_ms``); ``transfer_bandwidth`` the bandwidth per collective kind (bytes over the union
+of the transfer intervals: collectives running at once on gloo's two threads or NCCL's streams are counted once).
+All on numpy columns over every rank at once.
 """
 
 from __future__ import annotations
