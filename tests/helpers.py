@@ -17,7 +17,10 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLES = REPO / "samples"
@@ -118,6 +121,38 @@ def cpu_burner(n: int = 1):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(hog.pid, signal.SIGKILL)
             hog.wait(timeout=10)
+
+
+def trace_jobs_beside_a_burner(
+    base: Path, jobs: dict[str, str], window: tuple[str, ...] = ("--wait", "2", "--warmup", "1", "--active", "4")
+) -> dict[str, Path]:
+    """Each job (name -> script source) traced as a real 2-rank torchrun + gloo run into ``base/<name>``, two at a
+    time beside one CPU burner (a busy neighbour); name -> run directory. A trace that fails fails the caller."""
+
+    def trace(name: str) -> Path:
+        script = write_script(base / f"{name}_train.py", jobs[name])
+        out = base / name
+        done = run_cli(
+            "trace", "-q", "--out", str(out), *window, "--standalone", "--nproc-per-node", "2", str(script), timeout=200
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        return out
+
+    with cpu_burner(1), ThreadPoolExecutor(2) as pool:
+        return dict(zip(jobs, pool.map(trace, jobs), strict=True))
+
+
+def assert_overlap_finding_leaves_out(metrics, findings: dict, part: str, said: str) -> None:  # noqa: ANN001
+    """Where ``poor-comm-compute-overlap`` fired, its estimated gain is the ranks' mean exposed transfer less the
+    metric ``part`` (``optimizer_exposed_transfer_ms``, ``loop_exposed_transfer_ms``): DDP's share, the
+    ``ddp_exposed_transfer_ms`` it reads, and its message names the part left out with ``said``."""
+    for r in metrics.ranks:
+        assert r["ddp_exposed_transfer_ms"] == pytest.approx(r["exposed_transfer_ms"] - r[part], abs=1e-9), r
+    finding = findings.get("poor-comm-compute-overlap")
+    if finding is not None:
+        ddp = [r["exposed_transfer_ms"] - r[part] for r in metrics.ranks]
+        assert finding.estimated_gain_ms == pytest.approx(sum(ddp) / len(ddp), abs=5e-4)  # gains are in µs
+        assert said in finding.message
 
 
 def step_snapshot(median: float, seed: int, spread: float = 0.15):
