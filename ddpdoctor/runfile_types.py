@@ -306,7 +306,7 @@ class DeviceMemory(msgspec.Struct, forbid_unknown_fields=False):
     capacity_bytes: Number | None = None
 
 
-# columns of a summary's tables that hold text: the collective's kind, where it was issued (metrics.comm.issuers)
+# columns of a summary's tables that hold text: the collective's kind, where it was issued (metrics.issuers.issuers)
 _TEXT_COLUMNS = frozenset(("kind", "issued_in"))
 
 

@@ -293,7 +293,7 @@ def all_collectives(summaries: list[dict[str, Any]]) -> Table:
         "step": column(columns["step"]),
         "kind": _codes(columns["kind"]),
         "index": column(columns["index"]),
-        "issued_in": _codes(columns["issued_in"]),  # metrics.comm.issuers (-1: unknown, or an older summary)
+        "issued_in": _codes(columns["issued_in"]),  # metrics.issuers.issuers (-1: unknown, or an older summary)
     }
     for col in _NUMERIC:
         out[col] = _numeric(columns[col])

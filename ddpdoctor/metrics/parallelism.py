@@ -33,7 +33,8 @@ import numpy as np
 
 from ddpdoctor.load.model import RankTrace
 from ddpdoctor.metrics import catalog
-from ddpdoctor.metrics.comm import _OPTIMIZER_STEP, _enclosing, _enclosing_any, _notna, kinds_of
+from ddpdoctor.metrics.comm import _enclosing, _notna, kinds_of
+from ddpdoctor.metrics.issuers import OPTIMIZER_STEP, enclosing_any
 from ddpdoctor.metrics.phases import host_phases, names_matching, phase_at
 from ddpdoctor.table import Table
 
@@ -96,10 +97,10 @@ def parallelism_evidence(rt: RankTrace, steps: Table, calls: Table, timed: int =
     out["allgather_per_step"] = float((kinds == "all_gather").sum()) / n_steps
     out["reduce_scatter_per_step"] = float((kinds == "reduce_scatter").sum()) / n_steps
     out["p2p_per_step"] = float(np.isin(kinds.astype(str), ["send", "recv", "send_recv"]).sum()) / n_steps
-    opt_ranges = ops[names_matching(ops, _OPTIMIZER_STEP)] if ops is not None and len(ops) else ops
+    opt_ranges = ops[names_matching(ops, OPTIMIZER_STEP)] if ops is not None and len(ops) else ops
     sync = np.isin(kinds.astype(str), ["broadcast", "all_gather"])
     out["optimizer_collectives_per_step"] = (
-        float((_enclosing_any(opt_ranges, c[sync]) if sync.any() else np.zeros(0, dtype=bool)).sum()) / n_steps
+        float((enclosing_any(opt_ranges, c[sync]) if sync.any() else np.zeros(0, dtype=bool)).sum()) / n_steps
         if opt_ranges is not None and len(opt_ranges)
         else 0.0
     )

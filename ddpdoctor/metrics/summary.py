@@ -32,11 +32,12 @@ from ddpdoctor.metrics import catalog, timeline
 from ddpdoctor.metrics import intervals as iv
 from ddpdoctor.metrics.breakdown import BREAKDOWN, per_step
 from ddpdoctor.metrics.capture import ddp_metrics, thread_metrics
-from ddpdoctor.metrics.comm import collective_calls, collectives, exposed_set, issuers
+from ddpdoctor.metrics.comm import collective_calls, collectives, exposed_set
 from ddpdoctor.metrics.compile import compile_rank
 from ddpdoctor.metrics.dp import dp_intervals, dp_per_step, dp_rank_metrics
 from ddpdoctor.metrics.fsdp import fsdp_rank
 from ddpdoctor.metrics.group_sums import positions_within
+from ddpdoctor.metrics.issuers import issuers
 from ddpdoctor.metrics.memory import device_rows, memory_metrics, own_device
 from ddpdoctor.metrics.parallelism import parallelism_evidence
 from ddpdoctor.metrics.profiled_steps import running_step
@@ -227,7 +228,7 @@ def _assign_steps(colls: Table, steps: Table) -> Table:
 
 def _buffer_broadcast_ms(colls: Table, analysed: Table) -> float | None:
     """Wall time per analysed step of the broadcasts DDP issued in its forward (its buffer broadcast), concurrent
-    ones counted once; None where a broadcast's issuer is unknown (``comm.issuers``)."""
+    ones counted once; None where a broadcast's issuer is unknown (``issuers.issuers``)."""
     if len(analysed) == 0:
         return None
     bc = colls[np.asarray(colls["kind"], dtype=object) == "broadcast"]

@@ -1,4 +1,4 @@
-"""Where each collective of the recorded GPU DDP traces was issued (``metrics.comm.issuers``): DDP's gradient
+"""Where each collective of the recorded GPU DDP traces was issued (``metrics.issuers.issuers``): DDP's gradient
 all-reduces inside the backward pass (its reducer's hooks, on autograd's device thread), its buffer broadcasts in
 its forward, and none taken for the training loop's own collectives, which ``poor-comm-compute-overlap`` leaves out
 of DDP's exposed time."""

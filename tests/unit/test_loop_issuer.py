@@ -1,4 +1,4 @@
-"""The training loop's own collectives (``metrics.comm.issuers`` "loop") against DDP's gradient all-reduce
+"""The training loop's own collectives (``metrics.issuers.issuers`` "loop") against DDP's gradient all-reduce
 ("backward"), on synthetic 2-rank gloo traces whose times are exact: per step a forward inside
 ``DistributedDataParallel.forward``, a backward whose ``autograd::engine::evaluate_function`` range issues DDP's
 all-reduce (hidden under a matmul), an optimizer step, then a logging all-reduce of 1.5 ms with nothing computing
