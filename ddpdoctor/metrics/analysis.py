@@ -109,10 +109,14 @@ def analyze(run: Run, steps: tuple[int, int | None] | None = None, verdict: Any 
     if health_doc is not None:
         run_metrics["health"] = health_doc
     if any("exposed_comm" not in s for s in summaries) and any(r.get("comm_ms") for r in ranks):
+        why = (
+            "the ranks' summary files predate the exposed-transfer measurement"
+            " (`diagnose --steps 0..` reads the traces)"
+        )
         run_metrics["not_measured"] = {
             **run_metrics.get("not_measured", {}),
-            "exposed_transfer_ms": "the ranks' summary files predate the exposed-transfer measurement"
-            " (`diagnose --steps 0..` reads the traces)",
+            "exposed_transfer_ms": why,
+            "ddp_exposed_transfer_ms": why,  # DDP's share of it
         }
     why_loop = _why_no_loop_transfer(ranks, run_metrics.get("not_measured", {}))
     if why_loop:

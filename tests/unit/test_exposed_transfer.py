@@ -145,3 +145,24 @@ def test_one_rank_alone_has_no_transfer_verdict(tmp_path: Path) -> None:
     (r0,) = metrics.ranks
     assert r0["exposed_comm_ms"] == pytest.approx(0.220, abs=1e-6)
     assert r0["exposed_transfer_ms"] is None and r0["algbw_gbps"] is None and r0["busbw_gbps"] is None
+
+
+def test_summaries_without_exposed_intervals_say_why_ddps_share_is_missing() -> None:
+    """Summary files from before the exposed-transfer measurement (no ``exposed_comm``): the total and DDP's share
+    of it are not measured, each with the reason (and the way to get them), so that a rule that needs DDP's share
+    says so instead of "no collective communication was found"."""
+    from ddpdoctor.diagnosis import evaluate, load_rules
+    from ddpdoctor.load import load
+    from ddpdoctor.metrics import analyze
+
+    run = load(Path(__file__).resolve().parents[2] / "samples" / "recorded" / "ddp_straggler", use_summaries=True)
+    for rt in run.ranks:
+        assert rt.summary is not None and "exposed_comm" in rt.summary
+        del rt.summary["exposed_comm"]
+    metrics = analyze(run)
+    assert all(r["ddp_exposed_transfer_ms"] is None for r in metrics.ranks)
+    for name in ("exposed_transfer_ms", "ddp_exposed_transfer_ms"):
+        assert "predate the exposed-transfer measurement" in metrics.run["not_measured"][name]
+    reasons = {n.name: n.reason for n in evaluate(load_rules(), metrics).not_evaluated}
+    assert "predate the exposed-transfer measurement" in reasons["ddp-giant-gradient"], reasons
+    assert "no collective communication was found" not in reasons["ddp-giant-gradient"]
