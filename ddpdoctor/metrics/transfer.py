@@ -133,6 +133,7 @@ def transfer_metrics(
         if has_exposed[i]:
             if rows_n[i] == 0:  # no collective in the analysed steps: whatever is exposed, nobody was waited for
                 values["exposed_transfer_ms"] = float(exposed_us[i]) / steps / 1e3
+                values["ddp_exposed_transfer_ms"] = values["exposed_transfer_ms"]  # nothing to set aside
             elif matched_n[i] > 0:
                 values["exposed_transfer_ms"] = float(hidden_not[i]) / steps / 1e3
                 values["optimizer_exposed_transfer_ms"] = float(opt_exposed[i]) / steps / 1e3

@@ -166,3 +166,20 @@ def test_summaries_without_exposed_intervals_say_why_ddps_share_is_missing() -> 
     reasons = {n.name: n.reason for n in evaluate(load_rules(), metrics).not_evaluated}
     assert "predate the exposed-transfer measurement" in reasons["ddp-giant-gradient"], reasons
     assert "no collective communication was found" not in reasons["ddp-giant-gradient"]
+
+
+def test_a_rank_without_collectives_in_its_steps_charges_its_exposed_time_to_ddp() -> None:
+    """Exposed communication but no collective in the analysed steps (nobody was waited for, nothing issued by an
+    optimizer or the loop): DDP's share is all of it, as the total is, never left out of the ranks' mean."""
+    from ddpdoctor.metrics.cross_rank import all_collectives
+    from ddpdoctor.metrics.transfer import transfer_metrics
+
+    steps = {"step": [1, 2], "analyzed": [True, True], "step_ms": [1.0, 1.0], "start_us": [0.0, 1000.0]}
+    steps["end_us"] = [1000.0, 2000.0]
+    exposed = {"start_us": [100.0, 1100.0], "end_us": [300.0, 1300.0]}  # 200 µs a step
+    summaries = [
+        {"rank": r, "world_size": 2, "per_step": steps, "collectives": {}, "exposed_comm": exposed} for r in (0, 1)
+    ]
+    for values in transfer_metrics(summaries, all_collectives(summaries)).values():
+        assert values["exposed_transfer_ms"] == values["ddp_exposed_transfer_ms"] == pytest.approx(0.2, abs=1e-9)
+        assert values["loop_exposed_transfer_ms"] is None
