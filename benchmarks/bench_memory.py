@@ -3,7 +3,7 @@ Target: <= 1.5x (HTA needs about 4x; bench_hta.py measures it on the same files)
 
 Each diagnosis runs in a fresh process (``diagnose_child.py``). From its peak (VmHWM) we subtract its RSS once
 the interpreter and every module the CLI imports are loaded (the baseline, printed); ranks decoded in worker
-processes (only for large runs, ``ddpdoctor.load.loader.PARALLEL_MIN_BYTES``) are measured the same way (peak over
+processes (from ``ddpdoctor.load.loader.parallel_min_bytes()`` of JSON) are measured the same way (peak over
 all workers, less a fresh worker's RSS). The figure is the larger of the two."""
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ def measure(path: Path, *, floor: bool = False) -> dict[str, Any]:
     """Peak memory of diagnosing ``path`` in a fresh process (and, with ``floor``, of orjson-decoding it)."""
     from ddpdoctor.load.discover import group_by_worker
     from ddpdoctor.load.discover import trace_files as ddpdoctor_trace_files
-    from ddpdoctor.load.loader import PARALLEL_MIN_BYTES
+    from ddpdoctor.load.loader import parallel_min_bytes
 
     files = ddpdoctor_trace_files(path)
     sizes = [uncompressed_size(p) for p in files]
     # the loader's rule: worker processes for more than one rank and enough JSON in all
-    in_workers = len(group_by_worker(files)) > 1 and sum(sizes) >= PARALLEL_MIN_BYTES
+    in_workers = len(group_by_worker(files)) > 1 and sum(sizes) >= parallel_min_bytes()
     child = run_child([str(CHILD), "diagnose", str(path)])
     base, peak = child["baseline_rss_kb"] * 1024, child["peak_rss_kb"] * 1024
     main = peak - base

@@ -1,7 +1,8 @@
 """``load(path)``: a run directory, a folder of torch.profiler traces or one trace file -> ``Run``.
 
 Ranks are decoded in parallel worker processes (one rank per task, all its spans together) when there is
-enough JSON for that to pay (``PARALLEL_MIN_BYTES``); otherwise, and for a single rank, in-process. A file
+enough JSON for that to pay (``parallel_min_bytes``: 4 MB where workers can be forked with the decoder already
+imported, else 256 MB); otherwise, and for a single rank, in-process. A file
 that cannot be read is skipped and listed in ``Run.skipped`` as long as another file can be read; otherwise
 ``TraceError`` names the file and the problem.
 """
@@ -45,7 +46,7 @@ def load(
     """Load every rank's traces under ``path``.
 
     ``workers``: processes decoding ranks in parallel; 1 decodes in-process. Default: min(cpu count, ranks)
-    when the traces hold at least ``PARALLEL_MIN_BYTES`` of JSON in all, else in-process.
+    when the traces hold at least ``parallel_min_bytes()`` of JSON in all, else in-process.
     ``progress``: called as ``progress(done, total, label)`` after each rank.
     ``use_summaries``: in a run directory where every rank left ``ranks/rank<R>.summary.json``, return ranks
     that carry those summaries (``RankTrace.summary``) without decoding any trace (no tables).
@@ -237,11 +238,46 @@ def _decode_group(
     return key, traces, errors
 
 
-# Below this much JSON in all, ranks are decoded (and summarised) in this process: starting worker processes,
-# which then import the decoder and the metrics each, costs about what decoding in parallel saves. Measured on 2
-# cores, cold `diagnose`: 8 ranks of 4 MB 0.40 s in two workers vs 0.42 s in-process (medians of 5); 2 ranks of
-# 35 MB 0.29 s vs 0.25 s (load() alone); 2 ranks of 315 MB decode in parallel at 250-266 MB/s.
+# Where workers cannot be forked (``_fork_context``): below this much JSON in all, ranks are decoded (and
+# summarised) in this process: starting worker processes, which then import the decoder and the metrics each,
+# costs about what decoding in parallel saves. Measured on 2 cores, cold `diagnose`: 8 ranks of 4 MB 0.40 s in two
+# workers vs 0.42 s in-process (medians of 5); 2 ranks of 35 MB 0.29 s vs 0.25 s (load() alone); 2 ranks of
+# 315 MB decode in parallel at 250-266 MB/s.
 PARALLEL_MIN_BYTES = 256 << 20
+
+
+# Forked workers start with the decoder and the metrics this process imported first (``_import_decoder``), so
+# they pay from far less JSON. Measured on 2 cores (diagnose, imports done, medians of 7): 8 ranks of 4 MB
+# (31 MB) 0.33 s in two forked workers vs 0.53 s in-process; 2 of them (7.5 MB) 0.135 vs 0.157 s; the 2 ranks of
+# the bundled sample (2 MB) 0.099 vs 0.088 s.
+FORK_MIN_BYTES = 4 << 20
+
+
+def parallel_min_bytes() -> int:
+    """How much JSON a run of more than one rank needs in all for ``load`` to decode its ranks in workers."""
+    return FORK_MIN_BYTES if _fork_context() is not None else PARALLEL_MIN_BYTES
+
+
+def _fork_context() -> Any:
+    """The "fork" start method where it is safe, else None: POSIX, no other Python thread in this process, and no
+    torch imported (a test session or a training process that calls ``load``: its native thread pools)."""
+    import multiprocessing
+    import sys
+    import threading
+
+    if threading.active_count() != 1 or "torch" in sys.modules or "fork" not in multiprocessing.get_all_start_methods():
+        return None
+    return multiprocessing.get_context("fork")
+
+
+def _import_decoder() -> None:
+    """What ``_decode_group`` imports, imported here."""
+    import ddpdoctor.load.columns  # noqa: F401
+    import ddpdoctor.load.consistency  # noqa: F401
+    import ddpdoctor.load.decode  # noqa: F401
+    import ddpdoctor.load.exported  # noqa: F401
+    import ddpdoctor.load.frames  # noqa: F401
+    import ddpdoctor.metrics.summary  # noqa: F401
 
 
 def json_bytes(path: Path) -> int:
@@ -286,9 +322,10 @@ def _decode_groups(
                     text = text.replace(a, p)
                 errors[i] = text
         return results
+    context = _fork_context()
     if workers is None and total > 1:
         size = sum(json_bytes(p) for paths in groups.values() for p in paths)
-        workers = None if size >= PARALLEL_MIN_BYTES else 1
+        workers = None if size >= (FORK_MIN_BYTES if context is not None else PARALLEL_MIN_BYTES) else 1
     n = min(workers or os.cpu_count() or 1, total)
     results = []
     if n <= 1:
@@ -299,7 +336,9 @@ def _decode_groups(
         return results
     from concurrent.futures import ProcessPoolExecutor
 
-    with ProcessPoolExecutor(max_workers=n) as pool:
+    if context is not None:
+        _import_decoder()  # before the fork: the workers start with it
+    with ProcessPoolExecutor(max_workers=n, mp_context=context) as pool:
         futures = [
             pool.submit(_decode_group, key, paths, plan.for_files(paths) if plan else None)
             for key, paths in groups.items()
