@@ -171,9 +171,11 @@ def _in_int64(value: int) -> int:
 def _ids(values: list[int | str] | tuple[int | str, ...], strings: dict[str, int]) -> np.ndarray:
     """pids/tids as int64: numbers as they are, strings by ``_id_of`` (each distinct value once, in the order
     they first appear, so ``strings`` grows as it would value by value)."""
-    ints = np.array(values)  # int64 only when every value is an int within int64 (a string makes it "<U")
-    if ints.dtype == np.int64:
-        return ints
+    if str not in set(map(type, values)):  # (one string among ints would make np.array convert them all)
+        try:
+            return np.array(values, dtype=np.int64)
+        except OverflowError:
+            pass
     codes, uniques = factorize(values)
     table = [v if v.__class__ is int and _I64_MIN <= v <= _I64_MAX else _id_of(v, strings) for v in uniques]
     return np.array(table, dtype=np.int64)[codes]
