@@ -190,10 +190,14 @@ def environment() -> dict[str, Any]:
         "cpus": os.cpu_count(),
         "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None,
     }
+    from importlib import metadata
+
+    # from the installed metadata, not by importing them: torch or pandas imported here would change what this
+    # process measures (the loader does not fork its workers beside torch; their threads and memory)
     for mod in ("torch", "orjson", "msgspec", "pandas", "numpy"):
         try:
-            info[mod] = __import__(mod).__version__
-        except Exception:  # noqa: BLE001 - a missing module is reported, not fatal
+            info[mod] = metadata.version(mod)
+        except metadata.PackageNotFoundError:  # a missing module is reported, not fatal
             info[mod] = None
     try:
         info["git"] = subprocess.run(
