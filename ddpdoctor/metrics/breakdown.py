@@ -115,13 +115,9 @@ def per_step(rt: RankTrace, windows: Table, lanes: dict[str, iv.Intervals] | Non
 
 
 def _priority(ordered: list[tuple[str, iv.Intervals]], lo: np.ndarray, hi: np.ndarray) -> dict[str, np.ndarray]:
-    taken = iv.EMPTY
-    shares: dict[str, np.ndarray] = {}
-    for name, ivs in ordered:
-        own = iv.subtract(ivs, taken)
-        shares[name] = _ms(own, lo, hi)
-        taken = iv.union_all(taken, ivs)
-    return shares
+    """Each set's ms per step window of the time no set before it in ``ordered`` covers."""
+    owned = iv.by_priority([ivs for _, ivs in ordered])
+    return {name: _ms(own, lo, hi) for (name, _), own in zip(ordered, owned, strict=True)}
 
 
 def tb_breakdown(

@@ -419,3 +419,29 @@ def test_the_command_ends_without_freeing_its_analysis_and_says_all_of_it(tmp_pa
         timeout=60,
     )
     assert rules.returncode == 0 and rules.stdout.rstrip().endswith("atexit ran")
+
+
+def _priority_loop(sets: list[iv.Intervals]) -> list[iv.Intervals]:
+    """Each set less the union of the sets before it, one set at a time (what ``iv.by_priority`` replaces)."""
+    taken, out = iv.EMPTY, []
+    for ivs in sets:
+        out.append(iv.subtract(ivs, taken))
+        taken = iv.union_all(taken, ivs)
+    return out
+
+
+def test_priority_in_one_sweep_is_the_set_by_set_loop_to_the_last_bit() -> None:
+    rng = np.random.default_rng(7)
+    for _ in range(2000):
+        sets = []
+        for _ in range(int(rng.integers(0, 9))):
+            n = int(rng.integers(0, 12))
+            # whole numbers make boundaries meet and repeat (touching, shared and nested intervals); tenths do not
+            starts = rng.integers(0, 30, n).astype(float) if rng.random() < 0.5 else np.round(rng.uniform(0, 50, n), 1)
+            sets.append(iv.union(starts, starts + rng.integers(0, 6, n)))
+        for got, want in zip(iv.by_priority(sets), _priority_loop(sets), strict=True):
+            assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1]), sets
+    assert iv.by_priority([]) == []
+    one = iv.union(np.array([0.0, 5.0]), np.array([2.0, 9.0]))
+    first, second = iv.by_priority([one, iv.union(np.array([1.0]), np.array([7.0]))])
+    assert first[0].tolist() == [0.0, 5.0] and second[0].tolist() == [2.0] and second[1].tolist() == [5.0]
