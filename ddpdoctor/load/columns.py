@@ -382,3 +382,65 @@ def _raw_value(raw: msgspec.Raw) -> Any:
         return msgspec.json.decode(raw)
     except msgspec.DecodeError:
         return None
+
+
+# ----------------------------------------------------------------------- one file decoded in parts, merged
+def tables_state(tables: RankTables) -> tuple[list[str], list[str], list[str], dict[str | None, int]]:
+    """What a process that decoded a part of a file with a copy of ``tables`` sends back: its names, categories and
+    pid/tid strings in the order they were interned, and its category cache."""
+    return tables.names.names(), tables.cats.names(), list(tables.strings), dict(tables.cat_codes)
+
+
+def merge_part(
+    out: FileColumns,
+    part: FileColumns,
+    state: tuple[list[str], list[str], list[str], dict[str | None, int]],
+    tables: RankTables,
+    forked_at: tuple[int, int, int],
+) -> bool:
+    """Append ``part`` (the next part of ``out``'s file, decoded by a process forked when ``tables`` were as at
+    ``forked_at``, which may have decoded other parts of the file since) to ``out``, and the names and categories
+    new to ``tables`` in the order that process interned them: the order a decoding of the whole file in this
+    process would have interned them, so the codes are the same (each of the part's codes is mapped to its name's
+    code here). False (``tables`` then as the earlier parts left them) where that cannot be made so: the part's
+    pid/tid strings got other codes there than one process would give them, and those codes, negative like a
+    negative pid, cannot be told apart to be mapped."""
+    names, cats, strings, cat_cache = state
+    n_names, n_cats, n_strings = forked_at
+    merged = dict(tables.strings)
+    for i, text in enumerate(strings[n_strings:]):  # a string's code is -1 - its position: the same, or no merge
+        if merged.setdefault(text, -1 - len(merged)) != -1 - n_strings - i:
+            return False
+    tables.strings.update(merged)
+    name_map = np.arange(len(names), dtype=np.int32)
+    name_map[n_names:] = [tables.names.code(n) for n in names[n_names:]]
+    cat_map = np.arange(len(cats), dtype=np.int32)
+    cat_map[n_cats:] = [tables.cats.code(c) for c in cats[n_cats:]]
+    for raw, code in cat_cache.items():
+        if raw not in tables.cat_codes:
+            tables.cat_codes[raw] = int(cat_map[code]) if code >= 0 else code
+    for key, parts in part.x.items():
+        if key == "name":
+            parts = [name_map[p] for p in parts]
+        elif key == "cat":
+            parts = [cat_map[p] for p in parts]
+        out.x.setdefault(key, []).extend(parts)
+    for key, parts in part.mem.items():
+        out.mem.setdefault(key, []).extend(parts)
+    if part.comm:
+        comm = out.comm or {key: [] for key in COMM_COLUMNS}
+        out.comm = comm
+        comm["row"] += [out.n_x + r for r in part.comm["row"]]
+        for key in COMM_COLUMNS[1:]:
+            comm[key] += part.comm[key]
+    for key, name in part.thread_names.items():  # as _add_meta would have met them after out's
+        if not (name.endswith("(python)") and key in out.thread_names):
+            out.thread_names[key] = name
+    out.process_labels.update(part.process_labels)
+    if out.window is None:
+        out.window = part.window
+    out.n_x += part.n_x
+    out.n_events += part.n_events
+    for why, n in part.bad_times.items():
+        out.bad_times[why] = out.bad_times.get(why, 0) + n
+    return True

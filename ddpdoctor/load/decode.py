@@ -14,6 +14,7 @@ validated first), which gives the same columns or the same error. Each decoded c
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ import msgspec
 import numpy as np
 
 from ddpdoctor.errors import TraceError
-from ddpdoctor.load.columns import FileColumns, RankTables, add_chunk
+from ddpdoctor.load.columns import FileColumns, RankTables, add_chunk, merge_part, tables_state
 from ddpdoctor.load.discover import shown
 from ddpdoctor.load.readfile import read_bytes
 from ddpdoctor.load.schema import Event, Header, LooseEvent, clean_distributed_info, loosen
@@ -63,7 +64,9 @@ def decode_file(path: Path, tables: RankTables) -> FileColumns:
     """Decode ``path`` into columns, interning names/categories into the rank's ``tables``."""
     data = read_bytes(path)
     try:
-        out = _decode_fast(path, data, tables)
+        out = _decode_parts(path, data, tables)
+        if out is None:
+            out = _decode_fast(path, data, tables)
         if out is None:
             out = _decode_checked(path, data, tables)
     except RecursionError:
@@ -238,6 +241,90 @@ class _bracketed:
 
     def __exit__(self, *exc: object) -> None:
         self.data[self.first], self.data[self.stop - 1] = self.saved
+
+
+# ------------------------------------------------------------------------------- the fast way, in parts
+# A file of this much JSON or more is cut into parts, one per core, decoded the fast way at once by processes
+# forked from this one (which start with its bytes and the decoder), their columns merged in order. Measured on 2
+# cores: df_index_resolver's one 54 MB file in 4 parts 0.29 s vs 0.47 s in one process (decoding alone), its whole
+# `diagnose` after imports 0.48-0.50 s vs 0.63-0.64 s.
+PARTS_MIN_BYTES = 16 << 20
+_PARTS: tuple[np.ndarray, RankTables, list[tuple[int, int]]] | None = None  # what the forked processes inherit
+
+
+def _decode_parts(path: Path, data: bytes | np.ndarray, tables: RankTables) -> FileColumns | None:
+    """``path``'s columns, the same as ``_decode_fast`` gives, its events decoded in parts by forked processes;
+    None where this cannot be done (a small file, one core, no safe fork: ``load.forked``; an odd layout) or any
+    part fails (the other ways then read the file again and give the same columns, or the error)."""
+    global _PARTS
+    if not isinstance(data, np.ndarray) or len(data) < PARTS_MIN_BYTES:
+        return None
+    cores = os.cpu_count() or 1
+    # two parts a core where they are at least 8 MB: the first part costs more (it meets most names first)
+    n = min(2 * cores, len(data) // (PARTS_MIN_BYTES // 2))
+    if cores < 2 or n < 2:
+        return None
+    from ddpdoctor.load.forked import fork_context
+
+    context = fork_context()
+    located = _locate(data) if context is not None else None
+    if located is None or located[2] is None:
+        return None
+    start, end, header = located
+    bounds = _part_bounds(data, start, end, n)
+    if len(bounds) < 2:
+        return None
+    from concurrent.futures import ProcessPoolExecutor
+
+    mark = tables.mark()
+    _PARTS = (data, tables, bounds)
+    try:
+        with ProcessPoolExecutor(max_workers=min(cores, len(bounds)), mp_context=context) as pool:
+            futures = [pool.submit(_decode_part, k) for k in range(len(bounds))]
+            results = [f.result() for f in futures]
+    except Exception:  # noqa: BLE001 - a part that fails (bad JSON, a cut inside a string, a lost process)
+        return None
+    finally:
+        _PARTS = None
+    out = FileColumns(path=str(path))
+    _set_header(out, header)
+    for part, state in results:
+        if not merge_part(out, part, state, tables, mark):
+            tables.restore(mark)
+            return None
+    return out
+
+
+def _part_bounds(data: np.ndarray, start: int, end: int, n: int) -> list[tuple[int, int]]:
+    """``n`` parts (fewer where events are few) of the array at ``data[start:end + 1]``, as ``_decoded_chunks``
+    takes them: the byte before each part's first event and the byte after its last, cut at ``}, {``."""
+    bounds, first, at = [], start, start
+    for k in range(1, n):
+        m = _EVENT_GAP.search(data, max(at, start + (end - start) * k // n), end)
+        if m is None:
+            break
+        bounds.append((first, m.start() + 1))
+        first, at = m.end() - 2, m.end()
+    bounds.append((first, end))
+    return bounds
+
+
+def _decode_part(k: int) -> tuple[FileColumns, tuple[Any, ...]]:
+    """In a forked process: the columns of part ``k`` of the file ``_PARTS`` holds, and its tables' state."""
+    assert _PARTS is not None
+    data, tables, bounds = _PARTS
+    first, last = bounds[k]
+    out = FileColumns(path="")
+    view = memoryview(data)
+    chunks = _decoded_chunks(data, view, first, last, strict_first=False)
+    try:
+        for events in chunks:
+            add_chunk(out, events, tables)
+            del events
+    finally:
+        chunks.close()
+        view.release()
+    return out, tables_state(tables)
 
 
 # ------------------------------------------------------------------------------------------ the plain way

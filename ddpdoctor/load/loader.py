@@ -259,15 +259,9 @@ def parallel_min_bytes() -> int:
 
 
 def _fork_context() -> Any:
-    """The "fork" start method where it is safe, else None: POSIX, no other Python thread in this process, and no
-    torch imported (a test session or a training process that calls ``load``: its native thread pools)."""
-    import multiprocessing
-    import sys
-    import threading
+    from ddpdoctor.load.forked import fork_context
 
-    if threading.active_count() != 1 or "torch" in sys.modules or "fork" not in multiprocessing.get_all_start_methods():
-        return None
-    return multiprocessing.get_context("fork")
+    return fork_context()
 
 
 def _import_decoder() -> None:
