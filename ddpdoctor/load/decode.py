@@ -14,7 +14,6 @@ validated first), which gives the same columns or the same error. Each decoded c
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -259,14 +258,14 @@ def _decode_parts(path: Path, data: bytes | np.ndarray, tables: RankTables) -> F
     global _PARTS
     if not isinstance(data, np.ndarray) or len(data) < PARTS_MIN_BYTES:
         return None
-    cores = os.cpu_count() or 1
+    from ddpdoctor.load import forked
+
+    cores = forked.cores()
     # two parts a core where they are at least 8 MB: the first part costs more (it meets most names first)
     n = min(2 * cores, len(data) // (PARTS_MIN_BYTES // 2))
     if cores < 2 or n < 2:
         return None
-    from ddpdoctor.load.forked import fork_context
-
-    context = fork_context()
+    context = forked.fork_context()
     located = _locate(data) if context is not None else None
     if located is None or located[2] is None:
         return None

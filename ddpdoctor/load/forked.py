@@ -5,6 +5,7 @@ bytes), so it costs a few milliseconds instead of an interpreter's start and imp
 from __future__ import annotations
 
 import multiprocessing
+import os
 import sys
 import threading
 from typing import Any
@@ -22,3 +23,11 @@ def fork_context() -> Any:
     ):
         return None
     return multiprocessing.get_context("fork")
+
+
+def cores() -> int:
+    """The CPUs this process may run on (its affinity, as taskset or a batch scheduler's cpuset leaves it)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # not on Linux
+        return os.cpu_count() or 1

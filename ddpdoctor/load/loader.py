@@ -320,7 +320,11 @@ def _decode_groups(
     if workers is None and total > 1:
         size = sum(json_bytes(p) for paths in groups.values() for p in paths)
         workers = None if size >= (FORK_MIN_BYTES if context is not None else PARALLEL_MIN_BYTES) else 1
-    n = min(workers or os.cpu_count() or 1, total)
+    if not workers:
+        from ddpdoctor.load.forked import cores
+
+        workers = cores()
+    n = min(workers, total)
     results = []
     if n <= 1:
         for key, paths in groups.items():

@@ -8,7 +8,6 @@ decode JSON) and make every file "large" and the machine two cores."""
 from __future__ import annotations
 
 import multiprocessing
-import os
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,7 @@ def parts(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     monkeypatch.setattr(forked, "fork_context", lambda: multiprocessing.get_context("fork"))
     monkeypatch.setattr(decode, "PARTS_MIN_BYTES", 2000)
     monkeypatch.setattr(decode, "CHUNK_BYTES", 1500)  # and several chunks in each part
-    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(forked, "cores", lambda: 2)
     used: list[int] = []
     split = decode._part_bounds
 
@@ -124,6 +123,6 @@ def test_small_files_and_one_core_are_decoded_in_this_process(tmp_path, monkeypa
     monkeypatch.setattr(decode, "PARTS_MIN_BYTES", path.stat().st_size + 1)
     assert _decoded(path) == _in_one_process(path, monkeypatch)
     monkeypatch.setattr(decode, "PARTS_MIN_BYTES", 2000)
-    monkeypatch.setattr(os, "cpu_count", lambda: 1)
+    monkeypatch.setattr(forked, "cores", lambda: 1)
     assert _decoded(path) == _in_one_process(path, monkeypatch)
     assert parts == []
