@@ -6,6 +6,7 @@ process (pytest itself has torch imported, where the loader does not fork)."""
 
 from __future__ import annotations
 
+import multiprocessing
 import subprocess
 import sys
 import threading
@@ -76,17 +77,17 @@ def test_large_files_decoded_in_parts(traces_dir: Path, tmp_path: Path, name: st
 
 
 def test_no_fork_beside_another_thread_or_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    # this test session may hold other threads (an earlier test's pool) and has torch: each condition set here
     monkeypatch.delitem(sys.modules, "torch", raising=False)
+    monkeypatch.setattr(threading, "active_count", lambda: 1)
     assert loader._fork_context() is not None
     assert loader.parallel_min_bytes() == loader.FORK_MIN_BYTES
-    stop = threading.Event()
-    thread = threading.Thread(target=stop.wait)
-    thread.start()
-    try:
-        assert loader._fork_context() is None
-        assert loader.parallel_min_bytes() == loader.PARALLEL_MIN_BYTES
-    finally:
-        stop.set()
-        thread.join()
+    monkeypatch.setattr(threading, "active_count", lambda: 2)  # another thread runs here
+    assert loader._fork_context() is None
+    assert loader.parallel_min_bytes() == loader.PARALLEL_MIN_BYTES
+    monkeypatch.setattr(threading, "active_count", lambda: 1)
     monkeypatch.setitem(sys.modules, "torch", sys)  # a training process, or a test session, that imported torch
+    assert loader._fork_context() is None
+    monkeypatch.delitem(sys.modules, "torch")
+    monkeypatch.setattr(multiprocessing, "parent_process", lambda: object())  # a worker of another pool
     assert loader._fork_context() is None
