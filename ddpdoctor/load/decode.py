@@ -96,19 +96,27 @@ def _decode_fast(path: Path, data: bytes | np.ndarray, tables: RankTables) -> Fi
     if header is not None:
         _set_header(out, header)
     mark = tables.mark()
+    try:
+        _add_events(out, data, start, end, tables, strict_first=header is None)
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, _Unchecked):
+        tables.restore(mark)
+        return None
+    return out
+
+
+def _add_events(
+    out: FileColumns, data: np.ndarray, start: int, end: int, tables: RankTables, *, strict_first: bool
+) -> None:
+    """The events of ``data[start:end + 1]`` (as ``_decoded_chunks`` takes them) into ``out``, a chunk at a time."""
     view = memoryview(data)
-    chunks = _decoded_chunks(data, view, start, end, strict_first=header is None)
+    chunks = _decoded_chunks(data, view, start, end, strict_first=strict_first)
     try:
         for events in chunks:
             add_chunk(out, events, tables)
             del events  # freed before the next chunk is decoded
-    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, _Unchecked):
-        tables.restore(mark)
-        return None
     finally:
         chunks.close()
         view.release()
-    return out
 
 
 class _Unchecked(Exception):
@@ -314,15 +322,7 @@ def _decode_part(k: int) -> tuple[FileColumns, tuple[Any, ...]]:
     data, tables, bounds = _PARTS
     first, last = bounds[k]
     out = FileColumns(path="")
-    view = memoryview(data)
-    chunks = _decoded_chunks(data, view, first, last, strict_first=False)
-    try:
-        for events in chunks:
-            add_chunk(out, events, tables)
-            del events
-    finally:
-        chunks.close()
-        view.release()
+    _add_events(out, data, first, last, tables, strict_first=False)
     return out, tables_state(tables)
 
 

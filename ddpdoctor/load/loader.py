@@ -255,7 +255,11 @@ FORK_MIN_BYTES = 4 << 20
 
 def parallel_min_bytes() -> int:
     """How much JSON a run of more than one rank needs in all for ``load`` to decode its ranks in workers."""
-    return FORK_MIN_BYTES if _fork_context() is not None else PARALLEL_MIN_BYTES
+    return _min_bytes(_fork_context())
+
+
+def _min_bytes(context: Any) -> int:
+    return FORK_MIN_BYTES if context is not None else PARALLEL_MIN_BYTES
 
 
 def _fork_context() -> Any:
@@ -316,10 +320,10 @@ def _decode_groups(
                     text = text.replace(a, p)
                 errors[i] = text
         return results
-    context = _fork_context()
+    context = _fork_context() if total > 1 else None
     if workers is None and total > 1:
         size = sum(json_bytes(p) for paths in groups.values() for p in paths)
-        workers = None if size >= (FORK_MIN_BYTES if context is not None else PARALLEL_MIN_BYTES) else 1
+        workers = None if size >= _min_bytes(context) else 1
     if not workers:
         from ddpdoctor.load.forked import cores
 
