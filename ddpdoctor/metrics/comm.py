@@ -55,7 +55,17 @@ KINDS = (
     "send",
     "recv",
 )
-COLLECTIVE_COLUMNS = ["kind", "start_us", "end_us", "dur_us", "bytes", "group_size", "source", "issued_us"]
+COLLECTIVE_COLUMNS = [
+    "kind",
+    "start_us",
+    "end_us",
+    "dur_us",
+    "bytes",
+    "group_size",
+    "source",
+    "issued_us",
+    "arrival_us",
+]
 
 # Bytes per element of every dtype string torch writes into a trace, keyed in the form ``dtype_bytes`` looks up
 # (lower case, no ``c10::``/``at::``/``torch.`` prefix, single spaces): c10::toString names (``Float``, ``Byte``:
@@ -249,6 +259,8 @@ def collectives(rt: RankTrace, calls: Table | None = None) -> Table:
         rows = _kernel_collectives(rt, kernels, calls)
     else:
         timed = calls[calls["name"].matches(_CPU_COMM_RANGE)] if len(calls) else calls
+        timed = timed[_notna(timed["kind"])]
+        called = gloo_arrivals(rt.tables.comm_ops, timed)
         rows = Table(
             {
                 "kind": timed["kind"],
@@ -258,11 +270,60 @@ def collectives(rt: RankTrace, calls: Table | None = None) -> Table:
                 "bytes": timed["bytes"],
                 "group_size": timed["group_size"],
                 "source": timed["name"].values(),
-                "issued_us": timed["ts_us"],  # gloo's thread starts the work as soon as it is queued
+                # when the job issued it (metrics.issuers): its call, else its range's start (queued just before)
+                "issued_us": np.where(np.isfinite(called), called, timed["ts_us"]),
+                "arrival_us": called,
             }
         )
     rows = rows[_notna(rows["kind"])]
     return rows.sort("start_us").select(COLLECTIVE_COLUMNS)
+
+
+# Calls gloo runs as another kind: FSDP2's reduce-scatter (``c10d::_reduce_scatter_base_``) is a
+# ``gloo:all_reduce`` range (torch 2.13, CPU).
+_GLOO_RUNS_AS = {"reduce_scatter": "all_reduce"}
+
+
+def gloo_arrivals(ops: Table, ranges: Table) -> np.ndarray:
+    """For each of ``ranges`` (the collectives' ``gloo:*`` ranges, with ``kind``), when the rank called it: the
+    start of the ``c10d::*`` op that queued it, on the thread that issued it; NaN where that is not known.
+
+    Gloo runs a collective on threads of its own, which take the queued work first in, first out, so the k-th
+    range to start ran the k-th call. On a busy host such a thread can wait for a CPU for milliseconds before it
+    starts (8 ms measured beside a CPU burner on 2 cores), and the range starts late though the rank called on
+    time: timed by its range, the rank whose communication thread lost the CPU looks like a straggler. Every
+    outermost ``c10d::*`` op of a collective kind and every range of the window are paired only when they match
+    in number and, in order, kind for kind (``_GLOO_RUNS_AS``), each call no later than its range; otherwise (a
+    call queued before the profiled window, an op with no range of its own) all are NaN and the ranges' starts
+    are used, as before."""
+    out = np.full(len(ranges), np.nan)
+    if len(ranges) == 0 or len(ops) == 0 or not ranges["name"].startswith("gloo:").all():
+        return out
+    c = ops[ops["name"].startswith("c10d::")]
+    kinds = kinds_of(c["name"])
+    c, kinds = c[_notna(kinds)], kinds[_notna(kinds)]
+    if len(c) != len(ranges):
+        return out
+    # outermost: a call inside another of its thread (one collective op calling another) is not one of its own
+    by_thread = np.lexsort((c["ts_us"], c["tid"]))
+    tid, ts, end = (c[k][by_thread].tolist() for k in ("tid", "ts_us", "end_us"))
+    reach, last_tid = -math.inf, None
+    for t, a, b in zip(tid, ts, end, strict=True):
+        if t != last_tid:
+            reach, last_tid = -math.inf, t
+        if a < reach:
+            return out
+        reach = max(reach, b)
+    calls = np.argsort(c["ts_us"], kind="stable")
+    runs = np.argsort(ranges["ts_us"], kind="stable")
+    ran = np.asarray(ranges["kind"], dtype=object)[runs].tolist()
+    if any(k != r and _GLOO_RUNS_AS.get(k) != r for k, r in zip(kinds[calls].tolist(), ran, strict=True)):
+        return out
+    called = c["ts_us"][calls]
+    if np.any(called > ranges["ts_us"][runs]):
+        return out
+    out[runs] = called
+    return out
 
 
 def _notna(values: np.ndarray) -> np.ndarray:
@@ -446,5 +507,6 @@ def _kernel_collectives(rt: RankTrace, kernels: Table, calls: Table) -> Table:
             "group_size": group,
             "source": source,
             "issued_us": np.asarray(launched, dtype=np.float64),
+            "arrival_us": np.full(len(kernels), np.nan),  # the kernel's start: the GPU's arrival
         }
     )

@@ -5,7 +5,8 @@ A collective is identified by (step, kind, index of that kind within the step). 
 aligned on matched collectives, not raw timestamps: a collective ends at about the same moment on every rank,
 so a rank's clock offset is the median of (its end − the reference rank's end). Then, per collective:
 transfer = the shortest duration over the ranks; wait = own duration − transfer; lateness = own aligned
-start − earliest aligned start. Per step: ``collective_wait_ms`` = wall time (union) spent waiting,
+arrival − earliest aligned arrival (arrival: the collective's start; with gloo, the rank's call, ``_arrivals``).
+Per step: ``collective_wait_ms`` = wall time (union) spent waiting,
 ``late_arrival_ms`` = mean lateness over the step's collectives. What follows from each collective's transfer time
 (exposed transfer, bandwidth) is ``ddpdoctor.metrics.transfer``'s, on the matching here (``keyed``, ``key_ids``,
 ``Windows``, ``in_analysed_steps``). ``straggler_late_share`` = the fraction of matched collectives in which the
@@ -39,9 +40,10 @@ from ddpdoctor.table import Codes, Table, column, distinct, group_ids, group_med
 KEY = ["step", "kind", "index"]
 
 
-COLUMNS = ["step", "kind", "index", "start_us", "end_us", "dur_us", "bytes", "group_size", "issued_in"]
-_NUMERIC = ("start_us", "end_us", "dur_us", "bytes", "group_size")
-_EVERY_COLUMN = frozenset(COLUMNS)
+COLUMNS = ["step", "kind", "index", "start_us", "end_us", "dur_us", "bytes", "group_size", "issued_in", "arrival_us"]
+_NUMERIC = ("start_us", "end_us", "dur_us", "bytes", "group_size", "arrival_us")
+_OPTIONAL = "arrival_us"  # summaries written before it: every value NaN
+_EVERY_COLUMN = frozenset(COLUMNS) - {_OPTIONAL}
 
 
 def cross_rank(
@@ -69,7 +71,7 @@ def cross_rank(
     gid, n = key_ids(colls)
     rids, _present, offsets = _offsets(colls, gid, n)
     offsets = np.where(np.isnan(offsets), 0.0, offsets)
-    aligned = colls["start_us"] - offsets[rids]
+    aligned = _arrivals(colls, gid, n) - offsets[rids]
     colls["aligned_start"] = aligned
     colls["wait_us"] = colls["dur_us"] - group_min(colls["dur_us"], gid, n)[gid]
     colls["late_us"] = aligned - group_min(aligned, gid, n)[gid]
@@ -107,7 +109,24 @@ def cross_rank(
     return per_rank, run
 
 
-_MATCHED_COLUMNS = ("step", "kind", "index", "rank", "start_us", "end_us", "dur_us")
+def _arrivals(colls: Table, gid: np.ndarray, n: int) -> np.ndarray:
+    """When each rank arrived at each matched collective (its own clock): when it called the collective where
+    every rank of it says (``arrival_us``: gloo's ranges, whose threads can start the work milliseconds after
+    the call on a busy host, ``comm.gloo_arrivals``), else the collective's start (a kernel's: the GPU's
+    arrival; a range's: its call not paired)."""
+    start = colls["start_us"]
+    if "arrival_us" not in colls.columns:
+        return start
+    called = colls["arrival_us"]
+    known = np.isfinite(called)
+    if not known.any():
+        return start
+    every = np.ones(n, dtype=bool)
+    np.logical_and.at(every, gid, known)
+    return np.where(every[gid], called, start)
+
+
+_MATCHED_COLUMNS = ("step", "kind", "index", "rank", "start_us", "end_us", "dur_us", "arrival_us")
 
 
 def _matched(colls: Table) -> Table:
@@ -282,7 +301,15 @@ def all_collectives(summaries: list[dict[str, Any]]) -> Table:
             counts.append(n)
             owners.append(s["rank"])
     if all(map(_EVERY_COLUMN.issubset, tables)):  # the usual summaries: every column, lists of equal length
-        columns = {col: list(chain.from_iterable(map(itemgetter(col), tables))) for col in COLUMNS}
+        columns = {col: list(chain.from_iterable(map(itemgetter(col), tables))) for col in COLUMNS if col != _OPTIONAL}
+        if all(_OPTIONAL in t for t in tables):
+            columns[_OPTIONAL] = list(chain.from_iterable(map(itemgetter(_OPTIONAL), tables)))
+        elif not any(_OPTIONAL in t for t in tables):
+            columns[_OPTIONAL] = [None] * sum(counts)
+        else:
+            columns[_OPTIONAL] = list(
+                chain.from_iterable(t.get(_OPTIONAL) or [None] * n for t, n in zip(tables, counts, strict=True))
+            )
     else:  # each column of every rank joined in one pass (a rank's missing column: None in each row)
         columns = {
             col: list(chain.from_iterable(t.get(col) or [None] * n for t, n in zip(tables, counts, strict=True)))

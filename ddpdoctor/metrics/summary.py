@@ -10,7 +10,8 @@ Layout (``schema_version`` 1)::
      "metrics":     {per-rank metric name: value or None},
      "per_step":    {column: [...]}   # step, span, start_us, end_us, analyzed, step_ms, breakdown columns,
      ...
-     "collectives": {column: [...]}   # step, kind, index, start_us, end_us, dur_us, bytes, group_size, issued_in
+     "collectives": {column: [...]}   # step, kind, index, start_us, end_us, dur_us, bytes, group_size, issued_in,
+                                      # arrival_us (gloo: when the rank called it, comm.gloo_arrivals; else null)
      "exposed_comm": {"start_us": [...], "end_us": [...]}  # communication not hidden by computation, analysed steps
      "devices":     [{"device", "peak_allocated_bytes", "peak_reserved_bytes", "capacity_bytes"}],
      "fsdp_units":  {column: [...]},  # FSDP2 units: unit, param_bytes, ..., reduce_exposed_ms (metrics/fsdp.py)
@@ -223,7 +224,9 @@ def _assign_steps(colls: Table, steps: Table) -> Table:
     colls = colls.assign(step=step)
     ids, _ = group_ids(step, Codes.from_values(colls["kind"]))
     colls["index"] = cumcount(ids)
-    return colls.select(["step", "kind", "index", "start_us", "end_us", "dur_us", "bytes", "group_size", "issued_in"])
+    return colls.select(
+        ["step", "kind", "index", "start_us", "end_us", "dur_us", "bytes", "group_size", "issued_in", "arrival_us"]
+    )
 
 
 def _buffer_broadcast_ms(colls: Table, analysed: Table) -> float | None:
