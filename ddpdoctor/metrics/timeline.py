@@ -9,7 +9,8 @@ call's start and end.
 
 Built for a run (``build``): the clocks aligned as the cross-rank analysis aligns them
 (``cross_rank.clock_offsets``); each collective split into waiting for late peers (its start up to where the
-shortest duration of any rank's call of it begins) and transfer (that shortest duration, at its end); the median
+shortest duration of any rank's call of it begins) and transfer (that shortest duration, at its end), a rank's
+lateness at it counted as the analysis counts it (from the calls, where every shown rank's is known: gloo's); the median
 step (by its wall time over the ranks) and the worst; at most ``MAX_RANKS`` ranks (those the findings name first).
 A summary without ``timeline`` (an older capture) gives a timeline that says so.
 """
@@ -189,29 +190,34 @@ def _one_step(
     windows: dict[int, dict[int, tuple[float, float]]],
     offsets: dict[int, float],
 ) -> dict[str, Any]:
-    calls: dict[int, list[tuple[str, int, float, float]]] = {}
+    calls: dict[int, list[tuple[str, int, float, float, float | None]]] = {}
     for r in shown:
         c = by_rank[r].get("collectives") or {}
         mine = []
-        for s, kind, index, a, b in zip(
+        for s, kind, index, a, b, called in zip(
             c.get("step") or [],
             c.get("kind") or [],
             c.get("index") or [],
             c.get("start_us") or [],
             c.get("end_us") or [],
+            c.get("arrival_us") or [None] * len(c.get("step") or []),
             strict=False,
         ):
             if s == step and None not in (kind, index, a, b):
                 off = offsets.get(r, 0.0)
-                mine.append((str(kind), int(index), float(a) - off, float(b) - off))
+                arrived = float(called) - off if isinstance(called, (int, float)) and called == called else None
+                mine.append((str(kind), int(index), float(a) - off, float(b) - off, arrived))
         calls[r] = mine
     shortest: dict[tuple[str, int], float] = {}
     earliest: dict[tuple[str, int], float] = {}
+    first_call: dict[tuple[str, int], float | None] = {}  # None: a rank's call is not known (cross_rank._arrivals)
     for mine in calls.values():
-        for kind, index, a, b in mine:
+        for kind, index, a, b, arrived in mine:
             key = (kind, index)
             shortest[key] = min(shortest.get(key, np.inf), b - a)
             earliest[key] = min(earliest.get(key, np.inf), a)
+            known = first_call.get(key, np.inf)
+            first_call[key] = None if arrived is None or known is None else min(known, arrived)
     rows = []
     for r in shown:
         off = offsets.get(r, 0.0)
@@ -226,11 +232,13 @@ def _one_step(
             else:
                 compute.append([lane, a - off, b - off])
         comm = []
-        for kind, index, a, b in calls[r]:
+        for kind, index, a, b, arrived in calls[r]:
             key = (kind, index)
             transfer = shortest[key] if len(calls) > 1 else b - a
             split = max(a, b - transfer)
-            late = a - earliest[key]
+            # late as the analysis counts it: from the calls where every rank's is known, else from the starts
+            first = first_call[key]
+            late = arrived - first if first is not None and arrived is not None else a - earliest[key]
             if split > a:
                 comm.append([kind, index, "wait", a, split, late])
             comm.append([kind, index, "transfer", split, b, late])

@@ -317,3 +317,24 @@ def test_the_time_axis_has_at_most_eleven_ticks_however_long_the_step(span_us):
     labels = [float(m) for m in re.findall(r">([0-9.e+]+)</text>", "".join(lines))]
     if 0 < span_us < float("inf"):
         assert len(grid) >= 2 and labels[-1] <= span_us / 1e3 + 1e-9 and labels[-1] * 11 > span_us / 1e3
+
+
+def test_a_gloo_collective_is_late_from_the_calls_as_the_analysis_counts_it(summaries):
+    # rank 1's gloo thread started the all-reduce 30 ms after rank 1 called it (at t + 25 ms, 5 ms after rank 0's
+    # call): the timeline says 5 ms late, as cross_rank does, not the 35 ms between the two ranges' starts
+    called = []
+    for s in summaries:
+        c = dict(s["collectives"])
+        start = np.asarray(c["start_us"])
+        c["arrival_us"] = (start if s["rank"] == 0 else start - 30 * MS).tolist()
+        called.append({**s, "collectives": c})
+    step = mt.build(called, all_collectives(called))["steps"][0]
+    lates = {row["rank"]: {part: late for _k, _i, part, _a, _b, late in row["comm"]} for row in step["ranks"]}
+    assert lates[1]["transfer"] == pytest.approx(5 * MS) and lates[0]["transfer"] == 0.0
+    per_rank, _run = cross_rank(called)
+    assert per_rank[1]["late_arrival_ms"] == pytest.approx(5.0)
+    # one rank's call unknown: the starts for every rank, as the analysis
+    called[0]["collectives"]["arrival_us"] = [None] * len(called[0]["collectives"]["step"])
+    step = mt.build(called, all_collectives(called))["steps"][0]
+    row1 = next(row for row in step["ranks"] if row["rank"] == 1)
+    assert [late for *_x, late in row1["comm"]] == [pytest.approx(35 * MS)]
