@@ -64,8 +64,29 @@ def test_twenty_traces_of_a_balanced_job_name_no_straggler(tmp_path) -> None:
         )
         found = [f for f in report["findings"] if f["name"] == "rank-straggler"]
         if found:
-            named.append(f"run {i} ({active} steps, {'burner' if i % 2 else 'quiet'}): {found[0]['message']}")
+            named.append(
+                f"run {i} ({active} steps, {'burner' if i % 2 else 'quiet'}): {found[0]['message']}\n"
+                f"  {_evidence(tmp_path / f'run{i}')}"
+            )
     assert not named, "\n".join(named)
+
+
+def _evidence(run) -> dict:
+    """What a failure needs to be understood later (CI keeps only its output): each rank's lateness, CPU wait and
+    work, and how late gloo's threads started its collectives after its calls."""
+    from ddpdoctor.load import load
+    from ddpdoctor.pipeline import analyze_run
+
+    keys = (
+        "late_arrival_ms", "wait_caused_ms", "last_arrival_p_value", "cpu_wait_ms", "loop_cpu_ms", "late_own_ms",
+        "extra_ops_ms", "ops_slower_ms", "same_work_slower", "cpu_starved", "loop_blocked_ms",
+    )  # fmt: skip
+    out = {m["rank"]: {k: m.get(k) for k in keys} for m in analyze_run(run).metrics.ranks}
+    for rt in load(run, use_summaries=True).ranks:
+        c = (rt.summary or {}).get("collectives") or {}
+        pairs = zip(c.get("start_us") or [], c.get("arrival_us") or [], strict=False)
+        out[rt.rank]["gloo_start_after_call_ms"] = [round((s - a) / 1000, 1) for s, a in pairs if a is not None]
+    return out
 
 
 @pytest.mark.timeout(300)
