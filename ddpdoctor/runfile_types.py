@@ -392,9 +392,10 @@ class RankSummaryWire(RankSummary):
         if self.per_step and "step_ms" not in self.per_step:
             raise ValueError("per_step has no step_ms column")
         metrics = self.metrics
-        # text only in text metrics: first all at C speed (no text beyond the catalog's text metrics, what every
-        # file of ddpdoctor's holds), then name by name where that cannot say (40 us a rank before)
-        if str in set(map(type, map(metrics.__getitem__, metrics.keys() - _TEXT_METRICS))):
+        # text only in text metrics: first all at C speed (as many strings as the catalog's text metrics hold, what
+        # every file of ddpdoctor's has: no set of the other names), then name by name where that cannot say
+        strings = list(map(type, metrics.values())).count(str)
+        if strings and strings != list(map(type, map(metrics.get, _TEXT_METRICS))).count(str):
             if any(_metric_kind(k) != "text" for k, v in metrics.items() if type(v) is str):
                 raise ValueError("text in a numeric metric")
         for key, column in self.collectives.items():

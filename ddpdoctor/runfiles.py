@@ -194,7 +194,7 @@ def _read_summary(path: str, shared: _SharedGroups) -> tuple[dict[str, Any] | No
         wire, groups = shared.decode(read_regular(path))
     except (OSError, msgspec.MsgspecError, ValueError, RecursionError):
         return _read_checked(Path(path), RankSummary)
-    data = {name: getattr(wire, name) for name in wire.__struct_fields__}
+    data = msgspec.structs.asdict(wire)  # every field, in order, as it is (shallow)
     if isinstance(wire, RankSummaryLazy):  # timeline and op_work as text: None, {} or left as text (load.kept)
         for key in LAZY_TABLES:
             text = bytes(data[key]).strip()

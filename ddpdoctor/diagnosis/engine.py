@@ -42,12 +42,19 @@ _PLAIN = frozenset((type(None), bool, int, str))
 _PLAIN_OR_FLOAT = _PLAIN | {float}
 
 
-def _clean_row(raw: Mapping[str, Any]) -> dict[str, Any]:
-    """``clean_value`` of every value (plain values and finite floats, nearly all of them, as they are)."""
+def _is_clean(raw: Mapping[str, Any]) -> bool:
+    """True where every value of ``raw`` is clean already (``clean_value`` would keep it): the usual row, only plain
+    values and floats whose sum is finite (so is each); no test per value. False means: test them one by one."""
     values = list(raw.values())
     kinds = set(map(type, values))
-    # the usual row: only plain values and floats whose sum is finite (so is each): a copy, no test per value
-    if kinds <= _PLAIN_OR_FLOAT and (float not in kinds or math.isfinite(sum([v for v in values if type(v) is float]))):
+    return kinds <= _PLAIN_OR_FLOAT and (
+        float not in kinds or math.isfinite(sum([v for v in values if type(v) is float]))
+    )
+
+
+def _clean_row(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """``clean_value`` of every value (plain values and finite floats, nearly all of them, as they are)."""
+    if _is_clean(raw):
         return dict(raw)
     return {
         k: v if (t := type(v)) in _PLAIN or (t is float and v - v == 0.0) else clean_value(v) for k, v in raw.items()
@@ -60,11 +67,15 @@ def _rows(metrics: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     derived = derived_rank_metrics(metrics)
     rows = []
     for i, raw in enumerate(getattr(metrics, "ranks", []) or []):
-        row = _clean_row(raw)
-        rank = row.get("rank")
-        row["rank"] = int(rank) if rank is not None else i
-        extra = derived.get(row["rank"])
-        rows.append({**{k: clean_value(v) for k, v in extra.items()}, **row} if extra else row)
+        clean = raw if _is_clean(raw) else _clean_row(raw)
+        rank = clean.get("rank")
+        rank = int(rank) if rank is not None else i
+        extra = derived.get(rank)
+        # one new dict a rank (the derived metrics first, then the row's own, which win), never the metrics' row:
+        # the copy of a clean row before the merge was a second 250-key dict a rank
+        row = {**{k: clean_value(v) for k, v in extra.items()}, **clean} if extra else dict(clean)
+        row["rank"] = rank  # where the row has no rank: last, as before the merge
+        rows.append(row)
     return run, rows
 
 

@@ -113,15 +113,13 @@ def _explain_ranks(node: ast.expr, base: Values, rows: Sequence[Mapping[str, Any
     every rank at once: the same truths and the same parts. (``_explain`` explains only the parts a rank's ``or``
     or ``if`` reaches; here every part is explained for every rank and those not reached are dropped: explaining
     raises nothing, ``_node_value`` says None instead.)"""
-    n = len(rows)
     if isinstance(node, ast.BoolOp):
         parts = [_explain_ranks(part, base, rows) for part in node.values]
         either = isinstance(node.op, ast.Or)
         out: list[tuple[Any, list[Any]]] = []
-        for i in range(n):
+        for results in zip(*parts, strict=True):  # each rank's (truth, deciders) of every part
             unknown, false, found, decided = False, False, [], None
-            for part in parts:
-                truth, deciders = part[i]
+            for truth, deciders in results:
                 if truth is None:
                     unknown = True
                 elif truth and either:
@@ -236,7 +234,10 @@ def passed_reason(
         explained = _explain_ranks(tree, base, [by_rank[rank] for rank in decided])
         for rank, (_, deciders) in zip(decided, explained, strict=True):
             for key, measured, value, op, right, limit in deciders:
-                groups.setdefault(key, (measured, op, right, limit, {}))[4][rank] = value
+                group = groups.get(key)  # (not setdefault: its default, a tuple and a dict, was made every rank)
+                if group is None:
+                    group = groups[key] = (measured, op, right, limit, {})
+                group[4][rank] = value
         for measured, op, right, limit, per_rank in groups.values():
             threshold, param = _threshold_text(right, limit)
             numbers = [v for v in per_rank.values() if isinstance(v, (int, float)) and not isinstance(v, bool)]
@@ -290,7 +291,8 @@ def _rank_values(values: Mapping[int, Any], decided: Sequence[int]) -> str:
     # each distinct value formatted once (at 131,072 ranks most share a few values)
     texts: dict[Any, str] = {}
     for v in values.values():
-        key = _hashable(v)
+        t = type(v)  # the usual value, a number, keyed here as _hashable keys it (no call a rank)
+        key = (t, v) if t in _SCALARS and (t is not float or v != 0.0) else _hashable(v)
         if key not in texts:
             texts[key] = _shown(v)
     distinct = set(texts.values())
@@ -303,6 +305,9 @@ def _rank_values(values: Mapping[int, Any], decided: Sequence[int]) -> str:
     if len(numbers) == len(values):
         return f"{format_value(min(numbers))} to {format_value(max(numbers))}{where}"
     return ", ".join(sorted(distinct)) + where
+
+
+_SCALARS = frozenset((int, float, str, bool, type(None)))  # always hashable
 
 
 def _hashable(value: Any) -> Any:

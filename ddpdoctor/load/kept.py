@@ -9,13 +9,16 @@
   a few): left on disk (``OnDisk``), read again from the file when read. They reach ``keep`` undecoded (their JSON
   syntax checked, ``runfiles.read_summaries``) and are checked in full when read; a file that has changed or gone
   since, or whose table is not one ddpdoctor writes, is one clear error, never another rank's numbers.
+- the strings every rank repeats, one object for all the ranks of a load (``Shared``), not one a rank: the words
+  of ``collectives``' text columns (``kind``, ``issued_in``: 2 kB a rank, 300 MB at 131,072 ranks) and the names
+  of ``metrics`` (those msgspec's key cache misses: 1.5 kB a rank); equal strings, so everything reads the same.
 
 The other fields stay as read: the analysis reads most of them for every rank.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import msgspec
@@ -64,8 +67,36 @@ class OnDisk(Mapping[str, Any]):
         return f"OnDisk({self._path!r}, {self._field!r})"
 
 
-def keep(data: dict[str, Any], path: str) -> dict[str, Any]:
-    """What is kept of one checked summary file (module docstring)."""
+TEXT_COLUMNS = ("kind", "issued_in")  # the collectives' columns that hold text
+
+
+class Shared:
+    """The strings kept so far by one load's ``keep`` calls: texts (a text replaced by an equal one kept), and the
+    metric names of the last summary (a summary with the same names, in the same order, takes them)."""
+
+    __slots__ = ("texts", "metric_names")
+
+    def __init__(self) -> None:
+        self.texts: dict[str, str] = {}
+        self.metric_names: list[str] = []
+
+
+def keep(data: dict[str, Any], path: str, shared: Shared | None = None) -> dict[str, Any]:
+    """What is kept of one checked summary file (module docstring); ``shared``: the strings of one load."""
+    colls = data.get("collectives")
+    if shared is not None and isinstance(colls, dict):
+        texts = shared.texts
+        for key in TEXT_COLUMNS:
+            column = colls.get(key)
+            if type(column) is list:  # (only strings are keys of texts: a number is never replaced by a word)
+                colls[key] = [texts.setdefault(v, v) if type(v) is str else v for v in column]
+    metrics = data.get("metrics")
+    if shared is not None and type(metrics) is dict:
+        names = list(metrics)
+        if names == shared.metric_names:  # the same names in the same order: the same dict, its keys shared
+            data["metrics"] = dict(zip(shared.metric_names, metrics.values(), strict=True))
+        else:
+            shared.metric_names = names
     for field in ON_DISK:
         table = data.get(field)
         if isinstance(table, msgspec.Raw) or (isinstance(table, dict) and table):
@@ -78,3 +109,9 @@ def keep(data: dict[str, Any], path: str) -> dict[str, Any]:
             "end_us": np.asarray(exposed["end_us"], dtype=np.float64).reshape(-1),
         }
     return data
+
+
+def keeper() -> Callable[[dict[str, Any], str], dict[str, Any]]:
+    """``keep`` for the files of one load, their strings shared (``Shared``: none kept past the load)."""
+    shared = Shared()
+    return lambda data, path: keep(data, path, shared)

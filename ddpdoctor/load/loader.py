@@ -480,9 +480,9 @@ def _summaries(root: Path, capture: dict[int, dict[str, Any]]) -> tuple[list[Ran
     """Ranks from ``ranks/rank<R>.summary.json`` (None unless every rank with a capture file or a trace file
     has one this version wrote),
     and notes on summary files that could not be used."""
-    from ddpdoctor.load.kept import keep
+    from ddpdoctor.load.kept import keeper
 
-    found, notes = runfiles.read_summaries(root, __version__, keep)
+    found, notes = runfiles.read_summaries(root, __version__, keeper())
     if not found or (capture and set(capture) - set(found)) or _trace_ranks(root) - set(found):
         return None, notes  # a rank with a capture file or a trace but no summary: the traces are read
     return _summary_ranks(found, root, lambda r: f"{rundir.RANKS_DIR}/rank{r}.summary.json"), notes

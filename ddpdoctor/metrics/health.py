@@ -342,6 +342,8 @@ def _record_where(rec: Mapping[str, Any], depth: int = 3) -> str:
     """``setup (train.py:4) ← <module> (train.py:7)``: the innermost user-code frames of the exception a rank's file
     recorded (``error_frames``, outermost first), where no dump says where the rank was (it failed before it made
     a process group)."""
+    if not rec.get("error_frames"):  # nearly every rank (one that ended well): no frames, no check of none
+        return ""
     import msgspec
 
     from ddpdoctor.flight.frames import user_frames

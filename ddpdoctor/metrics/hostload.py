@@ -123,8 +123,12 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 def rank_hostload(capture: Mapping[str, Any] | None) -> tuple[dict[str, Any], str | None]:
     """One rank's own host-load metrics (those that need the other ranks are None here) and, when there are
     none, why. Units: ms per profiled step, ratios 0-1, cores (CPU seconds per second)."""
+    return _rank_hostload(*_windows(capture))
+
+
+def _rank_hostload(windows: list[dict[str, Any]], why: str | None) -> tuple[dict[str, Any], str | None]:
+    """``rank_hostload`` of the rank's ``_windows`` (found once a rank for it and ``_busy_cores``)."""
     out: dict[str, Any] = dict.fromkeys(HOSTLOAD_RANK_METRICS)
-    windows, why = _windows(capture)
     if not windows:
         return out, why
     steps = sum(int(w.get("last_step", 0)) - int(w.get("first_step", 0)) + 1 for w in windows)
@@ -164,13 +168,14 @@ def hostload_metrics(
     for row in ranks:
         rank = int(row["rank"])
         capture = captures.get(rank)
-        metrics, reason = rank_hostload(capture)
+        windows, reason = _windows(capture)
+        metrics, reason = _rank_hostload(windows, reason)
         own[rank] = metrics
         if reason:
             why[rank] = reason
         host = (capture or {}).get("hostname")
         metrics["_host"] = host
-        metrics["_busy_cores"] = _busy_cores(capture)
+        metrics["_busy_cores"] = _busy_cores(windows)
     # other processes' CPU on each rank's host: the host's busy cores less this job's ranks on it
     job_cores: dict[Any, float] = {}
     for m in own.values():
@@ -419,8 +424,8 @@ def starved(
     return wait_excess_ms >= STARVED_SHARE * lateness_ms and work_cost < STARVED_SHARE * lateness_ms
 
 
-def _busy_cores(capture: Mapping[str, Any] | None) -> float | None:
-    windows, _ = _windows(capture)
+def _busy_cores(windows: list[dict[str, Any]]) -> float | None:
+    """The host's busy CPUs over the rank's ``_windows``."""
     busy, total = _sum(windows, "host_busy_s"), _sum(windows, "host_total_s")
     wall = _sum(windows, "wall_s")
     cpus = windows[-1].get("host_cpus") if windows else None

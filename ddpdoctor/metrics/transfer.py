@@ -121,7 +121,10 @@ def transfer_metrics(
         group = c["group_size"]
         size = np.where(group > 0, group, world[rid]).astype(np.int64)
         kinds = np.asarray(c["kind"].values() if hasattr(c["kind"], "values") else c["kind"], dtype=object)
-        for kind, g in {(str(k), int(x)) for k, x in zip(kinds[sized].tolist(), size[sized].tolist(), strict=True)}:
+        # the distinct (kind, size) pairs in C first (a set of 327,680 rows' tuples cost 0.5 s at 16,384 ranks),
+        # then made plain: the same pairs, each a disjoint mask
+        pairs = set(zip(kinds[sized].tolist(), size[sized].tolist(), strict=True))
+        for kind, g in {(str(k), int(x)) for k, x in pairs}:
             factors[(kinds == kind) & (size == g)] = bus_factor(kind, g)
     bus_sum = np.bincount(rid[sized], weights=(nbytes * factors)[sized], minlength=n)
     counts = windows.counts

@@ -95,8 +95,7 @@ def build(result: Diagnosis) -> dict[str, Any]:
     run = dict(getattr(metrics, "run", {}) or {})
     ranks = []
     devices = _devices_by_rank(metrics)
-    for i, raw in enumerate(getattr(metrics, "ranks", []) or []):
-        row = dict(raw)
+    for i, row in enumerate(getattr(metrics, "ranks", []) or []):  # read only: no copy of each rank's row
         rank = int(clean_value(row.get("rank")) if row.get("rank") is not None else i)
         entry: dict[str, Any] = {
             "rank": rank,

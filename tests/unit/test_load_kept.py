@@ -90,3 +90,37 @@ def test_a_timeline_that_is_not_a_table_sends_the_rank_to_its_trace(tmp_path: Pa
     run = load(copy, use_summaries=True)
     assert sorted(rt.rank for rt in run.ranks) == [0, 1] and all(rt.has_trace for rt in run.ranks)
     assert any("rank1.summary.json: skipped" in n and "op_work" in n for n in run.skipped), run.skipped
+
+
+def test_kept_summaries_share_the_strings_every_rank_repeats(tmp_path: Path) -> None:
+    """The collectives' words and the metric names: one string for every rank, the same values in the same order
+    as the files (a number in a text column stays the number; a rank with other metric names keeps its own)."""
+    copy = Path(shutil.copytree(SAMPLE, tmp_path / "run"))
+    path = copy / "ranks" / "rank1.summary.json"
+    data = json.loads(path.read_text())
+    data["collectives"]["kind"][0] = 1  # (not what ddpdoctor writes: still never replaced by a word)
+    path.write_text(json.dumps(data))
+    run = load(copy, use_summaries=True)
+    first, second = (rt.summary for rt in run.ranks[:2])
+    for rt in run.ranks:
+        data = _file(copy, rt.rank)
+        assert list(rt.summary["metrics"].items()) == list(data["metrics"].items())
+        for key in ("kind", "issued_in"):
+            got = rt.summary["collectives"][key]
+            assert got == data["collectives"][key] and list(map(type, got)) == list(map(type, data["collectives"][key]))
+    assert second["collectives"]["kind"][0] == 1 and type(second["collectives"]["kind"][0]) is int
+    words = {id(w) for s in (first, second) for w in s["collectives"]["issued_in"] if w == "backward"}
+    assert len(words) <= 1
+    assert all(a is b for a, b in zip(first["metrics"], second["metrics"], strict=True))
+
+
+def test_keep_shares_metric_names_only_where_they_are_the_same_in_the_same_order() -> None:
+    from ddpdoctor.load.kept import Shared, keep
+
+    shared = Shared()
+    a = keep({"metrics": {"x_ms": 1.0, "y_ms": None}}, "a", shared)
+    b = keep({"metrics": {"".join(["x", "_ms"]): 2.0, "".join(["y", "_ms"]): 3}}, "b", shared)
+    c = keep({"metrics": {"".join(["y", "_ms"]): 4.0, "".join(["x", "_ms"]): 5.0}}, "c", shared)
+    assert b["metrics"] == {"x_ms": 2.0, "y_ms": 3} and all(map(str.__eq__, b["metrics"], ["x_ms", "y_ms"]))
+    assert [k for k in b["metrics"]][0] is [k for k in a["metrics"]][0]
+    assert list(c["metrics"].items()) == [("y_ms", 4.0), ("x_ms", 5.0)]
