@@ -36,7 +36,7 @@ def _ops(rows: list[tuple[str, int, float, float]]) -> Table:
 def _ranges(ops: Table) -> Table:
     """The ``gloo:*`` rows of ``ops`` with their kind, as ``comm.collectives`` passes them."""
     ranges = ops[ops["name"].startswith("gloo:")]
-    kinds = {"gloo:all_reduce": "all_reduce", "gloo:broadcast": "broadcast"}
+    kinds = {"gloo:all_reduce": "all_reduce", "gloo:broadcast": "broadcast", "gloo:all_gather": "all_gather"}
     ranges["kind"] = np.array([kinds[n] for n in ranges["name"].values()], dtype=object)
     return ranges
 
@@ -68,9 +68,7 @@ def test_a_reduce_scatter_gloo_runs_as_an_all_reduce_pairs_with_it():
             ("gloo:all_reduce", 9, 3900.0, 500.0),
         ]
     )
-    ranges = _ops([("gloo:all_gather", 8, 130.0, 500.0), ("gloo:all_reduce", 9, 3900.0, 500.0)])
-    ranges["kind"] = np.array(["all_gather", "all_reduce"], dtype=object)
-    assert gloo_arrivals(ops, ranges).tolist() == [100.0, 900.0]
+    assert gloo_arrivals(ops, _ranges(ops)).tolist() == [100.0, 900.0]
 
 
 @pytest.mark.parametrize(
