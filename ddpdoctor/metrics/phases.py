@@ -57,9 +57,25 @@ def _name_flags(categories: list[str], pattern: re.Pattern[str]) -> np.ndarray:
         cached = _FLAGS = (categories, len(categories), {})
     flags = cached[2].get(pattern)
     if flags is None:
-        search = pattern.search
-        flags = cached[2][pattern] = np.array([search(c) is not None for c in categories] + [False], dtype=bool)
+        seen = _SEEN.get(pattern)
+        if seen is None or len(seen) > _SEEN_MAX:
+            seen = _SEEN[pattern] = {}
+        search, known = pattern.search, seen.get
+        out = []
+        for c in categories:
+            flag = known(c)
+            if flag is None:
+                flag = seen[c] = search(c) is not None
+            out.append(flag)
+        flags = cached[2][pattern] = np.array(out + [False], dtype=bool)
     return flags
+
+
+# Each pattern's answer for every name met so far, across ranks: the ranks of a job share most of their names (a
+# long kernel name costs a regex search of microseconds, a lookup tens of nanoseconds). At most _SEEN_MAX names a
+# pattern (then it starts again): a long-lived process (`ddpdoctor view`) reads many runs.
+_SEEN: dict[re.Pattern[str], dict[str, bool]] = {}
+_SEEN_MAX = 1 << 18
 
 
 def _ranges(ops: Table, pattern: re.Pattern[str]) -> iv.Intervals:

@@ -445,3 +445,21 @@ def test_priority_in_one_sweep_is_the_set_by_set_loop_to_the_last_bit() -> None:
     one = iv.union(np.array([0.0, 5.0]), np.array([2.0, 9.0]))
     first, second = iv.by_priority([one, iv.union(np.array([1.0]), np.array([7.0]))])
     assert first[0].tolist() == [0.0, 5.0] and second[0].tolist() == [2.0] and second[1].tolist() == [5.0]
+
+
+def test_names_met_by_an_earlier_rank_get_the_same_flags_and_the_memory_is_bounded(monkeypatch):
+    import re
+
+    from ddpdoctor.metrics import phases
+
+    pattern = re.compile(r"Backward\d*$")
+    monkeypatch.setattr(phases, "_SEEN", {})
+    first = ["aten::mm", "MmBackward0", "x"]
+    second = ["MmBackward0", "aten::mm", "AddBackward1", "y"]  # two names the first rank had, in another order
+    assert phases._name_flags(first, pattern).tolist() == [False, True, False, False]  # (and -1's False)
+    assert phases._name_flags(second, pattern).tolist() == [True, False, True, False, False]
+    seen = {"aten::mm": False, "MmBackward0": True, "x": False, "AddBackward1": True, "y": False}
+    assert phases._SEEN[pattern] == seen
+    monkeypatch.setattr(phases, "_SEEN_MAX", 4)  # more names than that: the next rank starts a new memory
+    assert phases._name_flags(["zBackward", "q"], pattern).tolist() == [True, False, False]
+    assert phases._SEEN[pattern] == {"zBackward": True, "q": False}
