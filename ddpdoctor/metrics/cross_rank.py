@@ -300,18 +300,14 @@ def all_collectives(summaries: list[dict[str, Any]]) -> Table:
             tables.append(c)
             counts.append(n)
             owners.append(s["rank"])
-    if all(map(_EVERY_COLUMN.issubset, tables)):  # the usual summaries: every column, lists of equal length
-        columns = {col: list(chain.from_iterable(map(itemgetter(col), tables))) for col in COLUMNS if col != _OPTIONAL}
-        if all(_OPTIONAL in t for t in tables):
-            columns[_OPTIONAL] = list(chain.from_iterable(map(itemgetter(_OPTIONAL), tables)))
-        elif any(_OPTIONAL in t for t in tables):  # (in none: no column, 40 MB less at 131,072 ranks)
-            columns[_OPTIONAL] = list(
-                chain.from_iterable(t.get(_OPTIONAL) or [None] * n for t, n in zip(tables, counts, strict=True))
-            )
+    having = sum(_OPTIONAL in t for t in tables)
+    wanted = COLUMNS if having else [c for c in COLUMNS if c != _OPTIONAL]  # in none: no column (40 MB at 131,072)
+    if having in (0, len(tables)) and all(map(_EVERY_COLUMN.issubset, tables)):  # the usual summaries
+        columns = {col: list(chain.from_iterable(map(itemgetter(col), tables))) for col in wanted}
     else:  # each column of every rank joined in one pass (a rank's missing column: None in each row)
         columns = {
             col: list(chain.from_iterable(t.get(col) or [None] * n for t, n in zip(tables, counts, strict=True)))
-            for col in COLUMNS
+            for col in wanted
         }
     ranks = np.repeat(np.asarray(owners, dtype=np.int64), np.asarray(counts, dtype=np.int64))
     out: dict[str, Any] = {
