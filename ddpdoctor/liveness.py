@@ -80,3 +80,38 @@ def rank_process_gone(data: dict[str, Any], path: str | Path | None = None) -> s
     if started is not None and written is not None and started > written + 2.0:
         return f"no process {pid} on {host} any more (that pid is now another process, started later)"
     return None
+
+
+# A launcher (torchrun, the command after --) that ended by one of these was stopped from outside: Ctrl-C, a
+# `kill`, a scheduler's time limit. Its ranks then end with it, whatever state they were in.
+_STOP_SIGNALS = {1: "SIGHUP", 2: "SIGINT", 15: "SIGTERM"}
+
+
+def stop_signal(exit_code: Any) -> str | None:
+    """The stop signal (``"SIGTERM"``) a launcher's exit status says ended it: ``-15`` (ended by the signal, as
+    ``subprocess`` reports it) or ``143`` (128 + 15, as a shell or a process that re-raised it reports it); None
+    for any other status."""
+    if isinstance(exit_code, bool) or not isinstance(exit_code, int):
+        return None
+    if exit_code < 0:
+        return _STOP_SIGNALS.get(-exit_code)
+    return _STOP_SIGNALS.get(exit_code - 128) if exit_code > 128 else None
+
+
+_STOPPED_WITH_JOB = (
+    "the rank process ended without finishing its files when the job was stopped by {} (the launcher's exit"
+    " status), not by a failure of its own"
+)
+
+
+def stopped_with_job(signal_name: str | None) -> str:
+    """The reason of a rank that ended without finishing its files when its launcher was stopped by a signal."""
+    return _STOPPED_WITH_JOB.format(signal_name)
+
+
+def stopped_with_job_signal(reason: str) -> str | None:
+    """The signal a ``stopped_with_job`` reason names, or None for any other reason."""
+    head, _, rest = _STOPPED_WITH_JOB.partition("{}")
+    if reason.startswith(head) and reason.endswith(rest):
+        return reason[len(head) : len(reason) - len(rest)] or None
+    return None

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ddpdoctor import rundir, runfiles
+from ddpdoctor import liveness, rundir, runfiles
 from ddpdoctor._version import __version__
 from ddpdoctor.capture import command_mark
 from ddpdoctor.capture import groups as groups_mod
@@ -48,6 +48,10 @@ def _rank_entry(
         status, reason = "failed", "the rank process died without finishing (killed, or stopped by torchrun)"
         if node is not None and node.get("exit_code") == 0:
             status = "unknown"
+        elif node is not None and liveness.stop_signal(node.get("exit_code")):
+            # the job was stopped from outside: a rank that did not end on the signal (stuck in a call that never
+            # returns to Python, its files half written) was stopped with it, not killed by something of its own
+            status, reason = "interrupted", liveness.stopped_with_job(liveness.stop_signal(node.get("exit_code")))
     return {
         "rank": rank,
         "status": "ok" if status == "ok" else status,
@@ -234,7 +238,8 @@ def build(
         exit_code = 0
     steps_seen = any((d.get("steps") or {}).get("source") not in (None, "none") for d in ranks.values())
     notes = []
-    if ranks and not steps_seen:
+    # a rank file still "running" was last written before its rank ended (killed, stuck): its steps say nothing
+    if ranks and not steps_seen and all(d.get("status") != "running" for d in ranks.values()):
         notes.append(
             "no training step was detected (no torch.optim optimizer stepped and ddpdoctor.step() was never "
             "called): the trace covers the start of the run instead of chosen steps"
@@ -282,7 +287,12 @@ def build(
 
 
 def _build_attempts(
-    out: Path, attempts: list[tuple[int, Path]], *, mode: str, command: list[str], config: dict[str, Any],
+    out: Path,
+    attempts: list[tuple[int, Path]],
+    *,
+    mode: str,
+    command: list[str],
+    config: dict[str, Any],
     launch: str | None,
 ) -> dict[str, Any]:
     """The manifest of a job torchrun restarted: each attempt's own (written in its folder), and the run's: the last

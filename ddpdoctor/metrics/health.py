@@ -15,6 +15,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from ddpdoctor.liveness import stop_signal, stopped_with_job, stopped_with_job_signal
 from ddpdoctor.metrics import catalog
 from ddpdoctor.runfiles import PROCESS_GONE
 
@@ -92,7 +93,7 @@ def health_metrics(
     failed = bool(crashed or died or hung or consequences) or kind in ("hang", "desync", "crash")
     if not failed:
         if interrupted:
-            doc["notes"].append(f"{_ranks_text(interrupted)} stopped by a signal (interrupted), not by a failure")
+            doc["notes"].append(_stopped_note(interrupted, manifest or {}, verdict))
         return out, (doc if (doc["notes"] or verdict is not None) else None)
     out["job_failed"] = True
     consequence_text = _consequences(consequences, ranks)
@@ -272,6 +273,7 @@ def _rank_records(manifest: Mapping[str, Any], captures: Mapping[int, Mapping[st
             # count is a lower bound, not the step the rank ended in
             "steps_final": cap.get("status") not in (None, "running"),
         }
+    stops = _stopped_nodes(manifest)
     for entry in manifest.get("ranks") or []:
         if not isinstance(entry, Mapping) or not isinstance(entry.get("rank"), int):
             continue
@@ -279,6 +281,39 @@ def _rank_records(manifest: Mapping[str, Any], captures: Mapping[int, Mapping[st
         for key in ("status", "reason", "steps", "exit_code", "consequence_of"):
             if entry.get(key) is not None or key not in rec:
                 rec[key] = entry.get(key)
+        stop = stops.get(entry.get("node_rank") if entry.get("node_rank") is not None else 0)
+        if stop and rec.get("status") == "failed" and DIED in str(rec.get("reason") or ""):
+            # a manifest written before ranks stopped with their launcher were told apart from ranks that died
+            rec["status"], rec["reason"] = "interrupted", stopped_with_job(stop)
+    return out
+
+
+def _stopped_note(ranks: list[int], manifest: Mapping[str, Any], verdict: Any) -> str:
+    """What stopped ranks that ended by a signal: ddpdoctor's hang timeout on a verdict without a cause (with the
+    verdict: the job was stuck, where is undecided), the signal its launcher was stopped by, or a signal."""
+    launcher = manifest.get("health")
+    if isinstance(launcher, Mapping) and launcher.get("stopped_by") and launcher.get("kind") not in ("ok", None):
+        summary = _first_line(launcher.get("summary"))
+        return f"{_ranks_text(ranks)} {launcher['stopped_by']} (interrupted)" + (f": {summary}" if summary else "")
+    stops = sorted(set(_stopped_nodes(manifest).values()))
+    how = f"with the job by {' and '.join(stops)}" if stops else "by a signal"
+    text = f"{_ranks_text(ranks)} stopped {how} (interrupted), not by a failure of their own"
+    if getattr(verdict, "kind", None) == "undecided" and getattr(verdict, "summary", None):
+        text += f"; their dumps: {_first_line(verdict.summary)}"
+    return text
+
+
+def _stopped_nodes(manifest: Mapping[str, Any]) -> dict[int, str]:
+    """node rank -> the stop signal (SIGTERM, SIGINT, SIGHUP) that ended its launcher: the job was stopped from
+    outside, and its ranks with it. torchrun ends by the signal only when no rank had failed before it (a rank's
+    failure ends torchrun with a failure of its own), so a rank of that node that ended without finishing its files
+    was stopped, not killed by something of its own."""
+    out: dict[int, str] = {}
+    for node in manifest.get("nodes") or []:
+        if isinstance(node, Mapping) and isinstance(node.get("node_rank"), int):
+            stop = stop_signal(node.get("exit_code"))
+            if stop:
+                out[node["node_rank"]] = stop
     return out
 
 
@@ -297,7 +332,11 @@ def _classify(rec: Mapping[str, Any]) -> str:
         return "ok" if status is None else str(status)
     if status == "hung":
         return "hung"
-    if rec.get("consequence_of") or _is_consequence(reason):
+    if rec.get("consequence_of"):
+        return "consequence"
+    if status == "interrupted" and stopped_with_job_signal(reason):  # stopped with its launcher ("...by SIGTERM")
+        return "interrupted"
+    if _is_consequence(reason):
         return "consequence"
     if status == "interrupted" or "stopped by torchrun" in reason and DIED not in reason:
         return "interrupted"
