@@ -21,7 +21,7 @@ from ddpdoctor.metrics.health import health_metrics
 from ddpdoctor.metrics.hostload import hostload_metrics
 from ddpdoctor.metrics.profiled_steps import cut_short_note
 from ddpdoctor.metrics.result import RANK_METRICS, LazyTable, RunMetrics
-from ddpdoctor.metrics.setup import SETUP_RANK_METRICS, setup_metrics
+from ddpdoctor.metrics.setup import NO_STEP_NOTE, SETUP_RANK_METRICS, setup_metrics
 from ddpdoctor.metrics.timeline import LazyTimeline
 from ddpdoctor.metrics.transfer import transfer_bandwidth, transfer_metrics, transfer_times
 from ddpdoctor.table import Table, column
@@ -77,6 +77,11 @@ def analyze(run: Run, steps: tuple[int, int | None] | None = None, verdict: Any 
         m.update(setup_ranks.get(rank) or no_setup)
         m.update(ddp_timers(capture))
         ranks.append(m)
+    health, health_doc = health_metrics(run.manifest or {}, run.capture, verdict)
+    why_no_count = _why_no_collective_count(run.capture, health, setup_run.get("steps_detected"))
+    if why_no_count:  # the window cannot show whether the ranks synchronise: no count, not a count of 0
+        for m in ranks:
+            m.update(dict.fromkeys(_COLLECTIVE_COUNTS))
     per_step = LazyTable(lambda: _per_step_frame(summaries))  # made when a report or compare reads it
     devices = Table.from_records(
         [{"rank": s["rank"], **d} for s in summaries for d in s["devices"]],
@@ -88,6 +93,8 @@ def analyze(run: Run, steps: tuple[int, int | None] | None = None, verdict: Any 
     run_metrics.update(run_evidence(run_metrics, ranks, devices, summaries, undecidable))
     why_setup = setup_run.pop("not_measured", {})
     setup_notes = setup_run.pop("notes", [])
+    if health.get("startup_failed"):  # no step because the job failed first: no advice to mark steps
+        setup_notes = [n for n in setup_notes if n != NO_STEP_NOTE]
     if setup_notes:  # (the pipeline adds the loader's notes only where analyze gave none)
         run_metrics["notes"] = [*run.notes, *setup_notes]
     run_metrics.update(setup_run)
@@ -104,7 +111,6 @@ def analyze(run: Run, steps: tuple[int, int | None] | None = None, verdict: Any 
     units = run_units(summaries)  # FSDP2: the per-unit table, shown by the reports (not a metric)
     if units:
         run_metrics["fsdp_units"] = units
-    health, health_doc = health_metrics(run.manifest or {}, run.capture, verdict)
     run_metrics.update(health)
     if health_doc is not None:
         run_metrics["health"] = health_doc
@@ -118,6 +124,9 @@ def analyze(run: Run, steps: tuple[int, int | None] | None = None, verdict: Any 
             "exposed_transfer_ms": why,
             "ddp_exposed_transfer_ms": why,  # DDP's share of it
         }
+    if why_no_count:
+        said = run_metrics.get("not_measured", {})
+        run_metrics["not_measured"] = {**said, **{k: why_no_count for k in _COLLECTIVE_COUNTS if k not in said}}
     why_loop = _why_no_loop_transfer(ranks, run_metrics.get("not_measured", {}))
     if why_loop:
         run_metrics["not_measured"] = {**run_metrics.get("not_measured", {}), "loop_exposed_transfer_ms": why_loop}
@@ -129,6 +138,35 @@ def analyze(run: Run, steps: tuple[int, int | None] | None = None, verdict: Any 
         devices=devices,
         timeline=LazyTimeline(summaries, colls),
         step_times=LazyTable(lambda: _step_times(run)),
+    )
+
+
+# The per-step collective counts (metrics/parallelism.py): what says whether and how the ranks synchronise.
+_COLLECTIVE_COUNTS = tuple(k for k in catalog.group("parallelism") if k.endswith("_per_step"))
+
+
+def _why_no_collective_count(captures: Any, health: dict[str, Any], steps_detected: bool | None) -> str | None:
+    """Why the recorded window cannot show how often the ranks synchronise (so no count is given, not 0): a job that
+    failed before its first step recorded its start-up only; where no training step was detected, the window is the
+    run's start, which holds its training only if it lasted to the end of the run."""
+    if health.get("startup_failed"):
+        return (
+            "the job failed before its first step: its trace holds the start-up, not training, so it cannot show"
+            " whether the ranks synchronise"
+        )
+    if steps_detected is not False:
+        return None
+    ends = {
+        (c.get("fallback_window") or {}).get("ended_by") if isinstance(c.get("fallback_window"), dict) else None
+        for c in captures.values()
+        if isinstance(c, dict)
+    }
+    if ends and ends <= {"end of run"}:
+        return None  # the recording holds the whole run
+    return (
+        "no training step was detected, and the recording of the run's start (--no-step-limit) ended before the"
+        " run did, so it may hold no training and cannot show whether the ranks synchronise; call"
+        " ddpdoctor.step() at the end of every training step and trace again"
     )
 
 

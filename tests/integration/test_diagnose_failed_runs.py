@@ -253,3 +253,23 @@ def test_a_folder_of_torch_own_flight_recorder_dumps_is_diagnosed(tmp_path):
     assert health["collective"]["seq_id"] == 4 and "collective #4 (default_pg)" in first["message"], health
     assert not {f["name"] for f in report["findings"]} & TIMING_RULES  # no trace: no timing claim at all
     assert any("torch's own Flight Recorder dumps" in n for n in report["run"]["notes"])
+
+
+def test_a_torchrun_job_that_failed_at_start_up_is_not_also_a_job_that_never_synchronises(tmp_path):
+    """Both ranks stop at a bad argument before any step: the start-up the trace recorded holds no collective, which
+    says nothing of whether the job would synchronise (it said "ranks-never-synchronize", an error of its own, and
+    advised calling ddpdoctor.step())."""
+    script = write_script(
+        tmp_path / "badarg.py",
+        'import argparse\nimport torch.distributed as dist\ndist.init_process_group("gloo")\n'
+        'argparse.ArgumentParser().parse_args(["--stepz", "10"])\n',
+    )
+    out = tmp_path / "run"
+    traced = run_cli("trace", "--out", str(out), "--standalone", "--nproc-per-node", "2", str(script), timeout=150)
+    assert traced.returncode != 0, traced.stderr
+    report, _ = _diagnose(out)
+    assert [f["name"] for f in report["findings"]] == ["job-failed-at-startup"], report["findings"]
+    reasons = {n["name"]: n["reason"] for n in report["not_evaluated"]}
+    assert "the job failed before its first step" in reasons["ranks-never-synchronize"], reasons
+    assert report["run"]["parallelism"] == "unknown", report["run"]["parallelism"]
+    assert not any("ddpdoctor.step()" in n for n in report["run"]["notes"]), report["run"]["notes"]
