@@ -287,12 +287,7 @@ def build(
 
 
 def _build_attempts(
-    out: Path,
-    attempts: list[tuple[int, Path]],
-    *,
-    mode: str,
-    command: list[str],
-    config: dict[str, Any],
+    out: Path, attempts: list[tuple[int, Path]], *, mode: str, command: list[str], config: dict[str, Any],
     launch: str | None,
 ) -> dict[str, Any]:
     """The manifest of a job torchrun restarted: each attempt's own (written in its folder), and the run's: the last

@@ -307,7 +307,8 @@ def _stopped_nodes(manifest: Mapping[str, Any]) -> dict[int, str]:
     """node rank -> the stop signal (SIGTERM, SIGINT, SIGHUP) that ended its launcher: the job was stopped from
     outside, and its ranks with it. torchrun ends by the signal only when no rank had failed before it (a rank's
     failure ends torchrun with a failure of its own), so a rank of that node that ended without finishing its files
-    was stopped, not killed by something of its own."""
+    was stopped, not killed by something of its own. (A launcher that goes on after a rank dies, a shell script
+    that waits for its ranks, could hide a death this way: a missed rank-died, never a false one.)"""
     out: dict[int, str] = {}
     for node in manifest.get("nodes") or []:
         if isinstance(node, Mapping) and isinstance(node.get("node_rank"), int):
