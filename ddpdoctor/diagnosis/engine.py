@@ -111,6 +111,19 @@ def _missing_reason(
     return f"not measured in this run: {', '.join(missing)}" + "".join(f"; {h}" for h in hints)
 
 
+def _undecided_reason(rule: Rule, run: dict[str, Any], rows: list[dict[str, Any]], columns: dict[str, Any]) -> str:
+    """Why ``rule``'s condition decided nothing: its ``undecided`` sentence where it has one and every value the
+    sentence shows was measured, else the metrics it lacks (``_missing_reason``)."""
+    if rule.undecided is not None and not any(_unavailable(m, run, rows) for m in rule.undecided.metrics):
+        try:
+            text = rule.undecided.render(Values(run, rows, rule.params, columns=columns), {})
+        except ExprError:
+            text = ""
+        if text and "n/a" not in text:
+            return text
+    return _missing_reason(rule, run, rows)
+
+
 _PARALLELISM_WORDS = {
     "dp": "DataParallel (dp)",
     "ddp": "data parallel with gradient all-reduce (ddp)",
@@ -336,7 +349,7 @@ def evaluate(rules: Iterable[Rule], metrics: Any) -> Diagnosis:
             not_evaluated.append(NotEvaluated(rule.name, f"could not be evaluated: {exc}"))
             continue
         if result is None:
-            not_evaluated.append(NotEvaluated(rule.name, _missing_reason(rule, run, rows)))
+            not_evaluated.append(NotEvaluated(rule.name, _undecided_reason(rule, run, rows, columns)))
         elif result is False:
             passed.append(Passed(rule.name, passed_reason(rule, run, rows, columns, outcomes or None)))
         else:

@@ -64,6 +64,7 @@ class RuleFile(msgspec.Struct, forbid_unknown_fields=True):
     requires: list[str] | None = None
     prescriptions: list[PrescriptionFile] = []
     passed: str | list[PassedFile] | None = None
+    undecided: str | None = None
 
 
 _SECTION = {"$": "", "$.docs": "[docs]", "$.docs.options": "[docs.options]", "$.params": "[params]"}

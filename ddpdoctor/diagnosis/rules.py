@@ -20,6 +20,8 @@ Keys (required unless marked optional)::
     passed = "exposed {mean(exposed_comm_ms):.1f} ms ..."   # optional: what the report says when the rule did
                                       # not fire (the values it tested against its thresholds are added to it);
                                       # or [{when = "...", message = "..."}, ...]: the sentences whose `when` holds
+    undecided = "the host was busy: ..."  # optional (run scope): why there is no verdict where `when` is unknown
+                                      # (e.g. `... or None`), under "Not evaluated"; default: the metrics it lacks
     recommendation = "..."            # template too
     [[prescriptions]]                 # optional: knobs `ddpdoctor try --findings` tries (ddpdoctor.knobs)
     knob = "ddp.bucket_cap_mb"
@@ -133,6 +135,7 @@ class Rule:
     requires: tuple[str, ...] = ()
     prescriptions: tuple[Prescription, ...] = ()
     passed: tuple[PassedSentence, ...] = ()
+    undecided: Template | None = None  # run scope: why `when` could not decide, where it says
     default_params: dict[str, float | int | bool] = field(default_factory=dict)  # the rule file's own [params]
 
     @property
@@ -143,6 +146,8 @@ class Rule:
         names |= self.message.metrics | self.recommendation.metrics
         for sentence in self.passed:
             names |= sentence.message.metrics | (sentence.when.metrics if sentence.when is not None else frozenset())
+        if self.undecided is not None:
+            names |= self.undecided.metrics
         for clause in self.clauses:
             names |= clause.message.metrics
             if clause.recommendation is not None:
@@ -272,6 +277,8 @@ def _build(data: Mapping[str, Any], filename: str, where: str) -> Rule:
 
     if raw.ranks_where is not None and s != "run":
         raise _Bad('ranks_where is only for scope = "run" (a per-rank rule names the ranks where `when` holds)')
+    if raw.undecided is not None and s != "run":
+        raise _Bad('undecided is only for scope = "run" (a per-rank rule lists the ranks it could not decide)')
     clauses = [
         Clause(
             expr(f"clauses #{i + 1} when", c.when),
@@ -307,6 +314,7 @@ def _build(data: Mapping[str, Any], filename: str, where: str) -> Rule:
         requires=tuple(requires),
         prescriptions=tuple(_prescription(p) for p in raw.prescriptions),
         passed=_passed(raw.passed, expr, template),
+        undecided=None if raw.undecided is None else template("undecided", raw.undecided),
         default_params=dict(params),
     )
 

@@ -142,6 +142,9 @@ def _rank_hostload(windows: list[dict[str, Any]], why: str | None) -> tuple[dict
         out["loop_blocked_ms"] = 1e3 * max(0.0, wall - run - delay) / steps
         out["cpu_wait_share"] = min(1.0, delay / wall)
         out["cpu_got_ratio"] = run / (run + delay) if run + delay > 0 else None
+        every = _sum(windows, "run_delay_s")  # every thread's wait, the loop's among them
+        if every is not None:
+            out["other_threads_cpu_wait_ms"] = 1e3 * max(0.0, every - delay) / steps
     out["cpu_used_cores"] = _ratio(_sum(windows, "cpu_s"), wall)
     switches = _sum(windows, "involuntary_switches")
     out["involuntary_switches_per_step"] = switches / steps if switches is not None else None
