@@ -55,6 +55,7 @@ def test_an_exposure_the_busy_host_s_wait_covers_is_not_evaluated_and_says_why(m
     assert "n/a" not in why
     bucket = undecided["ddp-bucket-size-mismatch"]
     assert "waited up to 24.8 ms per step" in bucket and "12.8 ms per step of exposed transfer" in bucket, bucket
+    assert "(1 ms, 5% of a step)" in why and "(2 ms, 5% of a step)" in bucket and "%%" not in why + bucket
 
 
 def test_an_exposure_beyond_the_host_s_wait_still_fires_on_a_busy_host(metrics) -> None:
