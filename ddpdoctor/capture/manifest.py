@@ -46,12 +46,13 @@ def _rank_entry(
     elif status == "running":
         # The process ended without finishing its capture: killed (SIGKILL, OOM killer) or torn down by torchrun.
         status, reason = "failed", "the rank process died without finishing (killed, or stopped by torchrun)"
+        stop = liveness.stop_signal(node.get("exit_code")) if node is not None else None
         if node is not None and node.get("exit_code") == 0:
             status = "unknown"
-        elif node is not None and liveness.stop_signal(node.get("exit_code")):
+        elif stop:
             # the job was stopped from outside: a rank that did not end on the signal (stuck in a call that never
             # returns to Python, its files half written) was stopped with it, not killed by something of its own
-            status, reason = "interrupted", liveness.stopped_with_job(liveness.stop_signal(node.get("exit_code")))
+            status, reason = "interrupted", liveness.stopped_with_job(stop)
     return {
         "rank": rank,
         "status": "ok" if status == "ok" else status,
