@@ -23,7 +23,14 @@ from ddpdoctor.diagnosis.findings import (
     format_ranks,
     sort_findings,
 )
-from ddpdoctor.diagnosis.passed import EDGE_SHARE, override_sentence, overrides, passed_reason
+from ddpdoctor.diagnosis.passed import (
+    EDGE_SHARE,
+    override_sentence,
+    overrides,
+    passed_reason,
+    rank_undecided_sentence,
+    undecided_sentence,
+)
 from ddpdoctor.diagnosis.rules import Rule
 from ddpdoctor.diagnosis.vector import expr_per_rank, per_rank_values
 from ddpdoctor.metrics import catalog
@@ -113,13 +120,15 @@ def _missing_reason(
 
 def _undecided_reason(rule: Rule, run: dict[str, Any], rows: list[dict[str, Any]], columns: dict[str, Any]) -> str:
     """Why ``rule``'s condition decided nothing: its ``undecided`` sentence where it has one and every value the
-    sentence shows was measured, else the metrics it lacks (``_missing_reason``)."""
+    sentence shows was measured (a per-rank rule's: the first rank's it renders for), else the metrics it lacks
+    (``_missing_reason``)."""
     if rule.undecided is not None and not any(_unavailable(m, run, rows) for m in rule.undecided.metrics):
-        try:
-            text = rule.undecided.render(Values(run, rows, rule.params, columns=columns), {})
-        except ExprError:
-            text = ""
-        if text and "n/a" not in text:
+        if rule.scope == "run":
+            text = undecided_sentence(rule, Values(run, rows, rule.params, columns=columns))
+        else:
+            said = (rank_undecided_sentence(rule, Values(run, rows, rule.params, r, columns)) for r in rows)
+            text = next((t for t in said if t), None)
+        if text:
             return text
     return _missing_reason(rule, run, rows)
 

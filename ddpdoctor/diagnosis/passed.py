@@ -16,6 +16,7 @@ from ddpdoctor.diagnosis.findings import Override, format_ranks
 from ddpdoctor.diagnosis.rules import Rule
 from ddpdoctor.diagnosis.template import format_value
 from ddpdoctor.diagnosis.vector import expr_per_rank, per_rank_values
+from ddpdoctor.metrics.catalog import RULE_RUN
 
 # A value within this share of the threshold it was compared with decided the verdict on an edge: the finding says so.
 EDGE_SHARE = 0.1
@@ -253,11 +254,22 @@ def passed_reason(
             )
             params.update([param] if param else [])
         unknown = [rank for rank, outcome in outcomes.items() if outcome is None]
-        if unknown:
+        # the rule's own sentence for the ranks it renders for (every value it shows measured), by rank
+        said_for: dict[str, list[int]] = {}
+        for rank in unknown[:_SENTENCE_RANKS] if rule.undecided is not None else ():
+            text = rank_undecided_sentence(rule, Values(run, rows, rule.params, by_rank[rank], columns))
+            if text:
+                said_for.setdefault(text, []).append(rank)
+        plain = [rank for rank in unknown[:_SENTENCE_RANKS] if not any(rank in r for r in said_for.values())]
+        if plain:
             undecided = (
-                f"; undecided on {format_ranks(unknown)}"
+                f"; undecided on {format_ranks(plain)}"
                 " (a value it needs was not measured, or what was measured cannot decide it)"
             )
+        for text, on in said_for.items():
+            undecided += f"; undecided on {format_ranks(on)}: {text}"
+        if len(unknown) > _SENTENCE_RANKS:
+            undecided += f"; undecided on {format_ranks(unknown[_SENTENCE_RANKS:])} too"
     reason = "; ".join(texts) + undecided
     if rule.passed:
         specials = {"ranks": format_ranks(r["rank"] for r in rows), "worst": ""}
@@ -274,6 +286,31 @@ def passed_reason(
     if overridden:
         reason += "; " + override_sentence(overridden, lead="").rstrip(".")
     return reason
+
+
+def rank_undecided_sentence(rule: Rule, values: Values) -> str | None:
+    """A per-rank rule's ``undecided`` sentence for the rank of ``values``, where that rank has every value the
+    rule requires and the sentence shows, and the run every run-level value its condition reads (else it may
+    have been undecided for want of one: None)."""
+    row = values.rank or {}
+    names = set(rule.requires) | (rule.undecided.metrics if rule.undecided is not None else set())
+    if any(name in row and row[name] is None for name in names):
+        return None
+    if any(name in RULE_RUN and values.run.get(name) is None for name in rule.when.metrics):
+        return None
+    return undecided_sentence(rule, values)
+
+
+def undecided_sentence(rule: Rule, values: Values) -> str | None:
+    """``rule``'s ``undecided`` sentence with ``values`` (a rank's, for a per-rank rule); None where it has none,
+    or a value it shows is missing."""
+    if rule.undecided is None:
+        return None
+    try:
+        text = rule.undecided.render(values, {"ranks": "", "worst": ""})
+    except ExprError:
+        return None
+    return text if text and "n/a" not in text else None
 
 
 def _close(value: Any, rule: Rule, param: str | None) -> str:

@@ -20,8 +20,9 @@ Keys (required unless marked optional)::
     passed = "exposed {mean(exposed_comm_ms):.1f} ms ..."   # optional: what the report says when the rule did
                                       # not fire (the values it tested against its thresholds are added to it);
                                       # or [{when = "...", message = "..."}, ...]: the sentences whose `when` holds
-    undecided = "the host was busy: ..."  # optional (run scope): why there is no verdict where `when` is unknown
+    undecided = "the host was busy: ..."  # optional: why there is no verdict where `when` is unknown
                                       # (e.g. `... or None`), under "Not evaluated"; default: the metrics it lacks
+                                      # (a per-rank rule: with the values of each rank it leaves undecided)
     recommendation = "..."            # template too
     [[prescriptions]]                 # optional: knobs `ddpdoctor try --findings` tries (ddpdoctor.knobs)
     knob = "ddp.bucket_cap_mb"
@@ -135,7 +136,7 @@ class Rule:
     requires: tuple[str, ...] = ()
     prescriptions: tuple[Prescription, ...] = ()
     passed: tuple[PassedSentence, ...] = ()
-    undecided: Template | None = None  # run scope: why `when` could not decide, where it says
+    undecided: Template | None = None  # why `when` could not decide (a per-rank rule: per rank)
     default_params: dict[str, float | int | bool] = field(default_factory=dict)  # the rule file's own [params]
 
     @property
@@ -277,8 +278,6 @@ def _build(data: Mapping[str, Any], filename: str, where: str) -> Rule:
 
     if raw.ranks_where is not None and s != "run":
         raise _Bad('ranks_where is only for scope = "run" (a per-rank rule names the ranks where `when` holds)')
-    if raw.undecided is not None and s != "run":
-        raise _Bad('undecided is only for scope = "run" (a per-rank rule lists the ranks it could not decide)')
     clauses = [
         Clause(
             expr(f"clauses #{i + 1} when", c.when),
