@@ -18,11 +18,11 @@ wait. ``late_own_ms`` is the part of its lateness its extra run-queue wait does 
 that wait): where it is large (the rules' thresholds), the rank is a straggler of its own even when the host
 starved it too (a rank that sleeps 100 ms a step and also waits 250 ms for a CPU). The scheduler measures that
 part too, as the time it worked or was blocked beyond the others: its extra CPU time and its extra time neither
-on a CPU nor waiting for one outside the collectives (``loop_blocked_ms`` less its ``collective_wait_ms``: asleep,
-blocked on data, I/O or a lock); where both are known, ``late_own_ms`` is the smaller of the two measures. (A
-balanced tensor-parallel job on a busy host: a rank 20.4 ms late, 12.9 ms of it more run-queue wait than the other's,
-left 7.5 ms "of its own" by the first measure, with less CPU time than the other and as long blocked: none by
-the second. It is starved, not a straggler.)
+on a CPU nor waiting for one outside the collectives (``loop_blocked_ms`` less its ``collective_wait_ms``, or
+its ``exposed_comm_ms`` where larger: asleep, blocked on data, I/O or a lock); where both are known,
+``late_own_ms`` is the smaller of the two measures. (A balanced tensor-parallel job on a busy host: a rank 20.4 ms
+late, 12.9 ms of it more run-queue wait than the other's, left 7.5 ms "of its own" by the first measure, with less
+CPU time than the other and as long blocked: none by the second. It is starved, not a straggler.)
 
 A rank can be late on a busy host without waiting for a CPU: it ran, but slower (ranks, their communication
 threads and the profiler sharing too few cores, their caches and memory bandwidth): its extra time is CPU time,
@@ -194,7 +194,13 @@ def hostload_metrics(
     wait_medians = _LeaveOneOutMedian(waits.values())
     work_medians = _LeaveOneOutMedian(own[r]["loop_cpu_ms"] for r in waits)
     blocked = _blocked_outside_collectives(
-        (row["rank"], own[int(row["rank"])].get("loop_blocked_ms"), row.get("collective_wait_ms")) for row in ranks
+        (
+            row["rank"],
+            own[int(row["rank"])].get("loop_blocked_ms"),
+            row.get("collective_wait_ms"),
+            row.get("exposed_comm_ms"),
+        )
+        for row in ranks
     )
     blocked_medians = _LeaveOneOutMedian(blocked.values())
     for row in ranks:
@@ -292,14 +298,20 @@ def dataloader_own(row: Mapping[str, Any], load: Mapping[str, Any]) -> float | N
     return max(0.0, data - wait)
 
 
-def _blocked_outside_collectives(ranks: Iterable[tuple[int, Any, Any]]) -> dict[int, float]:
+def _blocked_outside_collectives(ranks: Iterable[tuple[int, Any, Any, Any]]) -> dict[int, float]:
     """Per rank, the time per step its training loop was blocked or asleep outside the collectives: its
-    ``loop_blocked_ms`` less its wait in them (``collective_wait_ms``), where both are known. ``ranks``: (rank,
-    loop_blocked_ms, collective_wait_ms) of each."""
+    ``loop_blocked_ms`` less its time in them, where both are known. ``ranks``: (rank, loop_blocked_ms,
+    collective_wait_ms, exposed_comm_ms) of each. Its time in them is its wait for the others
+    (``collective_wait_ms``) or, where larger, its exposed communication (``exposed_comm_ms``: wait and transfer
+    with nothing computing beside them, when the loop blocks for them). The wait alone left out the transfer the
+    late rank waits for too, and counted the early ranks' wait hidden under their backward: beside CPU burners,
+    where gloo's threads wait for a CPU and transfer stretches, a balanced job's late rank was "blocked outside
+    the collectives" 10.4 ms a step more than the other, its exposed transfer, and named a straggler on it."""
     out = {}
-    for rank, blocked, waited in ranks:
+    for rank, blocked, waited, exposed in ranks:
         if blocked is not None and waited is not None and math.isfinite(blocked) and math.isfinite(waited):
-            out[int(rank)] = max(0.0, blocked - waited)
+            inside = max(waited, exposed) if exposed is not None and math.isfinite(exposed) else waited
+            out[int(rank)] = max(0.0, blocked - inside)
     return out
 
 

@@ -284,3 +284,18 @@ def test_a_slow_rank_its_extra_cpu_wait_explains_is_undecided_not_named() -> Non
     result = evaluate([r for r in load_rules() if r.name == "rank-straggler"], alone)
     (why,) = [n.reason for n in result.not_evaluated]
     assert why.startswith("rank 2 arrived last at") and "cannot be told from a slower rank" in why, why
+
+
+def test_blocked_outside_the_collectives_leaves_out_the_exposed_transfer_the_loop_waits_for() -> None:
+    """A balanced job that all-reduces its loss each step, beside three CPU burners: rank 1 late at every
+    collective, its loop blocked 21.45 ms a step (its exposed communication 21.7 ms, of which 11.0 ms waiting for
+    rank 0), rank 0's 31.0 ms (exposed 32.2 ms, 34.7 ms of wait, part of it hidden under its backward). Less the
+    wait alone, rank 1 was "blocked outside the collectives" 10.4 ms a step more than rank 0 -- its exposed
+    transfer, stretched by gloo's threads waiting for a CPU -- and named a straggler on it. A rank that sleeps
+    5 ms a step is still 5 ms blocked outside them."""
+    balanced = hostload._blocked_outside_collectives([(0, 31.02, 34.67, 32.2), (1, 21.45, 11.04, 21.7)])
+    assert balanced == {0: 0.0, 1: 0.0}
+    sleeper = hostload._blocked_outside_collectives([(0, 31.02, 34.67, 32.2), (1, 26.7, 0.5, 21.7)])
+    assert sleeper[1] == pytest.approx(5.0) and sleeper[0] == 0.0
+    # without the exposed time (an older summary), the wait alone, as before
+    assert hostload._blocked_outside_collectives([(1, 21.45, 11.04, None)])[1] == pytest.approx(10.41)
