@@ -136,3 +136,28 @@ def test_undecided_is_a_key_of_any_scope() -> None:
     each rank it leaves undecided (rank-straggler's: tests/unit/test_hostload.py)."""
     assert load_rule_file(builtin_rules_dir() / "poor-comm-compute-overlap.toml").undecided is not None
     assert load_rule_file(builtin_rules_dir() / "rank-straggler.toml").undecided is not None
+
+
+def _loop_case(metrics, *, contended: bool, others_ms: float, loop_ms: float = 4.61, step_ms: float = 66.6):
+    m = copy.deepcopy(metrics)
+    m.run["host_contended"] = contended
+    for r in m.ranks:
+        r["other_threads_cpu_wait_ms"], r["loop_exposed_transfer_ms"], r["step_ms_median"] = others_ms, loop_ms, step_ms
+    result = evaluate([r for r in load_rules() if r.name == "loop-collectives-exposed"], m)
+    return [f.message for f in result.findings], [n.reason for n in result.not_evaluated], result.passed
+
+
+def test_the_loop_s_own_collectives_on_a_busy_host_pass_only_beyond_its_wait(metrics) -> None:
+    """A job that all-reduces its loss every step: 0.34 ms exposed a step on its own, 4.6 ms (6.9% of a 66.6 ms step)
+    beside three CPU burners, its ranks' other threads waiting up to 31.7 ms a step: it fired there."""
+    found, undecided, _ = _loop_case(metrics, contended=True, others_ms=31.7)
+    assert not found and len(undecided) == 1, (found, undecided)
+    assert undecided[0].startswith("the host was busy, and communication waited for a CPU too"), undecided
+    assert "waited up to 31.7 ms per step" in undecided[0] and "for 4.6 ms per step" in undecided[0], undecided
+    assert "(1 ms, 5% of a step)" in undecided[0] and "n/a" not in undecided[0], undecided
+    found, _, _ = _loop_case(metrics, contended=False, others_ms=31.7)  # a quiet host: the verdict without it
+    assert len(found) == 1 and "4.6 ms per step" in found[0], found
+    found, _, _ = _loop_case(metrics, contended=True, others_ms=0.5)  # beyond the wait: still found
+    assert len(found) == 1, found
+    _, _, passed = _loop_case(metrics, contended=True, others_ms=31.7, loop_ms=0.34)
+    assert passed == ("loop-collectives-exposed",)
