@@ -254,13 +254,14 @@ def passed_reason(
             )
             params.update([param] if param else [])
         unknown = [rank for rank, outcome in outcomes.items() if outcome is None]
-        # the rule's own sentence for the ranks it renders for (every value it shows measured), by rank
+        # the rule's own sentence for the first ranks it renders for (every value it shows measured), by text
         said_for: dict[str, list[int]] = {}
         for rank in unknown[:_SENTENCE_RANKS] if rule.undecided is not None else ():
             text = rank_undecided_sentence(rule, Values(run, rows, rule.params, by_rank[rank], columns))
             if text:
                 said_for.setdefault(text, []).append(rank)
-        plain = [rank for rank in unknown[:_SENTENCE_RANKS] if not any(rank in r for r in said_for.values())]
+        said = {rank for on in said_for.values() for rank in on}
+        plain = [rank for rank in unknown if rank not in said]
         if plain:
             undecided = (
                 f"; undecided on {format_ranks(plain)}"
@@ -268,8 +269,6 @@ def passed_reason(
             )
         for text, on in said_for.items():
             undecided += f"; undecided on {format_ranks(on)}: {text}"
-        if len(unknown) > _SENTENCE_RANKS:
-            undecided += f"; undecided on {format_ranks(unknown[_SENTENCE_RANKS:])} too"
     reason = "; ".join(texts) + undecided
     if rule.passed:
         specials = {"ranks": format_ranks(r["rank"] for r in rows), "worst": ""}
