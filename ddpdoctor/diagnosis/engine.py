@@ -29,6 +29,7 @@ from ddpdoctor.diagnosis.passed import (
     overrides,
     passed_reason,
     rank_undecided_sentence,
+    run_values_known,
     undecided_sentence,
 )
 from ddpdoctor.diagnosis.rules import Rule
@@ -125,9 +126,11 @@ def _undecided_reason(rule: Rule, run: dict[str, Any], rows: list[dict[str, Any]
     if rule.undecided is not None and not any(_unavailable(m, run, rows) for m in rule.undecided.metrics):
         if rule.scope == "run":
             text = undecided_sentence(rule, Values(run, rows, rule.params, columns=columns))
-        else:
+        elif run_values_known(rule, run):
             said = (rank_undecided_sentence(rule, Values(run, rows, rule.params, r, columns)) for r in rows)
             text = next((t for t in said if t), None)
+        else:
+            text = None
         if text:
             return text
     return _missing_reason(rule, run, rows)

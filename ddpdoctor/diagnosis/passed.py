@@ -256,7 +256,7 @@ def passed_reason(
         unknown = [rank for rank, outcome in outcomes.items() if outcome is None]
         # the rule's own sentence for the first ranks it renders for (every value it shows measured), by text
         said_for: dict[str, list[int]] = {}
-        for rank in unknown[:_SENTENCE_RANKS] if rule.undecided is not None else ():
+        for rank in unknown[:_SENTENCE_RANKS] if run_values_known(rule, run) else ():
             text = rank_undecided_sentence(rule, Values(run, rows, rule.params, by_rank[rank], columns))
             if text:
                 said_for.setdefault(text, []).append(rank)
@@ -287,15 +287,21 @@ def passed_reason(
     return reason
 
 
+def run_values_known(rule: Rule, run: Mapping[str, Any]) -> bool:
+    """Whether the run has every run-level value ``rule``'s condition reads: where it lacks one, a rank may have
+    been undecided for want of it, and a per-rank rule's ``undecided`` sentence is not its reason."""
+    return rule.undecided is not None and not any(
+        name in RULE_RUN and run.get(name) is None for name in rule.when.metrics
+    )
+
+
 def rank_undecided_sentence(rule: Rule, values: Values) -> str | None:
     """A per-rank rule's ``undecided`` sentence for the rank of ``values``, where that rank has every value the
-    rule requires and the sentence shows, and the run every run-level value its condition reads (else it may
-    have been undecided for want of one: None)."""
+    rule requires and the sentence shows (else it was undecided for want of one: None). The caller checks the
+    run's values once (``run_values_known``)."""
     row = values.rank or {}
     names = set(rule.requires) | (rule.undecided.metrics if rule.undecided is not None else set())
     if any(name in row and row[name] is None for name in names):
-        return None
-    if any(name in RULE_RUN and values.run.get(name) is None for name in rule.when.metrics):
         return None
     return undecided_sentence(rule, values)
 
