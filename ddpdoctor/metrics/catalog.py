@@ -199,6 +199,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "optimizer_exposed_transfer_ms",
         "loop_exposed_transfer_ms",
         "ddp_exposed_transfer_ms",
+        "buffer_broadcast_transfer_ms",
         "algbw_gbps",
         "busbw_gbps",
     ),

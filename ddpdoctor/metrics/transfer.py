@@ -5,7 +5,8 @@ shortest duration over the ranks that ran it (``transfer_times``). ``transfer_me
 ``exposed_transfer_ms`` (the transfer intervals, unioned, not hidden by computation: waiting hidden under compute
 was never exposed), the parts of it in collectives issued inside an optimizer's step
 (``optimizer_exposed_transfer_ms``) and by the training loop itself (``loop_exposed_transfer_ms``), and the rest,
-DDP's (``ddp_exposed_transfer_ms``); ``transfer_bandwidth`` the bandwidth per collective kind (bytes over the union
+DDP's (``ddp_exposed_transfer_ms``), and the transfer time of DDP's buffer broadcasts
+(``buffer_broadcast_transfer_ms``); ``transfer_bandwidth`` the bandwidth per collective kind (bytes over the union
 of the transfer intervals: collectives running at once on gloo's two threads or NCCL's streams are counted once).
 All on numpy columns over every rank at once.
 """
@@ -107,6 +108,11 @@ def transfer_metrics(
     in_loop = issued_in == "loop"
     told = np.bincount(rid[issued_in == "backward"], minlength=n) > 0
     loop_transfer = iv.union_by((end - own_t)[in_loop], end[in_loop], rid[in_loop])
+    # DDP's buffer broadcasts (issued in its forward): their transfer, the wait for the last rank to reach the
+    # forward left out (with broadcast_buffers=False the ranks wait for it at the next collective instead)
+    kinds = np.asarray(c["kind"].values() if hasattr(c["kind"], "values") else c["kind"], dtype=object)
+    in_fwd = (issued_in == "ddp_forward") & (kinds == "broadcast")
+    buffer_us = iv.total_by(iv.union_by((end - own_t)[in_fwd], end[in_fwd], rid[in_fwd]), n)
     has_exposed, exposed_us, hidden_not, opt_exposed, loop_exposed = _exposed_transfer(
         summaries, transfer, opt_transfer, loop_transfer
     )
@@ -120,7 +126,6 @@ def transfer_metrics(
         world = np.array([int(s.get("world_size") or 1) for s in summaries], dtype=np.int64)
         group = c["group_size"]
         size = np.where(group > 0, group, world[rid]).astype(np.int64)
-        kinds = np.asarray(c["kind"].values() if hasattr(c["kind"], "values") else c["kind"], dtype=object)
         # the distinct (kind, size) pairs in C first (a set of 327,680 rows' tuples cost 0.5 s at 16,384 ranks),
         # then made plain: the same pairs, each a disjoint mask
         pairs = set(zip(kinds[sized].tolist(), size[sized].tolist(), strict=True))
@@ -145,6 +150,9 @@ def transfer_metrics(
                     values["loop_exposed_transfer_ms"] = float(loop_exposed[i]) / steps / 1e3
                     ddp_us -= loop_exposed[i]
                 values["ddp_exposed_transfer_ms"] = max(0.0, float(ddp_us)) / steps / 1e3
+        wall = (summaries[i].get("metrics") or {}).get("buffer_broadcast_ms")
+        if isinstance(wall, (int, float)):  # None where a broadcast's issuer is unknown: so is its transfer
+            values["buffer_broadcast_transfer_ms"] = min(float(wall), float(buffer_us[i]) / steps / 1e3)
         if seconds[i] > 0:
             values["algbw_gbps"] = float(bytes_sum[i] / seconds[i] / 1e9)
             values["busbw_gbps"] = float(bus_sum[i] / seconds[i] / 1e9)

@@ -161,3 +161,40 @@ def test_the_loop_s_own_collectives_on_a_busy_host_pass_only_beyond_its_wait(met
     assert len(found) == 1, found
     _, _, passed = _loop_case(metrics, contended=True, others_ms=31.7, loop_ms=0.34)
     assert passed == ("loop-collectives-exposed",)
+
+
+def _bcast_case(metrics, *, contended: bool, others_ms: float, transfer_ms: float, wall_ms: float | None = None):
+    m = copy.deepcopy(metrics)
+    m.run["host_contended"] = contended
+    for r in m.ranks:
+        r["ddp_broadcast_buffers"], r["step_ms_median"], r["other_threads_cpu_wait_ms"] = True, 9.1, others_ms
+        r["buffer_broadcast_transfer_ms"] = transfer_ms
+        r["buffer_broadcast_ms"] = transfer_ms if wall_ms is None else wall_ms
+    result = evaluate([r for r in load_rules() if r.name == "broadcast-buffers-cost"], m)
+    return [f.message for f in result.findings], [n.reason for n in result.not_evaluated], result.passed
+
+
+def test_buffer_broadcasts_on_a_busy_host_pass_only_beyond_its_wait(metrics) -> None:
+    """A BatchNorm job's buffer broadcasts, traced while the machine ran a test suite: 1.38 ms of transfer a step
+    (0.1-0.5 ms in its first steps, 4.8 ms in one), its ranks' other threads waiting up to 5.8 ms a step. It fired
+    there (1.6 ms in the broadcasts)."""
+    found, undecided, _ = _bcast_case(metrics, contended=True, others_ms=5.8, transfer_ms=1.38)
+    assert not found and len(undecided) == 1, (found, undecided)
+    assert undecided[0].startswith("the host was busy, and communication waited for a CPU too"), undecided
+    assert "waited up to 5.8 ms per step" in undecided[0] and "moved data for 1.38 ms per step" in undecided[0]
+    assert "(0.5 ms, 2% of a step)" in undecided[0] and "n/a" not in undecided[0], undecided
+    found, _, _ = _bcast_case(metrics, contended=False, others_ms=5.8, transfer_ms=1.38)  # quiet: no discount
+    assert len(found) == 1 and "move data for 1.38 ms per step (15.2% of a 9.1 ms step)" in found[0], found
+    found, _, _ = _bcast_case(metrics, contended=True, others_ms=0.4, transfer_ms=1.38)  # beyond the wait
+    assert len(found) == 1, found
+    _, _, passed = _bcast_case(metrics, contended=True, others_ms=5.8, transfer_ms=0.2)
+    assert passed == ("broadcast-buffers-cost",)
+
+
+def test_waiting_in_the_buffer_broadcasts_for_a_late_rank_is_not_their_cost(metrics) -> None:
+    """Rank 0 waits 1.6 ms a step in the broadcasts for a rank that reaches its forward late; they move data for
+    0.2 ms: without broadcast_buffers the wait moves to the next collective, so the rule passes on the transfer."""
+    found, undecided, passed = _bcast_case(metrics, contended=False, others_ms=0.0, transfer_ms=0.2, wall_ms=1.6)
+    assert not found and not undecided and passed == ("broadcast-buffers-cost",), (found, undecided)
+    found, _, _ = _bcast_case(metrics, contended=False, others_ms=0.0, transfer_ms=0.9, wall_ms=2.4)
+    assert len(found) == 1 and "The ranks spend 2.40 ms per step in them on average" in found[0], found
