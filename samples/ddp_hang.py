@@ -1,7 +1,7 @@
 """A DDP job that hangs: rank 1 gets stuck reading its next shard at step 6 (a read that never returns, as an NFS
 mount can), while rank 0 waits for it in the gradient all-reduce. CPU + gloo here, GPUs + NCCL unchanged.
 
-    ddpdoctor trace --hang-timeout 10 --nproc-per-node 2 samples/ddp_hang.py   # traced: the hang is named, the job stopped
+    ddpdoctor trace --hang-timeout 10 --nproc-per-node 2 samples/ddp_hang.py   # the hang is named, the job stopped
     ddpdoctor diagnose RUN                                                       # the report leads with the hang
 
 Bare, under torchrun, it waits for gloo's timeout (30 minutes by default): the job simply stops making progress.

@@ -120,7 +120,11 @@ def test_a_rank_with_work_of_its_own_is_named_not_taken_for_the_same_work_slower
         monkeypatch.setenv(key, value)  # the job's knobs (run_cli passes the environment on)
     report = _trace(tmp_path / "own", 16, str(JOB), burner=False)
     rank1 = analyze_run(tmp_path / "own").metrics.ranks[1]
-    why = (report["findings"], {k: rank1.get(k) for k in ("wait_caused_ms", "extra_ops_ms", "ops_slower_ms")})
+    keys = ("wait_caused_ms", "extra_ops_ms", "ops_slower_ms", "slow_rank", "last_arrival_p_value", "cpu_starved")
+    keys += ("cpu_wait_excess_ms", "late_own_ms", "straggler_wait_ms", "step_ms_median")
+    said = [p["reason"] for p in report.get("passed_reasons", []) if p.get("name") == "rank-straggler"]
+    said += [n["reason"] for n in report.get("not_evaluated", []) if n.get("name") == "rank-straggler"]
+    why = (report["findings"], {k: rank1.get(k) for k in keys}, said)
     assert rank1["same_work_slower"] is False, why
     assert (rank1["extra_ops_ms"] > 0.2 * rank1["wait_caused_ms"]) is extra_ops, why
     found = [f for f in report["findings"] if f["name"] == "rank-straggler"]

@@ -286,6 +286,21 @@ def test_a_slow_rank_its_extra_cpu_wait_explains_is_undecided_not_named() -> Non
     assert why.startswith("rank 2 arrived last at") and "cannot be told from a slower rank" in why, why
 
 
+def test_a_slow_rank_with_ops_of_its_own_is_named_however_long_it_waited_for_a_cpu() -> None:
+    """A rank that runs extra matmuls every step (ops the other ranks do not run: ``extra_ops_ms``) on a busy host
+    also waits longer for a CPU, since it wants more of one: its extra wait is its work's (10 ms of extra matmuls a
+    step beside two CPU burners: 6.7 ms more wait than the other rank's, 2.7 ms of its 9.4 ms lateness left "its
+    own"). Where its own ops are over ``min_own_ms`` and ``own_share`` of its lateness it is named, however much
+    of that lateness its extra wait covers; a few stray ops do not decide."""
+    caused = _four_ranks().ranks[2]["wait_caused_ms"]
+    late = dict(cpu_starved=False, cpu_wait_share=0.3, cpu_got_ratio=0.7, host_runnable_per_cpu=2.0)
+    waited = dict(cpu_wait_ms=caused, cpu_wait_excess_ms=caused - 0.19, late_own_ms=0.19)
+    assert _names(_four_ranks(**late, **waited, extra_ops_ms=caused * 1.1))["rank-straggler"] == (2,)
+    # its extra CPU wait explains its lateness and its own ops are too few to: no verdict, as before
+    assert "rank-straggler" not in _names(_four_ranks(**late, **waited, extra_ops_ms=1.5))
+    assert "rank-straggler" not in _names(_four_ranks(**late, **waited, extra_ops_ms=caused * 0.15))
+
+
 def test_blocked_outside_the_collectives_leaves_out_the_exposed_transfer_the_loop_waits_for() -> None:
     """A balanced job that all-reduces its loss each step, beside three CPU burners: rank 1 late at every
     collective, its loop blocked 21.45 ms a step (its exposed communication 21.7 ms, of which 11.0 ms waiting for
