@@ -110,7 +110,9 @@ def transfer_metrics(
     loop_transfer = iv.union_by((end - own_t)[in_loop], end[in_loop], rid[in_loop])
     # DDP's buffer broadcasts (issued in its forward): their transfer, the wait for the last rank to reach the
     # forward left out (with broadcast_buffers=False the ranks wait for it at the next collective instead)
-    kinds = np.asarray(c["kind"].values() if hasattr(c["kind"], "values") else c["kind"], dtype=object)
+    kinds = np.zeros(0, dtype=object)
+    if len(c):
+        kinds = np.asarray(c["kind"].values() if hasattr(c["kind"], "values") else c["kind"], dtype=object)
     in_fwd = (issued_in == "ddp_forward") & (kinds == "broadcast")
     buffer_us = iv.total_by(iv.union_by((end - own_t)[in_fwd], end[in_fwd], rid[in_fwd]), n)
     has_exposed, exposed_us, hidden_not, opt_exposed, loop_exposed = _exposed_transfer(
