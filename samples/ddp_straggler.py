@@ -2,7 +2,9 @@
 
 On real clusters this is a slower GPU, a noisy neighbour, thermal throttling or an unbalanced data shard.
 
-    ddpdoctor trace --standalone --nproc-per-node 2 samples/ddp_straggler.py --slow-rank 1 --slow-ms 40
+    ddpdoctor trace --active 8 --standalone --nproc-per-node 2 samples/ddp_straggler.py --slow-rank 1 --slow-ms 40
+
+8 profiled steps (`--active 8`; 5 by default) are the fewest in which 2 ranks' "last every time" is not chance.
 """
 
 from __future__ import annotations
