@@ -86,9 +86,13 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {**out, "batchnorm": base / "batchnorm"}
 
 
-def _diagnose(path: Path):  # noqa: ANN202
+def _diagnose_all(path: Path):  # noqa: ANN202
     metrics = analyze(load(path, workers=1))
-    result = evaluate(load_rules(), metrics)
+    return metrics, evaluate(load_rules(), metrics)
+
+
+def _diagnose(path: Path):  # noqa: ANN202
+    metrics, result = _diagnose_all(path)
     return metrics, {f.name: f for f in result.findings}, set(result.passed)
 
 
@@ -152,8 +156,3 @@ def test_batchnorm_buffer_broadcasts_still_fire(runs: dict[str, Path]) -> None:
         assert undecided["broadcast-buffers-cost"].startswith("the host was busy"), undecided
     else:
         assert "DDP's buffer broadcasts move data for" in findings["broadcast-buffers-cost"].message
-
-
-def _diagnose_all(path: Path):  # noqa: ANN202
-    metrics = analyze(load(path, workers=1))
-    return metrics, evaluate(load_rules(), metrics)
