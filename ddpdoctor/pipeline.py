@@ -204,10 +204,15 @@ def _analyze(
 
 def _groups_notes(manifest: dict[str, Any]) -> list[str]:
     """The manifest's note on a job with more than one process group (which one this run directory's top level
-    holds, where the others' files are kept apart: ``capture/groups.py``), for every report."""
+    holds, where the others' files are kept apart: ``capture/groups.py``), and on a profiled window the job's end
+    cut short (fewer steps than ``--active``: more of them would not help), for every report."""
+    from ddpdoctor.capture.manifest import WINDOW_CUT
+
+    notes = [str(n) for n in manifest.get("notes") or []]
+    cut = [n for n in notes if n.startswith(WINDOW_CUT)]
     if len(manifest.get("groups") or []) < 2:
-        return []
-    return [str(n) for n in manifest.get("notes") or [] if str(n).startswith("the job created")]
+        return cut
+    return [n for n in notes if n.startswith("the job created")] + cut
 
 
 def _verdict(

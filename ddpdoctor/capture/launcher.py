@@ -456,6 +456,7 @@ class Reporter:
         before = [n for n in notes if n.startswith(manifest_mod.BEFORE_WINDOW)]
         groups = [n for n in notes if n.startswith(manifest_mod.GROUPS_NOTE)]  # where each process group's files are
         groups += [n for n in notes if n.startswith(manifest_mod.RESTART_NOTE)]  # where each attempt's files are
+        groups += [n for n in notes if n.startswith(manifest_mod.WINDOW_CUT)]  # fewer steps than --active
         for note in groups:
             self._print(f"ddpdoctor: note: {note}")
         for note in [n for n in notes if n not in before and n not in groups] if not failed else []:

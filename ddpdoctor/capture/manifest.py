@@ -157,6 +157,35 @@ def before_window_note(entries: list[dict[str, Any]], config: dict[str, Any]) ->
     return f"{BEFORE_WINDOW}{first}: no trace was recorded" + (f"; {', '.join(ended)}" if ended else "")
 
 
+WINDOW_CUT = "the job ended inside the profiled window"
+
+
+def window_cut_note(entries: list[dict[str, Any]], config: dict[str, Any]) -> str | None:
+    """The note for a run whose only profiled window the job's end cut short (fewer steps profiled than --active):
+    more --active would not profile more of them. None when no rank's was (or the window is unknown)."""
+    try:
+        active, first = (
+            int(config.get("active") or 0),
+            int(config.get("wait") or 0) + int(config.get("warmup") or 0) + 1,
+        )
+    except (AttributeError, TypeError, ValueError):
+        return None
+    cut = []
+    for e in entries:
+        windows = e.get("profiled_steps") or []
+        if e.get("status") == "ok" and len(windows) == 1 and 0 < windows[0][1] - windows[0][0] + 1 < active:
+            cut.append(windows[0][1] - windows[0][0] + 1)
+    if not cut or active <= 0:
+        return None
+    got = "/".join(str(n) for n in sorted(set(cut)))
+    steps = max(int(e.get("steps") or 0) for e in entries)
+    return (
+        f"{WINDOW_CUT} (steps {first}-{first + active - 1}), after {steps} steps: {got} of its {active} steps were"
+        f" profiled, and a larger --active profiles no more; run more steps, or skip fewer before the window"
+        f" (--wait {config.get('wait')} --warmup {config.get('warmup')} skip the first {first - 1})"
+    )
+
+
 def node_record(
     *, node_rank: int, command: list[str], exit_code: int, started_at: float, expected_ranks: list[int] | None
 ) -> dict[str, Any]:
@@ -247,6 +276,8 @@ def build(
         )
     if ranks and steps_seen and not any(e.get("profiled_steps") or e.get("trace_files") for e in entries):
         notes.append(before_window_note(entries, config))
+    elif ranks and steps_seen and (cut := window_cut_note(entries, config)):
+        notes.append(cut)
     groups = process_groups(out, ranks)
     if len(groups) > 1:
         notes.append(groups_note(groups))
@@ -288,7 +319,12 @@ def build(
 
 
 def _build_attempts(
-    out: Path, attempts: list[tuple[int, Path]], *, mode: str, command: list[str], config: dict[str, Any],
+    out: Path,
+    attempts: list[tuple[int, Path]],
+    *,
+    mode: str,
+    command: list[str],
+    config: dict[str, Any],
     launch: str | None,
 ) -> dict[str, Any]:
     """The manifest of a job torchrun restarted: each attempt's own (written in its folder), and the run's: the last

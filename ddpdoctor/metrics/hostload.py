@@ -29,21 +29,26 @@ threads and the profiler sharing too few cores, their caches and memory bandwidt
 as that of a rank with more work. The CPU ops of the ranks' traces tell them apart (``ddpdoctor.metrics.same_work``):
 a rank is ``same_work_slower`` when the ranks share one host with more runnable threads than CPUs
 (``host_runnable_per_cpu`` >= ``OVERSUBSCRIBED``), it ran the ops the others ran (``extra_ops_ms``, the time of
-its ops beyond theirs, under ``SAME_OPS_SHARE`` of its lateness), those ops were slower in proportion to its
-extra CPU time, and its extra CPU time and run-queue wait explain its lateness (what they leave is not large by
-rank-straggler's own test, ``OWN_MS``/``OWN_STEP_SHARE``/``OWN_SHARE``). What they leave is time the rank spent
-neither on a CPU nor waiting for one (asleep, blocked on data, I/O or a lock), and the scheduler measures that too:
-``loop_blocked_ms`` (the window's wall time less the loop's CPU time and run-queue wait, per step) less the rank's
-wait in the collectives; the own lateness is the smaller of the two measures, its excess over the others'. (A
-balanced tensor-parallel job on a busy host: the late rank's CPU time and wait left 5.6 ms of an 18 ms lateness,
-but it was blocked outside the collectives 6.4 ms a step and the other rank 6.6 ms: none of its own.)
-"In proportion": the same work run slower
-is slower everywhere, so the ops, which take a share f of the others' busy time (top-level op time / CPU time and
-run-queue wait of their loop), carry about f of its extra CPU time (and f of its extra wait, as the preemptions fall
-where they fall); work of its own between the ops (Python that calls no op, extra ops of another kind) leaves them
-as fast, their extra time f of the wait alone. The ops must show at least ``SLOWER_OPS_SHARE`` (half, midway
-between the two) of f times its extra CPU time beyond f times its extra wait. Measured on 2 CPUs: 0.93-3.0 for
-ranks late by CPU time with the same ops, -1.4 to +0.22 for a rank with 5 ms of pure Python or extra matmuls.
+its ops beyond theirs, under ``SAME_OPS_SHARE`` of its lateness), the ops were slower, and what is left of its
+own is not large by rank-straggler's own test (``OWN_MS``/``OWN_STEP_SHARE``/``OWN_SHARE``). Its own is two parts:
+
+- its extra CPU time that its ops do not show. The same work run slower is slower everywhere, so the ops, which
+  take a share f of the others' busy time (top-level op time / CPU time and run-queue wait of their loop), carry
+  about f of its extra CPU time (and f of its extra wait, as the preemptions fall where they fall); work of its own
+  between the ops (Python that calls no op, extra ops of another kind) leaves them as fast, their extra time f of
+  the wait alone. What the ops carry beyond f times its extra wait, divided by ``SLOWER_OPS_SHARE`` times f, is the
+  part of its extra CPU time the same work explains (ops that carry half their share explain all of it: measured
+  on 2 CPUs, 0.46-3.0 of their share for ranks late by CPU time with the same ops, -1.4 to +0.22 for a rank with
+  5 ms of pure Python or extra matmuls); the rest is work of its own. (A balanced job, named in 1 run of 16 when
+  the ops had to carry half or the rank was its own: 46% of its share, 5.8 ms more CPU time in a 95 ms step;
+  0.5 ms of its own now.)
+- what its extra CPU time and run-queue wait leave of its lateness: time the rank spent neither on a CPU nor
+  waiting for one (asleep, blocked on data, I/O or a lock), which the scheduler measures too: ``loop_blocked_ms``
+  (the window's wall time less the loop's CPU time and run-queue wait, per step) less the rank's wait in the
+  collectives; the smaller of the two measures, its excess over the others'. (A balanced tensor-parallel job on a
+  busy host: the late rank's CPU time and wait left 5.6 ms of an 18 ms lateness, but it was blocked outside the
+  collectives 6.4 ms a step and the other rank 6.6 ms: none of its own.)
+
 Where every slow rank is, ``slow_rank_cause_known`` is None: a slower rank cannot be told from a slower share of the
 host, and rank-straggler is not evaluated. The ``--steps`` range of ``diagnose`` does not narrow these: they cover
 the profiled windows.
@@ -78,9 +83,9 @@ NOTICED_WAIT_SHARE = 0.02
 CONTENDED_STEAL_SHARE = 0.05
 
 # Same work, slower (module docstring): more runnable threads per CPU than this on a host all ranks share; ops only
-# the rank ran under SAME_OPS_SHARE of its lateness, the ops slower by SLOWER_OPS_SHARE of their share of its extra
-# CPU time or more (beyond their share of its extra wait); the
-# lateness its extra CPU time and wait leave is "its own" when over all three of rank-straggler's min_own_ms,
+# the rank ran under SAME_OPS_SHARE of its lateness; ops slower by SLOWER_OPS_SHARE of their share of its extra CPU
+# time (beyond their share of its extra wait) explain all of it; its own (the extra CPU time they do not explain,
+# and the lateness its extra CPU time and wait leave) is large when over all three of rank-straggler's min_own_ms,
 # min_own_share (of the step) and own_share (of the lateness): the same numbers (tests/unit/test_same_work.py).
 OVERSUBSCRIBED = 1.0
 SAME_OPS_SHARE = 0.2
@@ -345,13 +350,15 @@ def same_work_slower(
     if extra_ops_ms >= SAME_OPS_SHARE * lateness_ms or ops_slower_ms <= 0:
         return False
     cpu, wait = max(0.0, cpu_excess_ms), max(0.0, wait_excess_ms)
-    if ops_slower_ms - ops_share * wait < SLOWER_OPS_SHARE * ops_share * cpu:
-        return False  # its extra CPU time is not in the ops: work of its own between them
+    # of its extra CPU time, what its slower ops account for (SLOWER_OPS_SHARE of their share of it counts as all
+    # of it); the rest is work of its own between the ops (Python that calls no op)
+    in_ops = max(0.0, ops_slower_ms - ops_share * wait) / (SLOWER_OPS_SHARE * ops_share)
+    between = cpu - min(cpu, in_ops)
     left = lateness_ms - cpu - wait
     if idle_excess_ms is not None:  # two measures of its own lateness (module docstring): the smaller
         left = min(left, max(0.0, idle_excess_ms))
-    own = left > OWN_MS and left / step_ms > OWN_STEP_SHARE and left >= OWN_SHARE * lateness_ms
-    return not own
+    own = between + max(0.0, left)
+    return not (own > OWN_MS and own / step_ms > OWN_STEP_SHARE and own >= OWN_SHARE * lateness_ms)
 
 
 def cause_known(

@@ -84,3 +84,20 @@ def test_a_trace_still_uncompressed_beside_its_gz_is_listed_once(tmp_path):
         "rank0.1700000000000.pt.trace.json.gz",
         "rank0.1700000000999.pt.trace.json",
     ]
+
+
+def test_a_window_the_jobs_end_cut_short_is_noted_and_a_whole_one_is_not(tmp_path):
+    """--wait 1 --warmup 1 --active 5 profile steps 3-7; a job of 5 steps gets 3 of them (a larger --active would
+    profile no more: the report says so, not "profile more steps (--active)")."""
+    _rank(tmp_path, 0, "ok", 0)
+    _rank(tmp_path, 1, "ok", 0)
+    config = {"wait": 1, "warmup": 1, "active": 5, "repeat": 1}
+    built = manifest.build(
+        tmp_path, mode="scheduler", command=["ddpdoctor", "trace"], config=config, launch="scheduler"
+    )
+    (note,) = [n for n in built["notes"] if n.startswith(manifest.WINDOW_CUT)]
+    assert "(steps 3-7), after 8 steps: 3 of its 5 steps were profiled" in note, note
+    assert "(--wait 1 --warmup 1 skip the first 2)" in note, note
+    whole = {**config, "active": 3}  # the window [3, 5] is all of --active 3
+    built = manifest.build(tmp_path, mode="scheduler", command=["ddpdoctor", "trace"], config=whole, launch="scheduler")
+    assert not [n for n in built["notes"] if n.startswith(manifest.WINDOW_CUT)], built["notes"]

@@ -50,6 +50,28 @@ def test_the_same_work_slower_on_an_oversubscribed_shared_host_is_not_the_ranks(
 
 
 @pytest.mark.parametrize(
+    "balanced",
+    [
+        # samples/ddp_train.py on an otherwise idle 2-core host, named a straggler in 1 run of 16: its ops carried
+        # 2.5 ms of its 5.8 ms of extra CPU time beyond its extra wait (46% of their share, under the half that
+        # counted as "the same work" before), which left 3.1 ms "work of its own" in a 95 ms step
+        dict(lateness_ms=26.4, ops_slower_ms=8.51, cpu_excess_ms=5.77, wait_excess_ms=6.41, step_ms=95.0),
+        # and in another run of 16: its ops slower by its extra wait alone, and 2.3 ms more CPU time (2.6% of an
+        # 87 ms step) against a 30.3 ms lateness
+        dict(lateness_ms=30.34, ops_slower_ms=7.755, cpu_excess_ms=2.286, wait_excess_ms=8.167, step_ms=87.26),
+    ],
+    ids=["ops-46pct-of-their-share", "ops-slower-by-the-wait-alone"],
+)
+def test_a_little_more_cpu_time_than_its_ops_show_is_not_work_of_its_own(balanced) -> None:
+    """What its slower ops do not account for of its extra CPU time is work of its own between them, in
+    proportion: a few ms of a long step are not (the Python between the ops of the same work slows too)."""
+    assert _verdict(**balanced, ops_share=0.944, idle_excess_ms=0.0, runnable_per_cpu=1.17) is True
+    # the same rank with 8 ms more of Python a step than its ops show is a rank with work of its own
+    more = {**balanced, "cpu_excess_ms": balanced["cpu_excess_ms"] + 8.0, "lateness_ms": balanced["lateness_ms"] + 8}
+    assert _verdict(**more, ops_share=0.944, idle_excess_ms=0.0, runnable_per_cpu=1.17) is False
+
+
+@pytest.mark.parametrize(
     "changed",
     [
         {"cpu_excess_ms": 0.1, "wait_excess_ms": 0.2, "ops_slower_ms": 0.36, "lateness_ms": 5.1},  # sleeps
