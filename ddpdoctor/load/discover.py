@@ -13,6 +13,9 @@ from pathlib import Path
 from ddpdoctor.errors import TraceError
 from ddpdoctor.rundir import DUMPS_DIR, MANIFEST, NODES_DIR, RANKS_DIR, entry_kind
 
+# manifest.BEFORE_WINDOW (the capture package is not imported to read a folder)
+BEFORE_WINDOW = "the run ended before the profiled window"
+
 _PT_TRACE = re.compile(r"\.pt\.trace\.json(\.gz)?$", re.IGNORECASE)
 _JSON = re.compile(r"\.json(\.gz)?$", re.IGNORECASE)
 _RANK_IN_NAME = re.compile(r"(?:^|[^a-z0-9])rank[-_]?(\d{1,9})(?!\d)", re.IGNORECASE)
@@ -49,8 +52,26 @@ def trace_files(path: Path) -> list[Path]:
             }
         )
         hint = f"; folders below it with traces: {shown(', '.join(below))}" if below else ""
+        ended = _ended_before_window(path)
+        if ended:
+            raise TraceError(f"{shown(path)}: {ended}; lower --wait/--warmup or run more steps")
         raise TraceError(f"{shown(path)}: no trace files (*.pt.trace.json[.gz], *.json[.gz]) in this folder{hint}")
     return files
+
+
+def _ended_before_window(path: Path) -> str | None:
+    """The manifest's note on a traced job that ended before its profiled window, with the steps it ran (a run
+    directory with no trace for that reason); None otherwise, or when the manifest cannot be read."""
+    import json
+
+    try:
+        manifest = json.loads((path / MANIFEST).read_bytes()[: 1 << 24])
+        note = next(n for n in manifest.get("notes") or [] if str(n).startswith(BEFORE_WINDOW))
+        steps = sorted({int(r.get("steps") or 0) for r in manifest.get("ranks") or [] if r.get("status") == "ok"})
+    except (OSError, ValueError, TypeError, AttributeError, StopIteration):
+        return None
+    ran = f"; the job ran {'/'.join(map(str, steps))} steps" if steps else ""
+    return f"{note}{ran}"
 
 
 _RECORDS = (RANKS_DIR, NODES_DIR, DUMPS_DIR)  # a run directory's own record folders: their JSON files are not traces

@@ -32,7 +32,8 @@ def _column(frame: Any, name: str) -> list[Any] | None:
 
 
 def derived_rank_metrics(metrics: Any) -> dict[int, dict[str, Any]]:
-    """rank -> {broadcast_ms, allreduce_count, allreduce_message_bytes} (values None when not measurable)."""
+    """rank -> {broadcast_ms, allreduce_count, allreduce_message_bytes, ddp_round_bytes} (values None when not
+    measurable)."""
     frame = getattr(metrics, "collectives", None)
     ranks = getattr(metrics, "ranks", []) or []
     steps = {int(clean_value(r.get("rank", i))): clean_value(r.get("steps_analyzed")) for i, r in enumerate(ranks)}
@@ -50,6 +51,7 @@ def derived_rank_metrics(metrics: Any) -> dict[int, dict[str, Any]]:
             continue
         by_rank.setdefault(r, []).append(i)
     run_steps = clean_value(getattr(metrics, "run", {}).get("steps_analyzed"))
+    rows_by_rank = {int(clean_value(r.get("rank", i))): r for i, r in enumerate(ranks)}
     for r in sorted(by_rank):
         rows = by_rank[r]
         rank = int(clean_value(r))
@@ -75,8 +77,25 @@ def derived_rank_metrics(metrics: Any) -> dict[int, dict[str, Any]]:
                 values["allreduce_count"] = _sum(count_col, ar) / n_steps
         if count_col is not None and bytes_col is not None and _sum(count_col, ar) > 0:
             values["allreduce_message_bytes"] = _sum(bytes_col, ar) / _sum(count_col, ar)
+        values["ddp_round_bytes"] = _round_bytes(rows_by_rank.get(rank) or {}, values)
         out[rank] = values
     return out
+
+
+def _round_bytes(row: dict[str, Any], values: dict[str, Any]) -> float | None:
+    """``ddp_round_bytes``: the bytes of one round of DDP's gradient all-reduces. The model's gradient bytes (its
+    largest gradient over that gradient's share, from DDP's parameters); where those are unknown, the bytes
+    all-reduced per step over DDP's rounds per step (``ddp_sync_rounds_per_step``, 1 when unknown). Not the bytes
+    of every all-reduce in a step alone: a second DDP model's round, or each micro-batch's of gradient accumulation
+    without ``no_sync()``, is not more of the same round."""
+    largest, share = clean_value(row.get("ddp_largest_grad_bytes")), clean_value(row.get("ddp_largest_grad_share"))
+    if largest is not None and share:
+        return float(largest) / float(share)
+    count, size = values.get("allreduce_count"), values.get("allreduce_message_bytes")
+    if count is None or size is None:
+        return None
+    rounds = clean_value(row.get("ddp_sync_rounds_per_step"))
+    return float(count) * float(size) / (float(rounds) if rounds else 1.0)
 
 
 def _sum(column: list[Any], rows: list[int]) -> float:

@@ -108,9 +108,7 @@ def _cases() -> list[tuple[str, Any, bool, str]]:
 
 
 @pytest.mark.parametrize(("label", "content", "gz", "problem"), _cases(), ids=[c[0] for c in _cases()])
-def test_an_unreadable_trace_is_one_clear_error_naming_it(
-    tmp_path, capsys, label, content, gz, problem
-) -> None:
+def test_an_unreadable_trace_is_one_clear_error_naming_it(tmp_path, capsys, label, content, gz, problem) -> None:
     name = "rank0.1.pt.trace.json" + (".gz" if gz is not False else "")
     data = content if isinstance(content, bytes) else json.dumps(content).encode()
     path = tmp_path / name
@@ -150,6 +148,27 @@ def test_folders_without_traces(tmp_path, capsys) -> None:
     copy_fixture(parent / "exp1")
     line = one_error_line(capsys, parent)
     assert "no trace files" in line and "exp1" in line  # points at the folder that has them
+
+
+def test_a_run_that_ended_before_its_window_says_so_not_no_trace_files(tmp_path, capsys) -> None:
+    """A traced job of 6 steps whose window starts at step 8 (--wait 5 --warmup 2): the manifest's note and the
+    steps it ran, not "no trace files in this folder"."""
+    import json
+
+    from ddpdoctor.capture import manifest
+    from ddpdoctor.load import discover
+
+    assert discover.BEFORE_WINDOW == manifest.BEFORE_WINDOW
+    run = tmp_path / "run"
+    run.mkdir()
+    note = manifest.before_window_note([{"rank": 0, "status": "ok", "steps": 6}], {"wait": 5, "warmup": 2})
+    ranks = [{"rank": r, "status": "ok", "steps": 6} for r in (0, 1)]
+    (run / "manifest.json").write_text(json.dumps({"notes": [note], "ranks": ranks}))
+    line = one_error_line(capsys, run)
+    assert "the run ended before the profiled window (it starts at step 8): no trace was recorded" in line, line
+    assert "the job ran 6 steps; lower --wait/--warmup or run more steps" in line, line
+    (run / "manifest.json").write_text("{not json")  # an unreadable manifest: the plain error, no traceback
+    assert "no trace files" in one_error_line(capsys, run)
 
 
 def test_missing_path(tmp_path, capsys) -> None:
@@ -203,16 +222,12 @@ def test_no_profiler_step_the_whole_window_is_one_step(tmp_path, capsys) -> None
     folder = tmp_path / "nostep"
     for src in TRACES:
         d = doc(src)
-        d["traceEvents"] = [
-            e for e in d["traceEvents"] if not str(e.get("name", "")).startswith("ProfilerStep#")
-        ]
+        d["traceEvents"] = [e for e in d["traceEvents"] if not str(e.get("name", "")).startswith("ProfilerStep#")]
         write(folder, src.name, d, gz=True)
     out = report(capsys, folder)
     assert out["run"]["steps_analyzed"] == 2  # two profiled windows per rank, one step each
     assert any("ProfilerStep" in n and "one step" in n for n in out["run"]["notes"])
-    assert all(
-        r["step_ms"]["median"] and r["step_ms"]["median"] > 50 for r in out["ranks"]
-    )  # a window, not 0
+    assert all(r["step_ms"]["median"] and r["step_ms"]["median"] > 50 for r in out["ranks"])  # a window, not 0
 
 
 def test_no_rank_information_ranks_are_numbered_in_file_order(tmp_path, capsys) -> None:
@@ -416,9 +431,7 @@ def test_a_large_trace_is_decoded_in_chunks_within_twice_its_size(tmp_path, monk
     stays near the file's JSON text (``json.loads`` needs ~6x)."""
     chunks = []
     real_decode = decode._decode_chunk
-    monkeypatch.setattr(
-        decode, "_decode_chunk", lambda chunk: chunks.append(len(chunk)) or real_decode(chunk)
-    )
+    monkeypatch.setattr(decode, "_decode_chunk", lambda chunk: chunks.append(len(chunk)) or real_decode(chunk))
     n = 60_000
     events = [
         {
