@@ -123,3 +123,8 @@ def _groups_text(groups: dict[str, list[Any]]) -> str:
 
 def _finite_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) < float("inf")
+
+
+def steps_analysed(n: Any) -> str:
+    """The header's "N steps analysed" ("1 step", "? steps" when unknown)."""
+    return f"{n if n is not None else '?'} step{'' if n == 1 else 's'} analysed"

@@ -145,7 +145,7 @@ def _body(result: Diagnosis) -> list[str]:
         + (f"parallelism {run['parallelism']} · " if run.get("parallelism") else "")
         + f"world size {run['world_size'] if run['world_size'] is not None else '?'} · "
         f"backend {run['backend'] or 'none'} · "
-        f"{run['steps_analyzed'] if run['steps_analyzed'] is not None else '?'} steps analysed"
+        f"{fmt.steps_analysed(run['steps_analyzed'])}"
         + (f" · comm hook {run['ddp_comm_hook']}" if run.get("ddp_comm_hook") else "")
     )
     overrides = override_lines(doc)

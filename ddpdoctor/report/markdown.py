@@ -42,7 +42,7 @@ def _lines(result: Diagnosis) -> list[str]:
         + (f"parallelism {fmt.md(run['parallelism'])}, " if run.get("parallelism") else "")
         + f"world size {fmt.md(run['world_size'] if run['world_size'] is not None else '?')}, "
         f"backend {fmt.md(run['backend'] or 'none')}, "
-        f"{fmt.md(run['steps_analyzed'] if run['steps_analyzed'] is not None else '?')} steps analysed"
+        f"{fmt.md(fmt.steps_analysed(run['steps_analyzed']))}"
         + (f", comm hook {fmt.md(run['ddp_comm_hook'])}" if run.get("ddp_comm_hook") else ""),
         "",
     ]

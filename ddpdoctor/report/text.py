@@ -152,7 +152,7 @@ def _header(doc: dict[str, Any], Text: Any = None) -> Text:
         *([f"parallelism {run['parallelism']}"] if run.get("parallelism") else []),
         f"world size {run['world_size'] if run['world_size'] is not None else '?'}",
         f"backend {run['backend'] or 'none'}",
-        f"{run['steps_analyzed'] if run['steps_analyzed'] is not None else '?'} steps analysed",
+        fmt.steps_analysed(run["steps_analyzed"]),
     ]
     title.append("\n" + " · ".join(fmt.plain(f) for f in facts), style="dim")
     if run.get("ddp_comm_hook"):

@@ -255,6 +255,30 @@ def test_the_rules_name_a_starved_rank_starved_and_a_slow_one_slow() -> None:
     assert _names(fake_metrics("ddp_4ranks"))["rank-straggler"] == (2,)
 
 
+def test_a_rank_starved_by_its_own_jobs_threads_is_not_sent_to_look_for_other_processes() -> None:
+    """Two DDP models, gradient accumulation, 2 ranks on 2 CPUs, nothing else running: rank 0 starved (1.7
+    runnable tasks per CPU, other processes 0.0 CPUs). "Find what else runs on the host" found nothing; the job's
+    own threads were the load."""
+    from ddpdoctor.diagnosis import evaluate, load_rules
+
+    caused = _four_ranks().ranks[2]["wait_caused_ms"]
+    load = dict(cpu_starved=True, late_own_ms=0.0, cpu_wait_share=0.14, cpu_wait_ms=caused, cpu_got_ratio=0.83)
+    rule = [r for r in load_rules() if r.name == "rank-starved-of-cpu"]
+    (alone,) = evaluate(
+        rule, _four_ranks(**load, cpu_wait_excess_ms=caused, other_cpu_cores=0.02, host_runnable_per_cpu=1.7)
+    ).findings
+    assert "It was busy with this job alone (other processes used 0.0 CPUs)" in alone.message, alone.message
+    assert alone.recommendation.startswith("Give each rank CPUs of its own: run fewer ranks per host")
+    assert "find what else runs on the host" not in alone.recommendation
+    (shared,) = evaluate(
+        rule, _four_ranks(**load, cpu_wait_excess_ms=caused, other_cpu_cores=1.5, host_runnable_per_cpu=3.0)
+    ).findings
+    assert "find what else runs on the host" in shared.recommendation and "this job alone" not in shared.message
+    # not recorded (other_cpu_cores unknown): the general advice
+    (unknown,) = evaluate(rule, _four_ranks(**load, cpu_wait_excess_ms=caused, host_runnable_per_cpu=1.7)).findings
+    assert "find what else runs on the host" in unknown.recommendation
+
+
 def test_a_slow_rank_its_extra_cpu_wait_explains_is_undecided_not_named() -> None:
     """CI's balanced 2-rank job, quiet but for the suite: rank 1 last at 10 of 10 collectives (p = 0.002), the
     other waiting 2.23 ms a step for it, while it waited 2.04 ms a step more than rank 0 for a CPU: 0.19 ms of its
