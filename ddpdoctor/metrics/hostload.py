@@ -466,7 +466,19 @@ def _run_level(ranks: list[dict[str, Any]]) -> dict[str, Any]:
     contended = worst["cpu_wait_share"] >= CONTENDED_WAIT_SHARE or (steal or 0.0) >= CONTENDED_STEAL_SHARE
     out["host_contended"] = contended
     out["host_load_summary"] = summary_line(measured, worst, steal, contended)
+    out["host_comm_cpu_wait_ms"] = comm_cpu_wait(ranks, contended)
     return out
+
+
+def comm_cpu_wait(ranks: Iterable[Mapping[str, Any]], contended: bool | None) -> float:
+    """``host_comm_cpu_wait_ms``: what the communication rules take out of exposed transfer on a busy host, the most
+    any rank's threads other than its training loop (the backend's among them) waited for a CPU per step (0 where
+    that was not measured); 0 on a host that was not contended."""
+    if not contended:
+        return 0.0
+    return max(
+        (r["other_threads_cpu_wait_ms"] for r in ranks if r.get("other_threads_cpu_wait_ms") is not None), default=0.0
+    )
 
 
 def summary_line(measured: list[dict[str, Any]], worst: dict[str, Any], steal: float | None, contended: bool) -> str:

@@ -41,6 +41,7 @@ def _case(
         r["exposed_transfer_ms"] = r["ddp_exposed_transfer_ms"] = exposed_ms
         r["overlap_ratio"] = 0.41
     rules = [r for r in load_rules() if r.name in RULES]
+    m.run["host_comm_cpu_wait_ms"] = hostload.comm_cpu_wait(m.ranks, contended)  # as hostload_metrics sets it
     result = evaluate(rules, m)
     found = {f.name: f.message for f in result.findings}
     undecided = {n.name: n.reason for n in result.not_evaluated}
@@ -102,6 +103,7 @@ def test_without_the_other_threads_wait_the_verdict_is_the_one_before(metrics) -
     for r in m.ranks:
         r["cpu_wait_ms"], r["other_threads_cpu_wait_ms"], r["overlap_ratio"] = 20.0, None, 0.41
         r["exposed_transfer_ms"] = r["ddp_exposed_transfer_ms"] = 12.8
+    m.run["host_comm_cpu_wait_ms"] = hostload.comm_cpu_wait(m.ranks, True)  # as hostload_metrics sets it
     found = {f.name: f.message for f in evaluate([r for r in load_rules() if r.name in RULES], m).findings}
     assert set(found) == set(RULES) and "The host was busy too" in found["poor-comm-compute-overlap"], found
 
@@ -143,6 +145,7 @@ def _loop_case(metrics, *, contended: bool, others_ms: float, loop_ms: float = 4
     m.run["host_contended"] = contended
     for r in m.ranks:
         r["other_threads_cpu_wait_ms"], r["loop_exposed_transfer_ms"], r["step_ms_median"] = others_ms, loop_ms, step_ms
+    m.run["host_comm_cpu_wait_ms"] = hostload.comm_cpu_wait(m.ranks, contended)  # as hostload_metrics sets it
     result = evaluate([r for r in load_rules() if r.name == "loop-collectives-exposed"], m)
     return [f.message for f in result.findings], [n.reason for n in result.not_evaluated], result.passed
 
@@ -170,6 +173,7 @@ def _bcast_case(metrics, *, contended: bool, others_ms: float, transfer_ms: floa
         r["ddp_broadcast_buffers"], r["step_ms_median"], r["other_threads_cpu_wait_ms"] = True, 9.1, others_ms
         r["buffer_broadcast_transfer_ms"] = transfer_ms
         r["buffer_broadcast_ms"] = transfer_ms if wall_ms is None else wall_ms
+    m.run["host_comm_cpu_wait_ms"] = hostload.comm_cpu_wait(m.ranks, contended)  # as hostload_metrics sets it
     result = evaluate([r for r in load_rules() if r.name == "broadcast-buffers-cost"], m)
     return [f.message for f in result.findings], [n.reason for n in result.not_evaluated], result.passed
 
