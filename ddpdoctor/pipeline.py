@@ -206,7 +206,7 @@ def _groups_notes(manifest: dict[str, Any]) -> list[str]:
     """The manifest's note on a job with more than one process group (which one this run directory's top level
     holds, where the others' files are kept apart: ``capture/groups.py``), and on a profiled window the job's end
     cut short (fewer steps than ``--active``: more of them would not help), for every report."""
-    from ddpdoctor.capture.manifest import WINDOW_CUT
+    from ddpdoctor.rundir import WINDOW_CUT
 
     notes = [str(n) for n in manifest.get("notes") or []]
     cut = [n for n in notes if n.startswith(WINDOW_CUT)]

@@ -62,6 +62,10 @@ from ddpdoctor.runfile_types import (
 __all__ = ["DeviceMemory", "Manifest", "ManifestRank", "RankCapture", "RankSummary", "SCHEMA_VERSION", "StepRecord"]
 
 MANIFEST = "manifest.json"
+# the manifest's notes on a profiled window the job's end cut short, or never reached (``capture/manifest.py``);
+# here, so that reading a run directory does not import the capture package
+BEFORE_WINDOW = "the run ended before the profiled window"
+WINDOW_CUT = "the job ended inside the profiled window"
 RANKS_DIR = "ranks"
 NODES_DIR = "nodes"
 GROUPS_DIR = "groups"

@@ -19,6 +19,7 @@ from ddpdoctor import liveness, rundir, runfiles
 from ddpdoctor._version import __version__
 from ddpdoctor.capture import command_mark
 from ddpdoctor.capture import groups as groups_mod
+from ddpdoctor.rundir import BEFORE_WINDOW, WINDOW_CUT
 
 
 def read_rank_files(out: Path) -> dict[int, dict[str, Any]]:
@@ -139,7 +140,6 @@ def mark_consequences(entries: list[dict[str, Any]]) -> None:
             entry["consequence_of"] = causes
 
 
-BEFORE_WINDOW = "the run ended before the profiled window"
 
 
 def before_window_note(entries: list[dict[str, Any]], config: dict[str, Any]) -> str:
@@ -155,9 +155,6 @@ def before_window_note(entries: list[dict[str, Any]], config: dict[str, Any]) ->
         if e["status"] != "ok"
     ]
     return f"{BEFORE_WINDOW}{first}: no trace was recorded" + (f"; {', '.join(ended)}" if ended else "")
-
-
-WINDOW_CUT = "the job ended inside the profiled window"
 
 
 def window_cut_note(entries: list[dict[str, Any]], config: dict[str, Any]) -> str | None:

@@ -11,10 +11,7 @@ import re
 from pathlib import Path
 
 from ddpdoctor.errors import TraceError
-from ddpdoctor.rundir import DUMPS_DIR, MANIFEST, NODES_DIR, RANKS_DIR, entry_kind
-
-# manifest.BEFORE_WINDOW (the capture package is not imported to read a folder)
-BEFORE_WINDOW = "the run ended before the profiled window"
+from ddpdoctor.rundir import BEFORE_WINDOW, DUMPS_DIR, MANIFEST, NODES_DIR, RANKS_DIR, entry_kind
 
 _PT_TRACE = re.compile(r"\.pt\.trace\.json(\.gz)?$", re.IGNORECASE)
 _JSON = re.compile(r"\.json(\.gz)?$", re.IGNORECASE)

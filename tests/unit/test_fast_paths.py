@@ -37,7 +37,7 @@ def _modules_after(argv: list[str], tmp_path: Path) -> dict[str, bool]:
         "from ddpdoctor.cli import main\n"
         f"code = main({argv!r})\n"
         "mods = {m: m in sys.modules for m in ('pandas', 'numpy', 'numpy.ma', 'rich', 'ddpdoctor.load.decode',"
-        " 'ddpdoctor.trial', 'ddpdoctor.compare', 'ddpdoctor.cli.trace_cmd')}\n"
+        " 'ddpdoctor.trial', 'ddpdoctor.compare', 'ddpdoctor.cli.trace_cmd', 'ddpdoctor.capture.manifest')}\n"
         "print(json.dumps({'code': code, 'mods': mods}), file=sys.stderr)\n"
     )
     proc = subprocess.run(
@@ -55,6 +55,18 @@ def test_diagnose_from_summaries_imports_neither_pandas_nor_the_trace_decoder(tm
     assert not seen["numpy.ma"]  # ~10 ms: np.unique without a second output imports it
     assert not seen["ddpdoctor.load.decode"] and not seen["ddpdoctor.trial"] and not seen["ddpdoctor.compare"]
     assert not seen["ddpdoctor.cli.trace_cmd"]  # only the command that runs is registered
+
+
+def test_diagnose_of_traces_it_did_not_record_does_not_import_the_capture_package(tmp_path: Path) -> None:
+    """~4 ms of a cold start (its command marks import hashlib, hmac and secrets): reading a folder of traces needs
+    only the manifest's notes, which live in ``rundir``."""
+    from test_bad_traces import copy_fixture
+
+    traces = copy_fixture(tmp_path / "traces")
+    out = tmp_path / "report.json"
+    seen = _modules_after(["diagnose", str(traces), "--format", "json", "--output", str(out)], tmp_path)
+    assert seen["code"] in (0, 1) and out.read_text().startswith("{")
+    assert not seen["ddpdoctor.capture.manifest"]
 
 
 def test_help_imports_no_command_and_no_numpy(tmp_path: Path) -> None:
