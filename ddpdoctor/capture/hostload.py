@@ -11,10 +11,15 @@ steps the profiler records, not its warm-up, and not the trace export that follo
   training loop's thread alone;
 - the host: CPU time by kind over the window (``/proc/stat``'s ``cpu`` line, in clock ticks: busy, idle, iowait,
   steal), its online CPUs, the runnable tasks sampled at every step (``/proc/loadavg``'s 4th field; the sampling
-  thread itself is one of them) and the 1-minute load average at the end.
+  thread itself is one of them) and the 1-minute load average at the end;
+- the CPU time of the process's descendants (``children_cpu_s``: its DataLoader workers, compile workers), so
+  that the job's own processes are not taken for another's load: the live ones' user + system ticks from
+  ``/proc/<pid>/stat`` (found by their parent pids: ``/proc/<pid>/task/<tid>/children`` is not on every kernel),
+  and the reaped ones' from ``getrusage(RUSAGE_CHILDREN)``.
 
-Cost: one ``/proc/loadavg`` read and nothing else per step (microseconds); a read of every thread's schedstat
-and of ``/proc/stat`` at the window's start and end. The metrics are in ``ddpdoctor.metrics.hostload``.
+Cost: one ``/proc/loadavg`` read and nothing else per step (microseconds); a read of every thread's schedstat,
+of ``/proc/stat`` and of every process's ``/proc/<pid>/stat`` (about 12 us each: 1 ms for 70 processes) at the
+window's start and end. The metrics are in ``ddpdoctor.metrics.hostload``.
 """
 
 from __future__ import annotations
@@ -114,6 +119,60 @@ def _threads() -> dict[int, tuple[int, int, int]]:
     return out
 
 
+def parse_pid_stat(data: bytes) -> tuple[int, int] | None:
+    """``/proc/<pid>/stat``: (parent pid, user + system clock ticks), read after the command's closing
+    parenthesis (a command may hold spaces and parentheses)."""
+    fields = data[data.rfind(b")") + 2 :].split()
+    try:
+        return int(fields[1]), int(fields[11]) + int(fields[12])
+    except (IndexError, ValueError):
+        return None
+
+
+def descendants(pid: int, parents: dict[int, tuple[int, int]]) -> dict[int, int]:
+    """pid -> clock ticks of every descendant of ``pid`` in ``parents`` (pid -> (parent pid, ticks))."""
+    children: dict[int, list[int]] = {}
+    for p, (parent, _) in parents.items():
+        children.setdefault(parent, []).append(p)
+    out: dict[int, int] = {}
+    todo = list(children.get(pid, ()))
+    while todo:
+        p = todo.pop()
+        if p not in out:
+            out[p] = parents[p][1]
+            todo.extend(children.get(p, ()))
+    return out
+
+
+def _descendant_ticks() -> dict[int, int] | None:
+    """pid -> user + system clock ticks of this process's live descendants (its DataLoader workers, compile
+    workers): one pass over ``/proc/<pid>/stat`` (no ``/proc/<pid>/task/<tid>/children`` on every kernel);
+    None where ``/proc`` cannot be read."""
+    try:
+        pids = [int(d) for d in os.listdir("/proc") if d.isdigit()]
+    except OSError:
+        return None
+    parents: dict[int, tuple[int, int]] = {}
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/stat", "rb") as f:
+                parsed = parse_pid_stat(f.read())
+        except OSError:  # gone since the listing
+            continue
+        if parsed is not None:
+            parents[p] = parsed
+    return descendants(os.getpid(), parents)
+
+
+def children_cpu_s(start: dict[int, int], end: dict[int, int], reaped_start: float, reaped_end: float) -> float:
+    """CPU seconds the descendants ran between two instants: the live ones' ticks, less those they had at the
+    start (a descendant born in between ran only in between), and the reaped children's (``RUSAGE_CHILDREN``),
+    less what those that were live at the start had then."""
+    live = sum(t - start.get(p, 0) for p, t in end.items())
+    gone = sum(t for p, t in start.items() if p not in end)
+    return max(0.0, (live - gone) / _TICK + (reaped_end - reaped_start))
+
+
 class _Snapshot:
     """The counters at one instant."""
 
@@ -123,12 +182,16 @@ class _Snapshot:
         self.main = self.threads.get(main_tid) if main_tid is not None else None
         self.stat = parse_proc_stat(_read("/proc/stat") or "")
         self.load = parse_loadavg(_read("/proc/loadavg") or "")
+        self.children = _descendant_ticks()
+        self.reaped: float | None = None
         try:
             import resource
 
             usage = resource.getrusage(resource.RUSAGE_SELF)
             self.cpu: float | None = usage.ru_utime + usage.ru_stime
             self.switches: tuple[int, int] | None = (int(usage.ru_nvcsw), int(usage.ru_nivcsw))
+            reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
+            self.reaped = reaped.ru_utime + reaped.ru_stime
         except (ImportError, OSError):  # not POSIX
             self.cpu, self.switches = time.process_time(), None
 
@@ -224,6 +287,8 @@ class HostLoad:
             window["runnable_max"] = max(samples)
         if end.load is not None:
             window["load1"] = end.load[0]
+        if None not in (start.children, end.children, start.reaped, end.reaped):
+            window["children_cpu_s"] = round(children_cpu_s(start.children, end.children, start.reaped, end.reaped), 3)
         self.windows.append(window)
 
     def to_json(self) -> dict[str, Any]:

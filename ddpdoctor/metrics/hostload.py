@@ -184,16 +184,23 @@ def hostload_metrics(
         host = (capture or {}).get("hostname")
         metrics["_host"] = host
         metrics["_busy_cores"] = _busy_cores(windows)
-    # other processes' CPU on each rank's host: the host's busy cores less this job's ranks on it
+        metrics["_children_cores"] = _ratio(_sum(windows, "children_cpu_s"), _sum(windows, "wall_s"))
+    # other processes' CPU on each rank's host: the host's busy cores less this job's ranks on it and their child
+    # processes (DataLoader workers: the job's own load, not another's; not recorded before 2026-12-07: 0 then)
     job_cores: dict[Any, float] = {}
+    children: dict[Any, float] = {}
     for m in own.values():
         if m["_host"] is not None and m["cpu_used_cores"] is not None:
             job_cores[m["_host"]] = job_cores.get(m["_host"], 0.0) + m["cpu_used_cores"]
+            if m["_children_cores"] is not None:
+                children[m["_host"]] = children.get(m["_host"], 0.0) + m["_children_cores"]
     for m in own.values():
         busy = m.pop("_busy_cores")
         host = m.pop("_host")
+        m.pop("_children_cores")
         if busy is not None and host in job_cores:
-            m["other_cpu_cores"] = max(0.0, busy - job_cores[host])
+            m["other_cpu_cores"] = max(0.0, busy - job_cores[host] - children.get(host, 0.0))
+            m["job_children_cpu_cores"] = children.get(host)
     waits = {r: m["cpu_wait_ms"] for r, m in own.items() if m["cpu_wait_ms"] is not None}
     # the others' medians, each rank left out: sorted once (O(ranks log ranks), not a sort per rank)
     wait_medians = _LeaveOneOutMedian(waits.values())
@@ -498,6 +505,9 @@ def summary_line(measured: list[dict[str, Any]], worst: dict[str, Any], steal: f
     if others:
         busiest = max(others, key=lambda r: r["other_cpu_cores"])
         facts.append(f"other processes used {busiest['other_cpu_cores']:.1f} CPUs")
+        children = busiest.get("job_children_cpu_cores")
+        if children and children >= 0.05:
+            facts.append(f"the ranks' DataLoader workers and other child processes {children:.1f}")
     if steal:
         facts.append(f"the hypervisor took {100 * steal:.0f}% of the CPU time (steal)")
     tail = f" ({'; '.join(facts)})" if facts else ""

@@ -21,8 +21,10 @@ from ddpdoctor.trial import measure as measure_mod
 from ddpdoctor.trial.execute import TrialRun, run_trial
 from ddpdoctor.trial.plan import RunCommand, setting_label
 
-# Knobs whose trial runs processes the control has not (DataLoader workers; DataParallel as DDP ranks): their CPU
-# counts as other processes' in ``other_cpu_cores``, so a busier host in such a trial is the knob's doing.
+# Knobs whose trial runs processes the control has not (DataLoader workers; DataParallel as DDP ranks): a busier
+# host in such a trial may be the knob's doing. (The ranks' child processes are left out of ``other_cpu_cores``
+# since 2026-12-07, ``job_children_cpu_cores``; a trial of an older capture, or one whose new processes are not
+# the ranks' children, still counts them there.)
 SPAWNING_KNOBS = frozenset(("loader.num_workers", "loader.persistent_workers", "loader.prefetch_factor", "dp.as_ddp"))
 
 
