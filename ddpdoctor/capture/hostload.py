@@ -14,12 +14,13 @@ steps the profiler records, not its warm-up, and not the trace export that follo
   thread itself is one of them) and the 1-minute load average at the end;
 - the CPU time of the process's descendants (``children_cpu_s``: its DataLoader workers, compile workers), so
   that the job's own processes are not taken for another's load: the live ones' user + system ticks from
-  ``/proc/<pid>/stat`` (found by their parent pids: ``/proc/<pid>/task/<tid>/children`` is not on every kernel),
-  and the reaped ones' from ``getrusage(RUSAGE_CHILDREN)``.
+  ``/proc/<pid>/stat`` (found by their parent pids where the window starts: ``/proc/<pid>/task/<tid>/children``
+  is not on every kernel), and the reaped ones' from ``getrusage(RUSAGE_CHILDREN)``.
 
-Cost: one ``/proc/loadavg`` read and nothing else per step (microseconds); a read of every thread's schedstat,
-of ``/proc/stat`` and of every process's ``/proc/<pid>/stat`` (about 12 us each: 1 ms for 70 processes) at the
-window's start and end. The metrics are in ``ddpdoctor.metrics.hostload``.
+Cost: one ``/proc/loadavg`` read and nothing else per step (microseconds); a read of every thread's schedstat
+and of ``/proc/stat`` at the window's start and end; where it starts, before its first step's clock, a read of
+every process's ``/proc/<pid>/stat`` (about 12 us each: 1 ms for 70 processes), and where it ends those of the
+descendants found then. The metrics are in ``ddpdoctor.metrics.hostload``.
 """
 
 from __future__ import annotations
@@ -144,12 +145,15 @@ def descendants(pid: int, parents: dict[int, tuple[int, int]]) -> dict[int, int]
     return out
 
 
-def _descendant_ticks() -> dict[int, int] | None:
+def _descendant_ticks(known: dict[int, int] | None = None) -> dict[int, int] | None:
     """pid -> user + system clock ticks of this process's live descendants (its DataLoader workers, compile
-    workers): one pass over ``/proc/<pid>/stat`` (no ``/proc/<pid>/task/<tid>/children`` on every kernel);
-    None where ``/proc`` cannot be read."""
+    workers); None where ``/proc`` cannot be read. Without ``known``: one pass over every ``/proc/<pid>/stat``
+    (no ``/proc/<pid>/task/<tid>/children`` on every kernel), made where a window starts, before its first step.
+    With ``known`` (the descendants found then): only theirs are read, so that the window's last step is not
+    lengthened by a pass over a host of thousands of processes (a descendant born inside the window and alive at
+    its end is missed: its CPU counts as another process's, as it did before this was recorded)."""
     try:
-        pids = [int(d) for d in os.listdir("/proc") if d.isdigit()]
+        pids = list(known) if known is not None else [int(d) for d in os.listdir("/proc") if d.isdigit()]
     except OSError:
         return None
     parents: dict[int, tuple[int, int]] = {}
@@ -157,10 +161,12 @@ def _descendant_ticks() -> dict[int, int] | None:
         try:
             with open(f"/proc/{p}/stat", "rb") as f:
                 parsed = parse_pid_stat(f.read())
-        except OSError:  # gone since the listing
+        except OSError:  # gone since the listing (or reaped since the window started)
             continue
         if parsed is not None:
             parents[p] = parsed
+    if known is not None:
+        return {p: ticks for p, (_, ticks) in parents.items()}
     return descendants(os.getpid(), parents)
 
 
@@ -176,13 +182,17 @@ def children_cpu_s(start: dict[int, int], end: dict[int, int], reaped_start: flo
 class _Snapshot:
     """The counters at one instant."""
 
-    def __init__(self, main_tid: int | None) -> None:
+    def __init__(self, main_tid: int | None, start: _Snapshot | None = None) -> None:
+        """``start``: the window's first snapshot, when this is its last (its descendants only are read)."""
+        if start is None:  # before the window's clock starts: the pass over /proc is not the window's time
+            self.children = _descendant_ticks()
+        else:
+            self.children = None if start.children is None else _descendant_ticks(start.children)
         self.wall = time.monotonic()
         self.threads = _threads()
         self.main = self.threads.get(main_tid) if main_tid is not None else None
         self.stat = parse_proc_stat(_read("/proc/stat") or "")
         self.load = parse_loadavg(_read("/proc/loadavg") or "")
-        self.children = _descendant_ticks()
         self.reaped: float | None = None
         try:
             import resource
@@ -242,7 +252,7 @@ class HostLoad:
     def _close(self, last: int, complete: bool) -> None:
         start, self._start = self._start, None
         assert start is not None
-        end = _Snapshot(self.main_tid)
+        end = _Snapshot(self.main_tid, start)
         if last < self._first:
             return
         window: dict[str, Any] = {

@@ -71,3 +71,27 @@ def test_the_ranks_children_are_not_other_processes() -> None:
     hostload.hostload_metrics(_captures(_window(0.13, 0.38), _window(0.13, 0.08)), rows)
     assert rows[0]["other_cpu_cores"] == pytest.approx(1.9 - 2 * 0.156, abs=0.01)
     assert rows[0]["job_children_cpu_cores"] is None
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="Linux /proc")
+def test_a_live_workers_window_time_counts_and_only_the_start_reads_all_of_proc(monkeypatch) -> None:
+    """A worker alive through the window (a persistent DataLoader worker): its ticks in the window count; the pass
+    over every process is made where the window starts (before its first step's clock), not where it ends."""
+    code = "import time\nt = time.process_time()\nwhile time.process_time() - t < 1.5: pass"
+    child = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        time.sleep(0.2)
+        listed = []
+        real = os.listdir
+        monkeypatch.setattr(capture.os, "listdir", lambda path=".": listed.append(path) or real(path))
+        load = capture.HostLoad()
+        load.step(3, recording=True)
+        time.sleep(0.5)
+        load.step(4, recording=False)
+        assert child.poll() is None, "the worker ended inside the window: the test measures a live one"
+    finally:
+        child.kill()
+        child.wait()
+    (window,) = load.windows
+    assert listed.count("/proc") == 1, listed
+    assert window["children_cpu_s"] >= 0.3 * window["wall_s"], window  # busy for all of it, ticks rounded
