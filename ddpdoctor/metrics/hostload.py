@@ -507,7 +507,7 @@ def summary_line(measured: list[dict[str, Any]], worst: dict[str, Any], steal: f
         facts.append(f"other processes used {busiest['other_cpu_cores']:.1f} CPUs")
         children = busiest.get("job_children_cpu_cores")
         if children and children >= 0.05:
-            facts.append(f"the ranks' DataLoader workers and other child processes {children:.1f}")
+            facts.append(f"the ranks' DataLoader workers and other child processes {children:.1f} CPUs")
     if steal:
         facts.append(f"the hypervisor took {100 * steal:.0f}% of the CPU time (steal)")
     tail = f" ({'; '.join(facts)})" if facts else ""

@@ -63,7 +63,7 @@ def test_the_ranks_children_are_not_other_processes() -> None:
     assert rows[0]["job_children_cpu_cores"] == pytest.approx(1.2)
     assert rows[0]["other_cpu_cores"] == pytest.approx(1.9 - 2 * 0.156 - 1.2, abs=0.01)
     assert (
-        "other processes used 0.4 CPUs; the ranks' DataLoader workers and other child processes 1.2"
+        "other processes used 0.4 CPUs; the ranks' DataLoader workers and other child processes 1.2 CPUs"
         in (run["host_load_summary"])
     )
     # a capture from before the measure: the workers count as other processes, as they did
