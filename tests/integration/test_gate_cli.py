@@ -10,9 +10,11 @@ test_compare_cli.py), about 10 s each on 2 cores:
 - ``dp``: samples/dp_train.py under ``ddpdoctor trace`` (one process; on CPU DataParallel is a pass-through).
 
 Tolerances: this machine is shared and noisy, so the healthy-vs-healthy gate uses realistic CI thresholds
-(median +30 %, p90 +60 %, exposed communication +10 ms, overlap -0.3) rather than the tight defaults. Healthy
+(median +30 %, p90 +60 %, exposed communication +10 ms, overlap -0.5) rather than the tight defaults. Healthy
 pairs measured here move the median by under 5 % with an interval of about ±5 %, while the injected slowdown
-is +100 % or more with an interval far from 0: both verdicts have a wide margin.
+is +100 % or more with an interval far from 0: both verdicts have a wide margin. The overlap ratio of this job is
+that of under 1 ms of exposed communication a step, and moves more: a clean-clone CI run (2026-12-07) saw two
+healthy runs at 0.324 and 0.016 (exposed 0.47 and 0.76 ms of a 33 ms step), past the -0.3 used before.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ REALISTIC = [
     "--threshold",
     "exposed_comm_ms=+10ms",
     "--threshold",
-    "overlap_ratio=-0.3",
+    "overlap_ratio=-0.5",
 ]
 _TRACED: dict[Path, Path] = {}
 
