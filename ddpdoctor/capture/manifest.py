@@ -140,14 +140,18 @@ def mark_consequences(entries: list[dict[str, Any]]) -> None:
             entry["consequence_of"] = causes
 
 
+def _window_start(config: dict[str, Any]) -> int | None:
+    """The first profiled step of the capture config (after --wait and --warmup); None where it is unreadable."""
+    try:
+        return int(config.get("wait") or 0) + int(config.get("warmup") or 0) + 1
+    except (AttributeError, TypeError, ValueError):
+        return None
 
 
 def before_window_note(entries: list[dict[str, Any]], config: dict[str, Any]) -> str:
     """The note for a run that recorded no trace because it ended (or crashed) before the window started."""
-    try:
-        first = f" (it starts at step {int(config.get('wait') or 0) + int(config.get('warmup') or 0) + 1})"
-    except (AttributeError, TypeError, ValueError):
-        first = ""
+    start = _window_start(config)
+    first = f" (it starts at step {start})" if start is not None else ""
     ended = [
         f"rank {e['rank']} {e['status']} after {e.get('steps') or 0} steps"
         + (f" (a consequence of rank {', '.join(map(str, e['consequence_of']))})" if e.get("consequence_of") else "")
@@ -160,12 +164,12 @@ def before_window_note(entries: list[dict[str, Any]], config: dict[str, Any]) ->
 def window_cut_note(entries: list[dict[str, Any]], config: dict[str, Any]) -> str | None:
     """The note for a run whose only profiled window the job's end cut short (fewer steps profiled than --active):
     more --active would not profile more of them. None when no rank's was (or the window is unknown)."""
+    first = _window_start(config)
     try:
-        active, first = (
-            int(config.get("active") or 0),
-            int(config.get("wait") or 0) + int(config.get("warmup") or 0) + 1,
-        )
+        active = int(config.get("active") or 0)
     except (AttributeError, TypeError, ValueError):
+        return None
+    if first is None:
         return None
     cut = []
     for e in entries:
