@@ -303,9 +303,9 @@ def _watch_undecided(
 
 
 def gil_reasons(ranks: list[dict[str, Any]]) -> dict[str, str]:
-    """``not_measured`` reason for ``gil_contention`` where every rank without it had a probe reading that cannot
-    decide (``_undecided``), with the numbers; {} where a rank lacks it for another reason (--no-gil, an old
-    summary)."""
+    """``not_measured`` reason for ``gil_contention`` and ``gil_wait_share`` where every rank without them had a
+    probe reading that cannot decide (``_undecided``), with the numbers; {} where a rank lacks it for another reason
+    (--no-gil, an old summary)."""
     missing = [r for r in ranks if r.get("gil_contention") is None]
     why: dict[str, tuple[float, str]] = {}
     for r in missing:
@@ -368,7 +368,10 @@ def gil_reasons(ranks: list[dict[str, Any]]) -> dict[str, str]:
     if not why:
         return {}
     kinds = ("few", "cpu", "close", "starved", "parallel")
-    return {"gil_contention": "; ".join(why[k][1] for k in kinds if k in why)}
+    text = "; ".join(why[k][1] for k in kinds if k in why)
+    # ``thread_metrics`` leaves the wait share out with the ratio (the same reading): one reason for both, never the
+    # catalog's "no GIL probe data" on a run that has it
+    return dict.fromkeys(("gil_contention", "gil_wait_share"), text)
 
 
 def _number(value: Any) -> bool:

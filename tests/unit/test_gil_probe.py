@@ -171,6 +171,10 @@ def test_the_rule_says_not_evaluated_on_a_busy_host_and_passes_one_thread_at_wor
     busy = verdict(_capture([0.05, 0.1, 0.02], [4, 4, 4], 1.4))
     assert not busy.findings and not busy.passed
     assert "the CPUs were too busy to tell on rank 0" in busy.not_evaluated[0].reason
+    # the wait share is left out with the reading: the same reason once, never "no GIL probe data" (CI clone,
+    # 2026-12-07, said both of a traced run that had gilwatch's samples)
+    assert "no GIL probe data" not in busy.not_evaluated[0].reason
+    assert busy.not_evaluated[0].reason.count("too busy to tell") == 1
     mixed = verdict(_capture([0.25, 0.2, 0.25], [4, 4, 4], 0.0, cores=1.63))  # took turns and ran in parallel
     assert not mixed.findings and not mixed.passed
     assert "the evidence conflicts on rank 0: the GIL probe read 23%" in mixed.not_evaluated[0].reason
@@ -179,3 +183,29 @@ def test_the_rule_says_not_evaluated_on_a_busy_host_and_passes_one_thread_at_wor
     assert "active_python_threads = 1 < 2" in one.passed_reasons[0].reason
     fired = verdict(_capture([0.5, 0.4, 0.3], [4, 4, 4], 1.4))
     assert [f.name for f in fired.findings] == ["gil-contention"]
+
+
+def test_a_gilwatch_reading_the_host_rationed_names_that_cause_once_for_both_of_the_rules_metrics():
+    """CI clone, 2026-12-07: the 4-thread job beside burners in another session, gilwatch 7% of their time in the
+    GIL's wait, the threads got 28% of their runnable CPU time, other processes 1.2 CPUs. Both of the rule's GIL
+    metrics are left out for that reason; the report said it for one and "no GIL probe data" for the other."""
+    from types import SimpleNamespace
+
+    from ddpdoctor.diagnosis.engine import evaluate
+    from ddpdoctor.diagnosis.rules import load_rules
+    from ddpdoctor.metrics.capture import gil_reasons
+
+    capture = _capture([0.07] * 4, [4] * 4, 1.2, share=0.28)
+    capture["gil"]["per_step"].update(
+        gil_wait_s=[0.007] * 4, gil_run_s=[0.093] * 4, gil_ready_s=[0.1] * 4, gil_ticks=[60] * 4
+    )
+    ranks = [{"rank": 0, **thread_metrics(capture, None)}]
+    assert ranks[0]["gil_samples"] == 240 and ranks[0]["gil_contention"] is None, ranks[0]
+    assert ranks[0]["gil_wait_share"] is None
+    run = {"mode": "ddp", "world_size": 1, "not_measured": gil_reasons(ranks)}
+    rule = [r for r in load_rules() if r.name == "gil-contention"]
+    verdict = evaluate(rule, SimpleNamespace(run=run, ranks=ranks))
+    assert not verdict.findings and not verdict.passed
+    why = verdict.not_evaluated[0].reason
+    assert why.startswith("not measured in this run: gil_contention, gil_wait_share; the host rationed the CPUs on")
+    assert "got 28% of the CPU time" in why and why.count("rationed") == 1 and "no GIL probe data" not in why, why
