@@ -11,7 +11,7 @@ from rich.text import Text
 
 from ddpdoctor import escape
 from ddpdoctor.compare import stats, units
-from ddpdoctor.compare.gate import FAIL, HOST_BUSIER, WARN, GateResult, format_change, format_interval
+from ddpdoctor.compare.gate import FAIL, HOST_BUSIER, NOT_MATERIAL, WARN, GateResult, format_change, format_interval
 from ddpdoctor.report.compare_markdown import table as md_table
 from ddpdoctor.report.console import WIDE, console
 
@@ -75,7 +75,7 @@ def render(result: GateResult, stream: TextIO) -> None:
         )
     out.print(table)
     for m in result.metrics:
-        if m.verdict == HOST_BUSIER:  # the table's verdict, with the numbers behind it
+        if m.verdict in (HOST_BUSIER, NOT_MATERIAL):  # the table's verdict, with the numbers behind it
             out.print(t("warning: " + m.message, "yellow"), soft_wrap=True)
     for r in result.rules:
         if r.outcome in (FAIL, WARN):
@@ -127,7 +127,8 @@ def markdown_lines(result: GateResult) -> list[str]:
         rows,
         "llrrrrrl",
     ) + [""]
-    flagged = [(_ICON[WARN], m.message) for m in result.metrics if m.verdict == HOST_BUSIER]  # with its numbers
+    # with its numbers
+    flagged = [(_ICON[WARN], m.message) for m in result.metrics if m.verdict in (HOST_BUSIER, NOT_MATERIAL)]
     flagged += [(_ICON[r.outcome], r.message) for r in result.rules if r.outcome in (FAIL, WARN)]
     out += [f"- {icon} {escape.markdown(text)}" for icon, text in flagged] + ([""] if flagged else [])
     out += [f"_{escape.markdown(note)}_" + "  " for note in result.notes]
