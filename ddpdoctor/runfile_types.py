@@ -218,6 +218,7 @@ class LoaderPass(msgspec.Struct, forbid_unknown_fields=False):
     first_batch_digest: str | None = None
     first_labels_digest: str | None = None
     content_digest: str | None = None
+    content_full_digest: str | None = None
 
 
 class DDPModel(msgspec.Struct, forbid_unknown_fields=False):

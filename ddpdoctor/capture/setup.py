@@ -22,6 +22,7 @@ from ddpdoctor.capture.invisible import invisible
 _FIRST_BATCHES = 4  # index batches per epoch hashed to compare what ranks read
 _MAX_DIGEST_BYTES = 1 << 20
 _CONTENT_SAMPLES = 16  # fixed indices whose integer content fingerprints a dataset (10 classes: 1e-16 to collide)
+_CONTENT_SEED = 0  # the random generators' seed while those items are read (_content_digests)
 
 
 class SetupObserver:
@@ -40,7 +41,8 @@ class SetupObserver:
         self._round_grad: Any = None
         self._patches: list[tuple[Any, str, Any]] = []
         self._iters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        self._content: dict[int, str | None] = {}  # id(loader) -> content digest, computed once per loader
+        # id(loader) -> (the loader, weakly; its integer and whole content digests), computed once per loader
+        self._content: dict[int, tuple[Any, tuple[str | None, str | None]]] = {}
         self.join_contexts = 0  # `with Join([...])` / `with model.join()` entered (uneven inputs shadowed)
         # DDP modules compiled whole (torch.compile(DDP(model))): their forward is DDP's own, unwrapped, and their
         # forwards are counted from the compiled module's eager pre-forward instead (_compiled_forward)
@@ -225,13 +227,25 @@ class SetupObserver:
             "first_batch_digest": None,
             "first_labels_digest": None,
             "content_digest": None,
+            "content_full_digest": None,
         }
         if not iterable and dataset_len:
-            if id(loader) not in self._content:
-                self._content[id(loader)] = _content_digest(dataset, dataset_len)
-            entry["content_digest"] = self._content[id(loader)]
+            entry["content_digest"], entry["content_full_digest"] = self._content_of(loader, dataset, dataset_len)
         self.loaders.append(entry)
         self._iters[it] = {"entry": entry, "hash": hashlib.sha1(), "indices_seen": 0}
+
+    def _content_of(self, loader: Any, dataset: Any, length: int) -> tuple[str | None, str | None]:
+        """``_content_digests`` of ``loader``'s dataset, once per loader: a loader made after another was freed
+        can have its id, so the entry holds the loader weakly and is used only while it is that loader."""
+        kept = self._content.get(id(loader))
+        if kept is not None and kept[0]() is loader:
+            return kept[1]
+        digests = _content_digests(dataset, length)
+        try:
+            self._content[id(loader)] = (weakref.ref(loader), digests)
+        except TypeError:  # a loader class without weak references: computed every pass
+            pass
+        return digests
 
     def _saw_index(self, it: Any, index: Any) -> None:
         state = self._iters.get(it)
@@ -377,10 +391,14 @@ def _histogram(values: list[int]) -> dict[str, int]:
     return counts
 
 
-def _content_digest(dataset: Any, length: int) -> str | None:
-    """Digest of the integers (integer tensors and Python ints: labels, token ids) of ``dataset`` at
-    ``_CONTENT_SAMPLES`` fixed indices spread over it; None when they hold none or cannot be read. Random states
-    (torch CPU, ``random``, numpy) are restored, so the script's data order and augmentations do not change."""
+def _content_digests(dataset: Any, length: int) -> tuple[str | None, str | None]:
+    """Two digests of ``dataset`` at ``_CONTENT_SAMPLES`` fixed indices spread over it: of its integers (integer
+    tensors and Python ints: labels, token ids; None when it holds none), and of everything in its items (float
+    tensors too), read twice with the random generators (torch CPU, ``random``, numpy) seeded alike on every rank,
+    so an augmentation draws the same on every rank: None where the two reads differ (randomness those seeds do
+    not reach) or where neither can be read. Equal whole digests on two ranks: the same data; different: each rank
+    its own (a dataset that shards by rank itself, whose integers may still agree: a local index, a mask of ones).
+    The generators' states are restored, so the script's data order and augmentations do not change."""
     import random
 
     import torch
@@ -393,12 +411,23 @@ def _content_digest(dataset: Any, length: int) -> str | None:
         np_state = np.random.get_state()
     except Exception:  # noqa: BLE001 - numpy is optional for a script
         np, np_state = None, None
+
+    def read() -> list[Any]:
+        torch.default_generator.manual_seed(_CONTENT_SEED)  # the CPU's alone: torch.manual_seed reseeds CUDA too
+        random.seed(_CONTENT_SEED)
+        if np is not None:
+            np.random.seed(_CONTENT_SEED)
+        return [dataset[i] for i in indices]
+
     try:
         with torch.random.fork_rng(devices=[]):
-            items = [dataset[i] for i in indices]
-        return _digest(items, integers_only=True, python_ints=True)
+            items = read()
+            whole = _digest(items, python_ints=True)
+            if whole is not None and _digest(read(), python_ints=True) != whole:
+                whole = None
+        return _digest(items, integers_only=True, python_ints=True), whole
     except Exception:  # noqa: BLE001 - a dataset that cannot be indexed here is undecided, not an error
-        return None
+        return None, None
     finally:
         random.setstate(py_state)
         if np is not None and np_state is not None:

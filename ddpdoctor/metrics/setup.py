@@ -226,27 +226,32 @@ def _epoch_batches(epochs: list[dict[str, Any]]) -> int | None:
     return next((_int(e.get("batches_per_epoch")) for e in epochs if _int(e.get("batches_per_epoch"))), None)
 
 
-def _sample_key(entry: Mapping[str, Any]) -> tuple[Any, Any] | None:
+def _sample_key(entry: Mapping[str, Any]) -> tuple[Any, ...] | None:
     """What identifies the samples a pass starts with, on evidence of content: an iterable dataset's first batch;
     a map-style one's first index batches with the integers of its first batch (labels, token ids) or, without
-    them, the dataset's content at fixed indices. None when there is no content to compare (equal indices over
-    per-rank datasets of the same length are not the same samples)."""
+    them, of the dataset at fixed indices, and the dataset's whole content there (``content_full_digest``: equal
+    integers over different data, a dataset sharding by rank whose items hold a local index, are not the same
+    samples). None when there is no content to compare (equal indices over per-rank datasets of the same length
+    are not the same samples)."""
     if entry.get("iterable"):
         digest = entry.get("first_batch_digest")
-        return None if digest is None else (digest, None)
+        return None if digest is None else (digest, None, None)
     order = entry.get("first_indices_digest")
     content = entry.get("first_labels_digest") or entry.get("content_digest")
-    return None if order is None or content is None else (order, content)
+    whole = entry.get("content_full_digest")
+    return None if order is None or (content is None and whole is None) else (order, content, whole)
 
 
 _UNDECIDED_ORDER = (
     "ranks start their epochs with the same indices, but neither their batches nor their datasets hold integers "
-    "(labels, token ids) to compare: the same data cannot be told from per-rank data of the same length"
+    "(labels, token ids) to compare, and their datasets' items read differently twice at the same seeds (randomness "
+    "the seeds do not reach) or could not be read: the same data cannot be told from per-rank data of the same length"
 )
 _UNDECIDED_COVERAGE = (
     "every rank iterates a whole dataset of the same length without a DistributedSampler, in its own order, but "
-    "the datasets' content could not be compared (no integers at fixed indices of a map-style dataset): the same "
-    "data cannot be told from per-rank shards of the same length"
+    "the datasets' content could not be compared (no integers at fixed indices of a map-style dataset, and items "
+    "that read differently twice at the same seeds or could not be read): the same data cannot be told from "
+    "per-rank shards of the same length"
 )
 
 
@@ -295,12 +300,16 @@ def _coverage(epochs: dict[int, list[dict[str, Any]]], per_rank: dict[int, dict[
             by_order.setdefault(f["first_indices_digest"], set()).add(f["first_labels_digest"])
     if any(len(labels) > 1 for labels in by_order.values()):
         return None
+    # The datasets' whole content at fixed indices differs: each rank its own data, whatever their integers say.
+    whole = {f.get("content_full_digest") for f in firsts}
+    if None not in whole and len(whole) > 1:
+        return None
     total = round(sum(shares), 2)
     if total < _MIN_COVERAGE:
         return total
     content = {f.get("content_digest") for f in firsts}
     if None in content:
-        return "undecided"
+        return total if None not in whole else "undecided"  # (one whole content on every rank: the same data)
     return total if len(content) == 1 else None  # different content at the same indices: each rank its own data
 
 

@@ -79,9 +79,7 @@ def test_an_iterable_dataset_records_its_first_batch(observer):
     list(DataLoader(Stream(), batch_size=2))
     (epoch,) = observer.to_json()["data_loaders"]
     assert epoch["iterable"] and epoch["dataset_len"] is None
-    assert (
-        epoch["first_batch_digest"] and epoch["first_labels_digest"] and epoch["first_indices_digest"] is None
-    )
+    assert epoch["first_batch_digest"] and epoch["first_labels_digest"] and epoch["first_indices_digest"] is None
     assert epoch["exhausted"] and epoch["batches_yielded"] == 3
 
 
@@ -143,3 +141,53 @@ def test_accumulated_rounds_count_and_rounds_whose_gradients_were_cleared_do_not
     assert _rounds(sam) == [1, 1]
     assert _rounds(cleared_before_second) == [1, 1]
     assert _rounds(zeroed_in_place) == [2, 2]
+
+
+class _Rows(torch.utils.data.Dataset):
+    """A dataset holding ``rows`` whose items are (row, local index) or, with ``noise``, (row + noise): a per-rank
+    shard when each rank builds it from its own rows, the same data when from the same."""
+
+    def __init__(self, seed: int, noise: str | None = None) -> None:
+        self.rows = torch.randn(40, 8, generator=torch.Generator().manual_seed(seed))
+        self.noise = noise
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int):
+        if self.noise == "torch":  # an augmentation drawing from torch's global generator
+            return self.rows[i] + 0.1 * torch.randn(8)
+        if self.noise == "unseeded":  # one drawing from a generator no seed reaches
+            return self.rows[i] + torch.from_numpy(__import__("numpy").random.default_rng().standard_normal(8))
+        return self.rows[i], i
+
+
+def _content(dataset, global_seed: int, observer) -> dict:
+    torch.manual_seed(global_seed)  # each "rank" its own seed: its own order and augmentation
+    list(DataLoader(dataset, batch_size=8, shuffle=True))
+    return observer.to_json()["data_loaders"][-1]
+
+
+def test_per_rank_rows_behind_equal_integers_differ_in_their_whole_content(observer):
+    """A dataset sharding by rank itself whose items hold a local index: the integers agree across its shards, the
+    whole content does not; the same rows read on two ranks agree in both."""
+    shard0, shard1, copy = (_content(_Rows(seed), 0, observer) for seed in (100, 101, 100))
+    assert shard0["content_digest"] == shard1["content_digest"] == copy["content_digest"] is not None
+    assert shard0["content_full_digest"] != shard1["content_full_digest"]
+    assert shard0["content_full_digest"] == copy["content_full_digest"] is not None
+
+
+def test_an_augmentation_reads_alike_at_the_fixed_seeds_and_an_unseeded_one_is_no_evidence(observer):
+    a, b = (_content(_Rows(7, noise="torch"), seed, observer) for seed in (0, 1))  # the same rows, per-rank seeds
+    assert a["content_digest"] is None and a["content_full_digest"] == b["content_full_digest"] is not None
+    other = _content(_Rows(8, noise="torch"), 0, observer)
+    assert other["content_full_digest"] != a["content_full_digest"]
+    unseeded = _content(_Rows(7, noise="unseeded"), 0, observer)
+    assert unseeded["content_full_digest"] is None  # two reads differ: nothing to compare
+    # the script's own random stream is left as it was
+    torch.manual_seed(3)
+    expected = torch.rand(1)
+    torch.manual_seed(3)
+    _content(_Rows(7, noise="torch"), 3, observer)
+    torch.manual_seed(3)
+    assert torch.rand(1) == expected

@@ -223,6 +223,51 @@ def test_a_dataset_that_shards_by_rank_itself_is_not_called_a_duplicate():
     assert run["data_duplication_factor"] == 1.0
 
 
+def test_equal_integers_over_different_data_are_not_duplicates():
+    """A dataset that shards by rank itself, each item (x, y, its local index) or with a mask of ones: the same
+    indices and the same integers on every rank, over different rows (a traced 2-rank job, 2026-12-07, was told it
+    lacked a DistributedSampler). The datasets' whole content at fixed indices tells them apart."""
+    ranks, run = setup_metrics(
+        {r: capture([epoch(first_labels_digest="local-index", content_full_digest=f"rows{r}")]) for r in range(2)}
+    )
+    assert run["data_duplication_factor"] == 1.0
+    # every rank iterating its own whole shard in its own order: no dataset pass is another rank's
+    ranks, run = setup_metrics(
+        {
+            r: capture(
+                [epoch(first_indices_digest=f"o{r}", content_digest="local-index", content_full_digest=f"rows{r}")]
+            )
+            for r in range(2)
+        }
+    )
+    assert run["data_duplication_factor"] == 1.0
+    # the same rows on every rank are still duplicates
+    _, run = setup_metrics(
+        {r: capture([epoch(first_labels_digest="local-index", content_full_digest="rows")]) for r in range(2)}
+    )
+    assert run["data_duplication_factor"] == 2.0
+
+
+def test_float_only_data_the_whole_content_decides():
+    """No integers anywhere: where the datasets read alike at fixed seeds (content_full_digest) the ranks' passes
+    over them can be compared; where the reads differed (None: randomness the seeds do not reach) it stays
+    undecided."""
+    same = {r: capture([epoch(first_indices_digest=f"o{r}", first_labels_digest=None, content_full_digest="x")])
+            for r in range(2)}  # fmt: skip
+    assert setup_metrics(same)[1]["data_duplication_factor"] == 2.0
+    own = {r: capture([epoch(first_indices_digest=f"o{r}", first_labels_digest=None, content_full_digest=f"x{r}")])
+           for r in range(2)}  # fmt: skip
+    assert setup_metrics(own)[1]["data_duplication_factor"] == 1.0
+    same_order = {r: capture([epoch(first_labels_digest=None, content_full_digest="x")]) for r in range(2)}
+    assert setup_metrics(same_order)[1]["data_duplication_factor"] == 2.0
+    unread = {r: capture([epoch(first_indices_digest=f"o{r}", first_labels_digest=None)]) for r in range(2)}
+    _, run = setup_metrics(unread)
+    assert (
+        run["data_duplication_factor"] is None
+        and "read differently twice" in run["not_measured"]["data_duplication_factor"]
+    )
+
+
 def test_single_rank_is_not_duplicated():
     _, run = setup_metrics({0: capture([epoch()])})
     assert run["data_duplication_factor"] == 1.0
