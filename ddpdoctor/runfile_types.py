@@ -213,6 +213,7 @@ class LoaderPass(msgspec.Struct, forbid_unknown_fields=False):
     pin_memory: bool | None = None
     persistent_workers: bool | None = None
     batches_yielded: Count | None = None
+    steps_fed: Count | None = None
     exhausted: bool | None = None
     first_indices_digest: str | None = None
     first_batch_digest: str | None = None

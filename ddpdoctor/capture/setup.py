@@ -41,6 +41,7 @@ class SetupObserver:
         self._round_grad: Any = None
         self._patches: list[tuple[Any, str, Any]] = []
         self._iters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._fed: dict[str, Any] | None = None  # the pass whose batch came last: the next step's (steps_fed)
         # id(loader) -> (the loader, weakly; its integer and whole content digests), computed once per loader
         self._content: dict[int, tuple[Any, tuple[str | None, str | None]]] = {}
         self.join_contexts = 0  # `with Join([...])` / `with model.join()` entered (uneven inputs shadowed)
@@ -222,6 +223,9 @@ class SetupObserver:
             "pin_memory": loader.pin_memory,
             "persistent_workers": getattr(loader, "persistent_workers", None),
             "batches_yielded": 0,
+            # optimizer steps whose last batch before them came from this pass: the training loader's passes feed
+            # steps, a validation loader's (rank 0 evaluating alone between epochs) none
+            "steps_fed": 0,
             "exhausted": False,  # ran to its end (StopIteration): batches_yielded is the epoch's length
             "first_indices_digest": None,
             "first_batch_digest": None,
@@ -261,6 +265,7 @@ class SetupObserver:
             return
         entry = state["entry"]
         entry["batches_yielded"] += 1
+        self._fed = entry
         if entry["batches_yielded"] == 1:
             # Integer tensors (labels, token ids) survive random augmentation: equal across ranks = same
             # samples; different = different data behind the same indices (a dataset sharding by rank itself).
@@ -298,6 +303,9 @@ class SetupObserver:
 
     def on_optimizer_step(self) -> None:
         """Close the counts of one optimizer step (called by the session at each step)."""
+        if self._fed is not None:
+            self._fed["steps_fed"] += 1
+            self._fed = None
         module = self._round_module() if self._round_module is not None else None
         rounds = self._rounds_kept(_first_grad(module), True) if module is not None else self._sync_since_step
         self.sync_rounds.append(rounds)

@@ -173,14 +173,19 @@ def _setup(capture: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def _training_epochs(setup: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The passes over the training loader (the loader that yielded the most batches), in order."""
+    """The passes over the training loader, in order: the loader whose batches fed the most optimizer steps
+    (``steps_fed``: a validation loader that rank 0 alone iterates between epochs feeds none, however many
+    batches it yields), then the one that yielded the most batches (captures before 2026-12-07 have no
+    ``steps_fed``)."""
     passes = [e for e in setup.get("data_loaders") or [] if isinstance(e, dict)]
     if not passes:
         return []
+    fed: Counter[Any] = Counter()
     yielded: Counter[Any] = Counter()
     for e in passes:
+        fed[e.get("loader")] += _int(e.get("steps_fed")) or 0
         yielded[e.get("loader")] += _int(e.get("batches_yielded")) or 0
-    loader = max(yielded, key=lambda k: (yielded[k], -_first_seen(passes, k)))
+    loader = max(yielded, key=lambda k: (fed[k], yielded[k], -_first_seen(passes, k)))
     return [e for e in passes if e.get("loader") == loader]
 
 

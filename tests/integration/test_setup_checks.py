@@ -39,7 +39,41 @@ RUNS = {
     "mistake_thread_oversubscription": [*DDP, "mistake_thread_oversubscription.py", "--steps", "6"],
     "mistake_batchnorm_small_batch": [*DDP, "mistake_batchnorm_small_batch.py", "--steps", "6"],
     "mistake_dp_gather_outputs": ["{dp_script}"],
+    "rank0_validates": [*DDP, "{val_script}"],
 }
+# A correct job whose rank 0 alone evaluates a validation set larger than its training shard after each epoch, in
+# order (no sampler): a traced job like it was told its ranks had uneven batches and that its sampler repeated
+# its order (2026-12-07), the validation loader taken for rank 0's training loader.
+VAL_SCRIPT = """
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    train = TensorDataset(torch.randn(128, 32), torch.randint(0, 10, (128,)))
+    val = TensorDataset(torch.randn(640, 32), torch.randint(0, 10, (640,)))
+    sampler = DistributedSampler(train, shuffle=True)
+    loader = DataLoader(train, batch_size=16, sampler=sampler)
+    val_loader = DataLoader(val, batch_size=32)
+    model = DDP(nn.Linear(32, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        for x, y in loader:
+            loss = nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        if rank == 0:
+            with torch.no_grad():
+                correct = sum((model.module(x).argmax(1) == y).sum().item() for x, y in val_loader)
+        dist.barrier()
+    dist.destroy_process_group()
+"""
 DP_SCRIPT = f"""
     import sys
 
@@ -71,8 +105,11 @@ def _trace_and_diagnose(out: Path, args: list[str]) -> dict:
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory) -> dict[str, dict]:
     root = tmp_path_factory.mktemp("setup")
-    dp_script = write_script(root / "dp_script.py", DP_SCRIPT)
-    runs = {name: [str(dp_script) if a == "{dp_script}" else a for a in args] for name, args in RUNS.items()}
+    scripts = {
+        "{dp_script}": str(write_script(root / "dp_script.py", DP_SCRIPT)),
+        "{val_script}": str(write_script(root / "val_script.py", VAL_SCRIPT)),
+    }
+    runs = {name: [scripts.get(a, a) for a in args] for name, args in RUNS.items()}
     with ThreadPoolExecutor(max_workers=3) as pool:
         futures = {name: pool.submit(_trace_and_diagnose, root / name, args) for name, args in runs.items()}
         return {name: future.result() for name, future in futures.items()}
@@ -106,6 +143,18 @@ def test_healthy_ddp_train_over_two_epochs_passes_every_set_up_check(reports):
 
 
 @pytest.mark.timeout(300)
+def test_rank0_validating_alone_passes_the_data_checks(reports):
+    report = _report(reports, "rank0_validates")
+    assert _setup_findings(report) == {}, json.dumps(report["findings"], indent=1)
+    data_rules = {"missing-distributed-sampler", "sampler-epoch-not-set", "uneven-batches-across-ranks"}
+    assert data_rules <= set(report["passed"]), json.dumps(report["not_evaluated"], indent=1)
+    why = {p["name"]: p["reason"] for p in report["passed_reasons"]}
+    # 128 samples, 64 a rank, 16 a batch: 4 batches on each rank, not rank 0's 20 of validation
+    assert why["uneven-batches-across-ranks"] == "max(batches_per_epoch) = 4, not > min(batches_per_epoch) = 4", why
+    assert why["sampler-epoch-not-set"] == "max(epochs_repeating_order) = 0, not > 0", why
+
+
+@pytest.mark.timeout(300)
 def test_missing_distributed_sampler(reports):
     finding = _only(reports, "mistake_no_distributed_sampler", "missing-distributed-sampler")
     assert finding["evidence"]["data_duplication_factor"] == 2.0 and finding["ranks"] == [0, 1]
@@ -126,10 +175,7 @@ def test_sampler_epoch_not_set(reports):
 def test_uneven_batches_across_ranks(reports):
     finding = _only(reports, "mistake_uneven_batches", "uneven-batches-across-ranks")
     assert finding["ranks"] == [0]  # rank 0's shard has one more batch
-    assert (
-        finding["evidence"]["max(batches_per_epoch)"] == 7
-        and finding["evidence"]["min(batches_per_epoch)"] == 6
-    )
+    assert finding["evidence"]["max(batches_per_epoch)"] == 7 and finding["evidence"]["min(batches_per_epoch)"] == 6
 
 
 @pytest.mark.timeout(300)
@@ -157,16 +203,12 @@ def test_cpu_thread_oversubscription_from_the_capture(reports):
 def test_batchnorm_not_synced(reports):
     finding = _only(reports, "mistake_batchnorm_small_batch", "batchnorm-not-synced")
     assert finding["severity"] == "info"
-    assert (
-        finding["evidence"]["max(ddp_batchnorm_layers)"] == 1 and finding["evidence"]["min(batch_size)"] == 8
-    )
+    assert finding["evidence"]["max(ddp_batchnorm_layers)"] == 1 and finding["evidence"]["min(batch_size)"] == 8
 
 
 @pytest.mark.timeout(300)
 def test_dp_gathers_large_outputs(reports):
     finding = _only(reports, "mistake_dp_gather_outputs", "dp-gathers-large-outputs")
-    assert finding["evidence"]["dp_gathered_bytes"] == {
-        "0": 8 * 128 * 8192 * 4
-    }  # [batch, seq, vocab] float32
+    assert finding["evidence"]["dp_gathered_bytes"] == {"0": 8 * 128 * 8192 * 4}  # [batch, seq, vocab] float32
     assert "32 MiB of outputs per step from 2 replicas" in finding["message"]
     assert finding["estimated_gain_ms"] > 0

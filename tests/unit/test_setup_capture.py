@@ -191,3 +191,21 @@ def test_an_augmentation_reads_alike_at_the_fixed_seeds_and_an_unseeded_one_is_n
     _content(_Rows(7, noise="torch"), 3, observer)
     torch.manual_seed(3)
     assert torch.rand(1) == expected
+
+
+def test_the_passes_whose_batches_feed_optimizer_steps_are_counted(observer):
+    """A training loader's batches are followed by optimizer steps (the session calls on_optimizer_step at each);
+    a validation loader's, iterated between epochs, by none, however many batches it yields."""
+    train, val = DataLoader(_data(8), batch_size=2), DataLoader(_data(40), batch_size=2)
+    for _ in range(2):
+        for _batch in train:
+            observer.on_optimizer_step()
+        list(val)
+    passes = observer.to_json()["data_loaders"]
+    assert [p["steps_fed"] for p in passes] == [4, 0, 4, 0]
+    assert [p["batches_yielded"] for p in passes] == [4, 20, 4, 20]
+    # gradient accumulation: a step after every other batch still feeds from the training loader
+    for i, _batch in enumerate(DataLoader(_data(8), batch_size=2)):
+        if i % 2:
+            observer.on_optimizer_step()
+    assert observer.to_json()["data_loaders"][-1]["steps_fed"] == 2

@@ -268,6 +268,24 @@ def test_float_only_data_the_whole_content_decides():
     )
 
 
+def test_the_training_loader_is_the_one_that_feeds_the_steps_not_the_longest():
+    """Rank 0 alone evaluates on a validation set of 40 batches after each 8-batch training epoch (a traced 2-rank
+    job, 2026-12-07, was told its ranks had uneven batches and that its sampler repeated its order): the loader
+    whose batches fed the optimizer steps is the training loader."""
+    train = {"distributed_sampler": True, "shuffle": True, "batches_per_epoch": 8, "batches_yielded": 8}
+    val = {"loader": 2, "batches_per_epoch": 40, "batches_yielded": 40, "steps_fed": 0, "first_indices_digest": "v"}
+    rank0 = capture([epoch(**train, steps_fed=8, first_indices_digest="a"), epoch(**val),
+                     epoch(**train, steps_fed=8, first_indices_digest="b"), epoch(**val)])  # fmt: skip
+    rank1 = capture([epoch(**train, steps_fed=8, first_indices_digest="c"),
+                     epoch(**train, steps_fed=8, first_indices_digest="d")])  # fmt: skip
+    ranks, _ = setup_metrics({0: rank0, 1: rank1})
+    assert column(ranks, "batches_per_epoch") == [8, 8]
+    assert column(ranks, "epochs_repeating_order") == [0, 0] and column(ranks, "distributed_sampler") == [True, True]
+    # a capture without steps_fed (before 2026-12-07): the loader that yielded the most, as before
+    old = capture([{k: v for k, v in e.items() if k != "steps_fed"} for e in rank0["setup"]["data_loaders"]])
+    assert rank_setup_metrics(old)["batches_per_epoch"] == 40
+
+
 def test_single_rank_is_not_duplicated():
     _, run = setup_metrics({0: capture([epoch()])})
     assert run["data_duplication_factor"] == 1.0
