@@ -168,7 +168,10 @@ def health_metrics(
         # lower bound counts)
         before_first_step = steps == 0 and all(not ranks.get(r, {}).get("steps") for r in ranks)
         verb = "failed" if before_first_step else "crashed"
-        subject = _ranks_text(culprits) + (f" {verb}" if len(culprits) == 1 else f" {verb} (first: rank {first})")
+        # several ranks with exceptions of their own: which raised first is not in the records (they hold no time
+        # of the failure, and two ranks failing alike part by microseconds), so the lowest rank speaks for them
+        # without being called the first
+        subject = _ranks_text(culprits) + f" {verb}" + (f"; rank {first}" if len(culprits) > 1 else "")
         if steps is None:
             least = ranks.get(first, {}).get("steps")
             when = f" at a step not recorded{f' (its rank file last recorded step {least})' if least else ''}"
@@ -193,9 +196,13 @@ def health_metrics(
                 )
         else:
             out["rank_crashed"] = True
+            several = len(culprits) > 1
             out["health_advice"] = (
-                f"Fix the exception of rank {first} (its traceback is in the job's output"
-                + (", and in its dump under dumps/" if states.get(first) is not None else "")
+                f"Fix the exception{'s' if several else ''} of {_ranks_text(culprits)} ("
+                + ("their tracebacks are" if several else "its traceback is")
+                + " in the job's output"
+                + (", and in its dump under dumps/" if states.get(first) is not None and not several else "")
+                + (", and in their dumps under dumps/" if several and any(states.get(r) for r in culprits) else "")
                 + ")"
                 + (
                     f"; the errors of {_ranks_text(consequences)} follow from it and need no fix of their own"

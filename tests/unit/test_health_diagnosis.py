@@ -247,3 +247,20 @@ def test_a_healthy_run_has_no_health_section_in_any_format():
         out = io.StringIO()
         render(result, fmt, out)
         assert "How the job ended" not in out.getvalue()
+
+
+def test_several_ranks_that_raised_are_named_together_none_called_the_first():
+    """Two ranks that raised the same exception before their first step (a traced job, 2026-12-07: ranks 0 and 1
+    about 0.2 ms apart; torchrun named rank 1 the first to fail): the records hold no time of the failure, so no
+    rank is called the first; the lowest one's error speaks for them."""
+    error = 'RuntimeError: expect_autograd_hooks_ INTERNAL ASSERT FAILED at "reducer.cpp":1732'
+    health, _, diagnosis = _diagnose(_manifest((0, "failed", error, 0), (1, "failed", error, 0)))
+    assert health["startup_failed"] and "(first:" not in health["health_summary"], health["health_summary"]
+    assert health["health_summary"].startswith("ranks 0, 1 failed; rank 0 before its first step: RuntimeError")
+    # crashed after some steps: the advice is for both exceptions
+    health, _, diagnosis = _diagnose(
+        _manifest((0, "failed", "ValueError: a", 7), (1, "failed", "KeyError: b", 7), (2, "failed", PEER, 7))
+    )
+    assert health["rank_crashed"] and "(first:" not in health["health_summary"], health["health_summary"]
+    assert health["health_summary"].startswith("ranks 0, 1 crashed; rank 0 after 7 steps: ValueError: a")
+    assert health["health_advice"].startswith("Fix the exceptions of ranks 0, 1 (their tracebacks are in the job's")
