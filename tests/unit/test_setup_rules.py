@@ -8,6 +8,7 @@ tests/integration/test_setup_checks.py measure them.
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -33,9 +34,7 @@ SETUP_RULES = {
 TRACE = {"step_ms_median": 100.0, "comm_ms": 20.0, "exposed_comm_ms": 8.0, "ddp_bucket_count": 2}
 
 
-def metrics(
-    captures: dict, *, mode: str = "ddp", allreduces_per_step: float | None = None, **trace
-) -> SimpleNamespace:
+def metrics(captures: dict, *, mode: str = "ddp", allreduces_per_step: float | None = None, **trace) -> SimpleNamespace:
     """A RunMetrics-like object: set-up metrics from ``captures`` plus the hand-set trace numbers."""
     per_rank, run = setup_metrics({int(r): c for r, c in captures.items()})
     ranks = [{"rank": r, **TRACE, **trace, **m} for r, m in sorted(per_rank.items())]
@@ -150,16 +149,12 @@ def test_dataparallel_gathering_large_outputs():
     assert "32 MiB of outputs per step from 2 replicas" in finding.message and "30.0 ms" in finding.message
     assert finding.estimated_gain_ms == 30.0
     rule = load_rules()
-    bigger = [
-        r.with_params({"min_gathered_mb": 64.0}, "test") for r in rule if r.name == "dp-gathers-large-outputs"
-    ]
+    bigger = [r.with_params({"min_gathered_mb": 64.0}, "test") for r in rule if r.name == "dp-gathers-large-outputs"]
     assert evaluate(bigger, m).passed == ("dp-gathers-large-outputs",)
 
 
 # ------------------------------------------------------------------- CUDA (hand-made captures, no GPU here)
-def cuda_capture(
-    current: str, model: str, set_device: list[str] | None = None, visible: str | None = None
-) -> dict:
+def cuda_capture(current: str, model: str, set_device: list[str] | None = None, visible: str | None = None) -> dict:
     """A CUDA rank's capture (hand-made): current device at the end, DDP model's device, set_device calls."""
     return {
         "hostname": "host0",
@@ -185,9 +180,7 @@ def test_ranks_that_never_set_their_device_and_share_gpu0():
 
 
 def test_a_rank_on_its_own_gpu_without_set_device_lands_on_gpu0():
-    m = metrics(
-        {0: cuda_capture("cuda:0", "cuda:0"), 1: cuda_capture("cuda:0", "cuda:1")}, foreign_cuda0_bytes=0
-    )
+    m = metrics({0: cuda_capture("cuda:0", "cuda:0"), 1: cuda_capture("cuda:0", "cuda:1")}, foreign_cuda0_bytes=0)
     m.ranks[1]["foreign_cuda0_bytes"] = 600 * 2**20
     _, found = diagnose(m, "ranks-share-cuda0")
     finding = found["ranks-share-cuda0"]
@@ -207,3 +200,30 @@ def test_every_set_up_rule_fix_is_a_code_snippet():
     for rule in load_rules():
         if rule.name in SETUP_RULES.values():
             assert "```python" in rule.docs.fix, rule.name
+
+
+def _uneven(steps: tuple[int, int] | None, join: bool, job_failed: bool | None):
+    captures = copy.deepcopy(RECORDED["uneven_batches"])  # rank 0: 7 batches an epoch, rank 1: 6
+    for rank, cap in captures.items():
+        if steps is not None:
+            cap["steps"] = {"source": "optimizer", "count": steps[int(rank)], "first": 1}
+        cap["setup"]["join_contexts"] = int(join)
+    m = metrics(captures)
+    if job_failed is not None:
+        m.run["job_failed"] = job_failed
+    return diagnose(m, "uneven-batches-across-ranks")
+
+
+def test_uneven_epochs_of_a_loop_that_stops_at_a_step_count_pass():
+    """Per-rank shards of different lengths under a loop bounded by a step count (a traced 2-rank job, 2026-12-07:
+    40 and 50 batches an epoch, 16 steps on each rank, the run ended well): no rank was left alone in an
+    all-reduce, so "the job hangs" would be false. Join, a failed run or different step counts still fire."""
+    result, found = _uneven((16, 16), join=False, job_failed=False)
+    assert found == {} and result.passed == ("uneven-batches-across-ranks",)
+    assert "coalesce(max(steps_run) > min(steps_run), True) = false" in result.passed_reasons[0].reason
+    for steps, join, failed in (((7, 6), True, False), ((6, 6), False, True), ((7, 6), False, False)):
+        _, found = _uneven(steps, join=join, job_failed=failed)
+        assert set(found) == {"uneven-batches-across-ranks"}, (steps, join, failed)
+    # without the step counts (a capture before 2026-12-07) or how the job ended: as before
+    assert set(_uneven(None, join=False, job_failed=False)[1]) == {"uneven-batches-across-ranks"}
+    assert set(_uneven((16, 16), join=False, job_failed=None)[1]) == {"uneven-batches-across-ranks"}
