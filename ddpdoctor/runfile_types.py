@@ -227,6 +227,7 @@ class DDPModel(msgspec.Struct, forbid_unknown_fields=False):
 
     module: str | None = None
     batchnorm_layers: Count | None = None
+    batchnorm_batch_stats_layers: Count | None = None
     sync_batchnorm_layers: Count | None = None
     parameters: Count | None = None
     parameter_bytes: Count | None = None

@@ -22,6 +22,7 @@ from ddpdoctor.capture.invisible import invisible
 _FIRST_BATCHES = 4  # index batches per epoch hashed to compare what ranks read
 _MAX_DIGEST_BYTES = 1 << 20
 _CONTENT_SAMPLES = 16  # fixed indices whose integer content fingerprints a dataset (10 classes: 1e-16 to collide)
+_BN_FORWARDS = 8  # training forwards of a DDP model whose BatchNorm layers' modes are looked at
 _CONTENT_SEED = 0  # the random generators' seed while those items are read (_content_digests)
 
 
@@ -41,6 +42,8 @@ class SetupObserver:
         self._round_grad: Any = None
         self._patches: list[tuple[Any, str, Any]] = []
         self._iters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        # DDP module (weakly) -> [its ddp_models entry, weak refs to its BatchNorm layers, training forwards seen]
+        self._batchnorms: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._fed: dict[str, Any] | None = None  # the pass whose batch came last: the next step's (steps_fed)
         # id(loader) -> (the loader, weakly; its integer and whole content digests), computed once per loader
         self._content: dict[int, tuple[Any, tuple[str | None, str | None]]] = {}
@@ -153,6 +156,8 @@ class SetupObserver:
         import torch
 
         self._forwards_since_step += 1
+        if torch.is_grad_enabled() and self._batchnorms:
+            self._batch_stats_layers(module)
         if torch.is_grad_enabled() and getattr(module, "require_backward_grad_sync", True):
             grad = _first_grad(module)
             if self._round_module is not None and self._round_module() is module:
@@ -283,23 +288,43 @@ class SetupObserver:
         import torch.nn as nn
 
         inner = getattr(module, "module", module)
-        bn = sync_bn = 0
+        bn: list[Any] = []
+        sync_bn = 0
         for m in inner.modules():
             if isinstance(m, nn.SyncBatchNorm):
                 sync_bn += 1
             elif isinstance(m, nn.modules.batchnorm._BatchNorm):
-                bn += 1
+                bn.append(weakref.ref(m))
         params = list(inner.parameters())
-        self.ddp_models.append(
-            {
-                "module": type(inner).__name__,
-                "batchnorm_layers": bn,
-                "sync_batchnorm_layers": sync_bn,
-                "parameters": sum(p.numel() for p in params),
-                "parameter_bytes": sum(p.numel() * p.element_size() for p in params),
-                "device": str(params[0].device) if params else None,
-            }
-        )
+        entry = {
+            "module": type(inner).__name__,
+            "batchnorm_layers": len(bn),
+            # of them, those that normalised with the batch's statistics in a training forward (in training mode,
+            # or without running statistics): most seen in the first _BN_FORWARDS; a layer put in eval mode for
+            # training (frozen BatchNorm: detection and segmentation fine-tuning, mmdet's norm_eval) uses its
+            # running statistics and needs no synchronising. None: no training forward seen.
+            "batchnorm_batch_stats_layers": None,
+            "sync_batchnorm_layers": sync_bn,
+            "parameters": sum(p.numel() for p in params),
+            "parameter_bytes": sum(p.numel() * p.element_size() for p in params),
+            "device": str(params[0].device) if params else None,
+        }
+        self.ddp_models.append(entry)
+        if bn:
+            try:
+                self._batchnorms[module] = [entry, bn, 0]
+            except TypeError:  # a module without weak references: the layers as built, not as used
+                pass
+
+    def _batch_stats_layers(self, module: Any) -> None:
+        """At a training forward of DDP ``module``: how many of its BatchNorm layers use the batch's statistics."""
+        kept = self._batchnorms.get(module)
+        if kept is None or kept[2] >= _BN_FORWARDS:
+            return
+        entry, layers, _ = kept
+        kept[2] += 1
+        used = sum(1 for ref in layers if (m := ref()) is not None and (m.training or not m.track_running_stats))
+        entry["batchnorm_batch_stats_layers"] = max(used, entry["batchnorm_batch_stats_layers"] or 0)
 
     def on_optimizer_step(self) -> None:
         """Close the counts of one optimizer step (called by the session at each step)."""

@@ -138,7 +138,14 @@ def rank_setup_metrics(capture: Mapping[str, Any] | None, epochs: list[dict[str,
         out["ddp_sync_rounds_per_step"] = _histogram_median(setup.get("ddp_sync_rounds_per_step"))
         out["ddp_forwards_per_step"] = _histogram_median(setup.get("ddp_forwards_per_step"))
     if models:
-        out["ddp_batchnorm_layers"] = sum(_int(m.get("batchnorm_layers")) or 0 for m in models)
+        # the layers that normalised with the batch's statistics in training forwards, where seen (frozen layers,
+        # in eval mode, use their running statistics); else every BatchNorm layer (a capture before 2026-12-07)
+        out["ddp_batchnorm_layers"] = sum(
+            _int(m.get("batchnorm_batch_stats_layers"))
+            if _int(m.get("batchnorm_batch_stats_layers")) is not None
+            else _int(m.get("batchnorm_layers")) or 0
+            for m in models
+        )
         out["ddp_sync_batchnorm_layers"] = sum(_int(m.get("sync_batchnorm_layers")) or 0 for m in models)
     device = compute_device(capture)
     current = capture.get("device")

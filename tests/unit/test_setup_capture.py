@@ -209,3 +209,41 @@ def test_the_passes_whose_batches_feed_optimizer_steps_are_counted(observer):
         if i % 2:
             observer.on_optimizer_step()
     assert observer.to_json()["data_loaders"][-1]["steps_fed"] == 2
+
+
+def test_batchnorm_layers_in_eval_mode_for_training_are_not_counted_as_using_batch_statistics():
+    """Frozen BatchNorm (detection and segmentation fine-tuning: the layers put in eval mode after model.train())
+    normalises with its running statistics: no synchronising to advise. The layers' modes are read at the DDP
+    model's training forwards (here a real module, its forwards counted as DDP's are)."""
+
+    def used(freeze: str | None) -> int | None:
+        obs = SetupObserver()
+        model = torch.nn.Sequential(
+            torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 8), torch.nn.BatchNorm1d(8)
+        )
+        if freeze == "no running statistics":  # normalises with the batch's statistics even in eval mode
+            model[3] = torch.nn.BatchNorm1d(8, track_running_stats=False)
+        obs._saw_ddp(model)
+        for _ in range(3):
+            model.train()
+            if freeze is not None:
+                for m in model.modules():
+                    if isinstance(m, torch.nn.BatchNorm1d):
+                        m.eval()
+            obs._count_forward(model)
+            model(torch.randn(4, 4)).sum().backward()
+            obs.on_optimizer_step()
+        with torch.no_grad():  # an evaluation forward in train mode changes nothing: only training forwards count
+            model.eval()
+            obs._count_forward(model)
+        (entry,) = obs.to_json()["ddp_models"]
+        assert entry["batchnorm_layers"] == 2
+        return entry["batchnorm_batch_stats_layers"]
+
+    assert used(None) == 2 and used("eval") == 0 and used("no running statistics") == 1
+    from ddpdoctor.metrics.setup import rank_setup_metrics
+
+    capture = {"setup": {"ddp_models": [{"batchnorm_layers": 2, "batchnorm_batch_stats_layers": 0}]}}
+    assert rank_setup_metrics(capture)["ddp_batchnorm_layers"] == 0
+    capture["setup"]["ddp_models"][0].pop("batchnorm_batch_stats_layers")  # a capture before 2026-12-07
+    assert rank_setup_metrics(capture)["ddp_batchnorm_layers"] == 2
