@@ -251,6 +251,7 @@ class SetupRecord(msgspec.Struct, forbid_unknown_fields=False):
 class ThreadsRecord(msgspec.Struct, forbid_unknown_fields=False):
     cpu_count: Count | None = None
     affinity_cpus: Count | None = None
+    affinity: list[list[Count]] | None = None  # the CPUs themselves, as [first, last] ranges (ranklist.compact)
     omp_num_threads: str | Int64 | None = None
     torch_intra_op_threads: Count | None = None
     torch_inter_op_threads: Count | None = None

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ddpdoctor import liveness, rundir, runfiles
+from ddpdoctor import liveness, ranklist, rundir, runfiles
 from ddpdoctor._version import __version__
 from ddpdoctor.capture import ddp as ddp_capture
 from ddpdoctor.capture import knobs as knobs_capture
@@ -141,6 +141,8 @@ def record(session: Session) -> dict[str, Any]:
         "threads": {
             "cpu_count": os.cpu_count(),
             "affinity_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+            # which CPUs, as [first, last] ranges: ranks pinned each to its own CPUs share none of them
+            "affinity": ranklist.compact(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else None,
             "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
             "torch_intra_op_threads": torch.get_num_threads(),
             "torch_inter_op_threads": torch.get_num_interop_threads(),

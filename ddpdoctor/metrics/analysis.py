@@ -4,6 +4,7 @@ cross-rank and run-level metrics."""
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from itertools import chain, repeat
 from operator import itemgetter
 from typing import Any
@@ -57,6 +58,7 @@ def analyze(run: Run, steps: tuple[int, int | None] | None = None, verdict: Any 
     transfer_us = transfer_times(summaries, colls)
     transfer = transfer_metrics(summaries, colls, transfer_us, windows)
     hosts = Counter(c.get("hostname") for c in run.capture.values() if c.get("hostname"))
+    node_cpus = _node_cpus(run.capture)
     setup_ranks, setup_run = setup_metrics(run.capture)  # the set-up checklist: from the capture, not traces
     ranks = []
     no_transfer, no_setup, no_waits = dict.fromkeys(catalog.group("transfer")), dict.fromkeys(SETUP_RANK_METRICS), {}
@@ -74,6 +76,8 @@ def analyze(run: Run, steps: tuple[int, int | None] | None = None, verdict: Any 
         m.update(transfer.get(rank) or no_transfer)
         host = (capture or {}).get("hostname")
         m["local_world_size"] = hosts.get(host) if host else None
+        if host in node_cpus:  # the CPUs of all the job's ranks on its host, not its own alone
+            m["cpu_count"] = node_cpus[host]
         m.update(setup_ranks.get(rank) or no_setup)
         m.update(ddp_timers(capture))
         ranks.append(m)
@@ -238,6 +242,36 @@ def _per_step_frame(summaries: list[dict[str, Any]]) -> Table:
             hidden = 1.0 - exposed / np.where(comm > 0, comm, np.nan)
         per_step["overlap_ratio"] = np.clip(hidden, 0.0, 1.0)
     return per_step
+
+
+_MAX_CPU = 1 << 16  # CPU numbers above this are no CPU set a host has
+
+
+def _node_cpus(captures: Mapping[int, Mapping[str, Any]]) -> dict[Any, int]:
+    """host -> how many CPUs the job's ranks on it may run on between them (the union of their affinities), for the
+    hosts where every rank recorded its CPUs: ranks pinned each to its own CPUs (an HPC launcher's binding, a
+    script's ``os.sched_setaffinity``) have their sum, ranks that share every CPU their count. The rank-level
+    ``cpu_count`` (its own affinity) compared with all the host's ranks' threads would call the pinned ones
+    oversubscribed."""
+    seen: dict[Any, set[tuple[tuple[int, int], ...]] | None] = {}  # host -> its ranks' distinct CPU ranges
+    for capture in captures.values():
+        host = (capture or {}).get("hostname")
+        if not host or (host in seen and seen[host] is None):
+            continue
+        ranges = ((capture or {}).get("threads") or {}).get("affinity")
+        try:
+            key = tuple((int(first), int(last)) for first, last in ranges)
+        except (TypeError, ValueError):
+            key = ()
+        if not key or any(not 0 <= a <= b < _MAX_CPU for a, b in key):
+            seen[host] = None  # a rank without its CPUs: the host's union is unknown
+        else:
+            seen.setdefault(host, set()).add(key)
+    out = {}
+    for host, keys in seen.items():
+        if keys:
+            out[host] = len({c for key in keys for a, b in key for c in range(a, b + 1)})
+    return out
 
 
 def _run_level(

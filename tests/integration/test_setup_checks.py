@@ -10,6 +10,7 @@ mistake_dp_gather_outputs.py's model through DataParallel's real multi-device co
 from __future__ import annotations
 
 import json
+import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -41,7 +42,31 @@ RUNS = {
     "mistake_dp_gather_outputs": ["{dp_script}"],
     "rank0_validates": [*DDP, "{val_script}"],
     "max_steps_uneven_shards": [*DDP, "{steps_script}"],
+    "pinned_ranks": [*DDP, "{pinned_script}"],
 }
+# A correct job whose ranks pin themselves each to its own CPU with one thread (as HPC launch wrappers bind them):
+# it was told it ran 2 compute threads for 1 CPU (2026-12-07), each rank's own affinity taken for the host's.
+PINNED_SCRIPT = """
+    import os
+
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    os.sched_setaffinity(0, {int(os.environ["LOCAL_RANK"]) % os.cpu_count()})
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    model = DDP(nn.Linear(32, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(8):
+        loss = model(torch.randn(16, 32)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    dist.barrier()
+    dist.destroy_process_group()
+"""
 # A correct job whose ranks read their own shards of different lengths (40 and 50 batches) under a loop that stops
 # at 12 steps: no rank reaches its epoch's end, none is left alone in an all-reduce (2026-12-07: it was told it
 # hangs at the end of the epoch).
@@ -139,6 +164,7 @@ def reports(tmp_path_factory) -> dict[str, dict]:
         "{dp_script}": str(write_script(root / "dp_script.py", DP_SCRIPT)),
         "{val_script}": str(write_script(root / "val_script.py", VAL_SCRIPT)),
         "{steps_script}": str(write_script(root / "steps_script.py", STEPS_SCRIPT)),
+        "{pinned_script}": str(write_script(root / "pinned_script.py", PINNED_SCRIPT)),
     }
     runs = {name: [scripts.get(a, a) for a in args] for name, args in RUNS.items()}
     with ThreadPoolExecutor(max_workers=3) as pool:
@@ -191,6 +217,15 @@ def test_uneven_shards_under_a_step_bounded_loop_pass(reports):
     assert _setup_findings(report) == {}, json.dumps(report["findings"], indent=1)
     why = {p["name"]: p["reason"] for p in report["passed_reasons"]}
     assert "coalesce(max(steps_run) > min(steps_run), True) = false" in why["uneven-batches-across-ranks"], why
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or (os.cpu_count() or 1) < 2, reason="needs 2 CPUs to pin")
+def test_ranks_pinned_each_to_its_own_cpu_are_not_oversubscribed(reports):
+    report = _report(reports, "pinned_ranks")
+    assert "cpu-thread-oversubscription" in report["passed"], json.dumps(report["findings"], indent=1)
+    why = {p["name"]: p["reason"] for p in report["passed_reasons"]}["cpu-thread-oversubscription"]
+    assert "cpu_count * params.max_threads_per_cpu = 2" in why, why
 
 
 @pytest.mark.timeout(300)

@@ -227,3 +227,26 @@ def test_uneven_epochs_of_a_loop_that_stops_at_a_step_count_pass():
     # without the step counts (a capture before 2026-12-07) or how the job ended: as before
     assert set(_uneven(None, join=False, job_failed=False)[1]) == {"uneven-batches-across-ranks"}
     assert set(_uneven((16, 16), join=False, job_failed=None)[1]) == {"uneven-batches-across-ranks"}
+
+
+def test_ranks_pinned_each_to_its_own_cpus_are_not_oversubscribed():
+    """2 ranks on a 2-CPU host, each pinned to one CPU with one thread (a traced job, 2026-12-07: "2 compute
+    threads for 1 CPUs... more ranks than CPUs"): the CPUs of the host's ranks together are the union of their
+    affinities. Ranks that share their CPUs, or a rank without its CPU list, count as before."""
+    from ddpdoctor.metrics.analysis import _node_cpus
+
+    def caps(*affinities):
+        return {r: {"hostname": "h", "threads": {"affinity": a}} for r, a in enumerate(affinities)}
+
+    assert _node_cpus(caps([[0, 0]], [[1, 1]])) == {"h": 2}
+    assert _node_cpus(caps([[0, 3]], [[0, 3]], [[2, 5]])) == {"h": 6}
+    assert _node_cpus(caps([[0, 0]], None)) == {}  # one rank's CPUs unknown: the host's union is too
+    assert _node_cpus(caps([[0, 1 << 20]])) == {}  # no CPU set a host has
+    pinned = {"intra_op_threads": 1, "local_world_size": 2, "cpu_count": 2}
+    rule = [r for r in load_rules() if r.name == "cpu-thread-oversubscription"]
+    ranks = [{"rank": r, **pinned} for r in range(2)]
+    result = evaluate(rule, SimpleNamespace(run={"mode": "ddp", "world_size": 2}, ranks=ranks))
+    assert result.passed == ("cpu-thread-oversubscription",)
+    ranks = [{"rank": r, **pinned, "cpu_count": 1} for r in range(2)]  # both on the one CPU: oversubscribed
+    result = evaluate(rule, SimpleNamespace(run={"mode": "ddp", "world_size": 2}, ranks=ranks))
+    assert [f.name for f in result.findings] == ["cpu-thread-oversubscription"]
