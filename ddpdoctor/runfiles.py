@@ -24,7 +24,8 @@ schedule records, optional to every reader, are left out alone when they do not 
                   "run_delay_s", "involuntary_switches", "host_busy_s", "host_steal_s", ...}]},  # capture/hostload.py
      "ddp": [{"module", "logging_data": {...}}],  # DistributedDataParallel._get_ddp_logging_data()
      "dp": [{"module", "device_ids", "output_device"}],
-     "threads": {"cpu_count", "omp_num_threads", "torch_intra_op_threads", "torch_inter_op_threads"},
+     "threads": {"cpu_count", "affinity_cpus", "affinity": [[first_cpu, last_cpu], ...], "omp_num_threads",
+                 "torch_intra_op_threads", "torch_inter_op_threads"},
      "trace_files": ["rank0.1732900000000.pt.trace.json.gz", ...],
      "process_groups": [{"name", "rank", "world_size", "backend"}, ...],  # the groups this process joined, in
                                                   # order; name "" is the top level; the file describes the first

@@ -188,6 +188,32 @@ def flight_records(backend: str | None, *, frames: bool = True) -> tuple[list[di
     return records, "; ".join(errors) or None
 
 
+def run_collectives(backend: str | None) -> int | None:
+    """The collectives this process issued that the Flight Recorder still holds (its last TORCH_FR_BUFFER_SIZE
+    entries, kept after destroy_process_group), barriers left out: a barrier moves no data, and a job whose ranks
+    train apart still meets at one before it ends. None where the recorder is off or cannot be read (a count of 0
+    there would say the ranks never met). Read when the run ends: a whole run's collectives, where the profiled
+    steps show a window's (periodic model averaging, local SGD, syncs every few hundred steps)."""
+    if not any(_positive(os.environ.get(n)) for n in FR_VARIABLES):
+        return None
+    records, why = flight_records(backend, frames=False)
+    if not records and why and "recorded nothing" not in why:
+        return None  # it could not be read
+    return sum(
+        1
+        for record in records
+        for entry in record["entries"]
+        if "barrier" not in str(entry.get("profiling_name", "")) and entry.get("profiling_name")
+    )
+
+
+def _positive(value: str | None) -> bool:
+    try:
+        return value is not None and int(value) > 0
+    except ValueError:
+        return False
+
+
 # ---- a fatal signal: Python's faulthandler ---------------------------------------------------------------------------
 # A rank that a fatal signal ends (gloo aborts a process with SIGABRT when a collective receives more data than its
 # tensor holds; a segfault in an extension) runs no Python again, so it cannot dump. Python's faulthandler writes

@@ -125,6 +125,7 @@ def record(session: Session) -> dict[str, Any]:
         # the traceback of the exception that ended the rank, outermost first (ddpdoctor's frames left out): where a
         # rank failed before it made a process group it leaves no dump, and this is where its code was
         **({"error_frames": session.error_frames} if session.error_frames else {}),
+        **({"run_collectives": session.run_collectives} if session.run_collectives is not None else {}),
         "backend": info.get("backend"),
         "device": device,
         "steps": session.clock.steps_json(),

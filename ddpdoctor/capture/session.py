@@ -78,6 +78,7 @@ class Session:
         self.exit_code: int | None = None
         self.error: str | None = None
         self.error_frames: list[dict[str, Any]] = []  # the ending exception's traceback (saw_exception)
+        self.run_collectives: int | None = None  # counted where the run ends (flight.run_collectives)
         self.pid = os.getpid()
         self.started_at = time.time()
         self.dist: dict[str, Any] | None = None  # backend, rank, world size once the process group exists
@@ -581,6 +582,10 @@ class Session:
             self._claim()
         if self._summarizing:  # the removed windows' summaries, before the rank file says how the run ended
             self._summarizing = window_summary.reap(self._summarizing, window_summary.FINISH_WAIT_S)
+        try:
+            self.run_collectives = flight.run_collectives((self.dist or {}).get("backend"))
+        except Exception as exc:  # never stand between the run and its rank file
+            self.capture_errors.append(f"counting the run's collectives failed: {type(exc).__name__}: {exc}")
         self.write_rank_file()
         # The summary reads the traces not yet compressed as they are (faster), while they are compressed.
         summary = rank_file.summarize(self)

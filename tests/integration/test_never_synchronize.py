@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import SAMPLES, run_cli
+from helpers import SAMPLES, run_cli, write_script
 
 pytestmark = [pytest.mark.integration]
 
@@ -35,3 +35,39 @@ def test_two_ranks_without_ddp_is_an_error_that_leads_the_report(tmp_path):
     assert not passed & {"poor-comm-compute-overlap", "rank-straggler", "low-collective-bandwidth"}
     reasons = {n["name"]: n["reason"] for n in report["not_evaluated"]}
     assert "without any synchronisation" in reasons["poor-comm-compute-overlap"]
+
+
+LOCAL_SGD = """
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = nn.Linear(32, 10)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for step in range(1, 21):
+        loss = model(torch.randn(16, 32)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if step % 10 == 0:  # local SGD: the replicas are averaged every 10 steps, outside the profiled ones
+            with torch.no_grad():
+                for p in model.parameters():
+                    dist.all_reduce(p)
+                    p /= dist.get_world_size()
+    dist.barrier()
+    dist.destroy_process_group()
+"""
+
+
+@pytest.mark.timeout(240)
+def test_ranks_that_average_their_models_outside_the_profiled_steps_synchronise(tmp_path):
+    """No DDP and no collective in steps 3-5, but an all-reduce of every parameter at steps 10 and 20: the Flight
+    Recorder's count where the run ended (run_collectives) shows the ranks meet (2026-12-07: it was an error saying
+    each rank trains its own model)."""
+    script = write_script(tmp_path / "local_sgd.py", LOCAL_SGD)
+    report = _diagnose(tmp_path, "--standalone", "--nproc-per-node", "2", str(script))
+    assert "ranks-never-synchronize" in report["passed"], json.dumps(report["findings"], indent=1)[:3000]
+    why = {p["name"]: p["reason"] for p in report["passed_reasons"]}["ranks-never-synchronize"]
+    assert "coalesce(max(run_collectives), 0) = 4 != 0" in why, why  # 2 parameters x 2 averagings

@@ -250,3 +250,20 @@ def test_ranks_pinned_each_to_its_own_cpus_are_not_oversubscribed():
     ranks = [{"rank": r, **pinned, "cpu_count": 1} for r in range(2)]  # both on the one CPU: oversubscribed
     result = evaluate(rule, SimpleNamespace(run={"mode": "ddp", "world_size": 2}, ranks=ranks))
     assert [f.name for f in result.findings] == ["cpu-thread-oversubscription"]
+
+
+def test_ranks_that_meet_outside_the_profiled_steps_synchronise():
+    """A job without DDP that averages its models every 20 steps (local SGD): no collective in the profiled steps,
+    but the Flight Recorder held its all-reduces where the run ended (run_collectives). Barriers are not counted
+    (capture/flight.py), so ranks that train apart and meet only at a barrier still fire, and so does a run whose
+    count is unknown."""
+    rule = [r for r in load_rules() if r.name == "ranks-never-synchronize"]
+
+    def verdict(run_collectives):
+        ranks = [{"rank": r, "collectives_per_step": 0.0, "run_collectives": run_collectives} for r in range(2)]
+        run = {"mode": "ddp", "world_size": 2, "steps_analyzed": 5, "ranks_loaded": 2}
+        return evaluate(rule, SimpleNamespace(run=run, ranks=ranks))
+
+    assert verdict(8).passed == ("ranks-never-synchronize",)
+    assert [f.name for f in verdict(0).findings] == ["ranks-never-synchronize"]
+    assert [f.name for f in verdict(None).findings] == ["ranks-never-synchronize"]
