@@ -259,10 +259,12 @@ def _node_cpus(captures: Mapping[int, Mapping[str, Any]]) -> dict[Any, int]:
         if not host or (host in seen and seen[host] is None):
             continue
         ranges = ((capture or {}).get("threads") or {}).get("affinity")
-        try:
-            key = tuple((int(first), int(last)) for first, last in ranges)
-        except (TypeError, ValueError):
-            key = ()
+        key: tuple[tuple[int, int], ...] = ()
+        if isinstance(ranges, list):
+            try:
+                key = tuple((int(first), int(last)) for first, last in ranges)
+            except (TypeError, ValueError):
+                key = ()
         if not key or any(not 0 <= a <= b < _MAX_CPU for a, b in key):
             seen[host] = None  # a rank without its CPUs: the host's union is unknown
         else:
