@@ -34,7 +34,23 @@ def _warnings(lines: list[str]) -> list[str]:
     return sorted(re.sub(r"^(\[rank\d+\]:[WIE])\d{4} [\d:.]+ \d+ ", r"\1 ", line) for line in lines)
 
 
+# torch's own teardown can abort a gloo rank at exit (a C++ thread still joinable: "terminate called without an
+# active exception", SIGABRT), bare or traced, after the job did its work (CI clone, 2026-12-07: a bare torchrun run
+# of this job). That is no result of the comparison: such a run is made once more.
+TEARDOWN_ABORT = "terminate called without an active exception"
+
+
 def _run(tmp: Path, name: str, env: dict, traced: bool, dist: bool) -> tuple[dict, list[str], Path]:
+    for attempt in (1, 2):
+        made = _run_once(tmp, name if attempt == 1 else f"{name}-again", env, traced, dist)
+        if not isinstance(made, str):
+            return made
+        assert attempt == 1 and TEARDOWN_ABORT in made, made[-3000:]
+    raise AssertionError("unreachable")
+
+
+def _run_once(tmp: Path, name: str, env: dict, traced: bool, dist: bool) -> tuple[dict, list[str], Path] | str:
+    """The job's result, its stderr lines and its run folder; its stderr where it failed."""
     result = tmp / f"{name}.json"
     full_env = {**os.environ, **env, "RESULT": str(result), "DIST": "1" if dist else "0", "PYTHONUNBUFFERED": "1"}
     out = tmp / f"{name}.run"
@@ -46,7 +62,8 @@ def _run(tmp: Path, name: str, env: dict, traced: bool, dist: bool) -> tuple[dic
         proc = subprocess.run(cmd, capture_output=True, text=True, env=full_env, timeout=150)
     else:
         proc = subprocess.run([sys.executable, str(JOB)], capture_output=True, text=True, env=full_env, timeout=150)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    if proc.returncode != 0:
+        return proc.stderr
     return json.loads(result.read_text()), _script_stderr(proc.stderr), out
 
 

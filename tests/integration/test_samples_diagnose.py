@@ -114,6 +114,14 @@ def test_healthy_ddp_train_has_no_findings(healthy):
 
 @pytest.mark.timeout(240)
 def test_poor_overlap_sample(poor_overlap):
+    if not poor_overlap["findings"]:
+        # a busy host (CI clone 2026-12-07, beside other jobs: the backend's threads waited 25 ms a step for a CPU
+        # against 24 ms of exposed transfer) leaves it undecided, said with the numbers: never passed
+        assert "poor-comm-compute-overlap" not in poor_overlap["passed"]
+        why = {n["name"]: n["reason"] for n in poor_overlap["not_evaluated"]}["poor-comm-compute-overlap"]
+        assert why.startswith("the host was busy, and communication waited for a CPU too: "), why
+        assert "cannot be told from the host's" in why, why
+        return
     f = _only(poor_overlap, "poor-comm-compute-overlap")
     assert f["severity"] == "warning" and f["ranks"] == [0, 1]
     ev = f["evidence"]
