@@ -100,6 +100,7 @@ def record(session: Session) -> dict[str, Any]:
     import torch
 
     device = None
+    cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
     info = session.dist or dist_info() or {}
     who = session.identity
     rank, world_size = info.get("rank", who.rank), info.get("world_size", who.world_size)
@@ -141,9 +142,9 @@ def record(session: Session) -> dict[str, Any]:
         "setup": session.setup.to_json(),
         "threads": {
             "cpu_count": os.cpu_count(),
-            "affinity_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+            "affinity_cpus": len(cpus) if cpus is not None else None,
             # which CPUs, as [first, last] ranges: ranks pinned each to its own CPUs share none of them
-            "affinity": ranklist.compact(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else None,
+            "affinity": ranklist.compact(sorted(cpus)) if cpus is not None else None,
             "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
             "torch_intra_op_threads": torch.get_num_threads(),
             "torch_inter_op_threads": torch.get_num_interop_threads(),

@@ -197,12 +197,12 @@ def health_metrics(
         else:
             out["rank_crashed"] = True
             several = len(culprits) > 1
+            dumped = any(states.get(r) is not None for r in culprits)
             out["health_advice"] = (
                 f"Fix the exception{'s' if several else ''} of {_ranks_text(culprits)} ("
                 + ("their tracebacks are" if several else "its traceback is")
                 + " in the job's output"
-                + (", and in its dump under dumps/" if states.get(first) is not None and not several else "")
-                + (", and in their dumps under dumps/" if several and any(states.get(r) for r in culprits) else "")
+                + (f", and in {'their dumps' if several else 'its dump'} under dumps/" if dumped else "")
                 + ")"
                 + (
                     f"; the errors of {_ranks_text(consequences)} follow from it and need no fix of their own"

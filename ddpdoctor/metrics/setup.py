@@ -142,9 +142,10 @@ def rank_setup_metrics(capture: Mapping[str, Any] | None, epochs: list[dict[str,
         # the layers that normalised with the batch's statistics in training forwards, where seen (frozen layers,
         # in eval mode, use their running statistics); else every BatchNorm layer (a capture before 2026-12-07)
         out["ddp_batchnorm_layers"] = sum(
-            _int(m.get("batchnorm_batch_stats_layers"))
-            if _int(m.get("batchnorm_batch_stats_layers")) is not None
-            else _int(m.get("batchnorm_layers")) or 0
+            next(
+                (n for k in ("batchnorm_batch_stats_layers", "batchnorm_layers") if (n := _int(m.get(k))) is not None),
+                0,
+            )
             for m in models
         )
         out["ddp_sync_batchnorm_layers"] = sum(_int(m.get("sync_batchnorm_layers")) or 0 for m in models)
