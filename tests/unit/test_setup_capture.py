@@ -10,7 +10,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, Subset, TensorDataset
 
-from ddpdoctor.capture.setup import SetupObserver, _digest
+from ddpdoctor.capture.data_digest import digest as _digest
+from ddpdoctor.capture.setup import SetupObserver
 
 
 @pytest.fixture
