@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ddpdoctor import rundir
-from ddpdoctor.capture import compiled, flight, groups, progress, rank_file, series, window_summary
+from ddpdoctor.capture import compiled, flight, groups, other_profiler, progress, rank_file, series, window_summary
 from ddpdoctor.capture import ddp as ddp_capture
 from ddpdoctor.capture import knobs as knobs_capture
 from ddpdoctor.capture.compress import GZ, Compressor
@@ -166,6 +166,7 @@ class Session:
         # We step the profiler on purpose across cycles; its advice about acc_events is not for our users.
         warnings.filterwarnings("ignore", message=".*Profiler clears events at the end of each cycle")
         self._prof = profile(**kwargs)
+        other_profiler.install(lambda p: getattr(self._prof, "profiler", None) is p, self._other_profiler)
         self._prof.start()
         self.write_rank_file()
         try:
@@ -574,6 +575,7 @@ class Session:
                 self._prof.stop()  # writes a window still open (partial if the run ended inside it)
         except Exception as exc:
             self.capture_errors.append(f"stopping the profiler failed: {type(exc).__name__}: {exc}")
+        other_profiler.uninstall()
         self.gil.stop()
         if not self.claimed and self._launched_ranks():
             _current = None
@@ -593,6 +595,15 @@ class Session:
         self._apply_compressed()
         rank_file.write_summary(self, summary)
         _current = None
+
+    def _other_profiler(self, where: str) -> None:
+        """The script started a profiler of its own at ``where``: it records nothing (capture/other_profiler.py)."""
+        what = f"the script's own torch.profiler (at {where}) {other_profiler.NOTE}"
+        if what in self.capture_errors:  # once a place (torch.profiler starts a new one every cycle)
+            return
+        self.capture_errors.append(what)
+        if not self.config.quiet:
+            print(f"ddpdoctor: warning: rank {self.rank}: {what}", file=sys.stderr, flush=True)
 
     def _on_hang(self, idle_s: float, stack: str) -> None:
         with self._lock:
