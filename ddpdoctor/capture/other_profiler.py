@@ -52,6 +52,7 @@ def install(owner: Callable[[Any], bool], on_idle: Callable[[str], None]) -> Non
             (base, "toggle_collection_dynamic", _toggle),
             (kineto, "add_metadata", _add_metadata),
             (kineto, "add_metadata_json", _add_metadata),
+            (kineto, "export_memory_timeline", _export_memory_timeline),
         ):
             original = cls.__dict__.get(name)
             if original is None:  # another torch: that method is not where this one has it
@@ -147,6 +148,15 @@ def _add_metadata(original: Any) -> Any:
         return original(self, key, value)
 
     return add
+
+
+def _export_memory_timeline(original: Any) -> Any:
+    def export(self: Any, path: str, device: str | None = None) -> Any:
+        if getattr(getattr(self, "profiler", None), _IDLE, False):  # nothing recorded: no timeline to write
+            return None
+        return original(self, path, device)
+
+    return export
 
 
 NOTE = (

@@ -47,12 +47,13 @@ def test_a_script_profiler_records_nothing_while_the_session_profiles(session_pr
     with autograd_profiler.profile() as legacy:
         _work()
     legacy.export_chrome_trace(str(tmp_path / "legacy.json"))
+    theirs.export_memory_timeline(str(tmp_path / "memory.html"))  # nothing recorded: nothing written, no error
     ours.stop()
 
     assert len(theirs.events()) == 0 and len(theirs.key_averages()) == 0
     assert len(legacy.key_averages()) == 0 and isinstance(legacy.key_averages().table(), str)
     written = list(handler_dir.iterdir()) + [tmp_path / "legacy.json"]
-    assert len(written) == 2
+    assert len(written) == 2 and not (tmp_path / "memory.html").exists()
     for path in written:  # the handler's and the script's exports: valid traces without events, saying why
         data = json.loads(path.read_text())
         assert data["traceEvents"] == [] and "ddpdoctor trace" in data["otherData"]["ddpdoctor"]
