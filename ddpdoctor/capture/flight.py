@@ -265,9 +265,24 @@ def arm_fatal(session: Session) -> Path | None:
         return None
     size = f.tell()
     _fatal.update(path=path, file=f, size=size, pid=os.getpid(), made_dir=made)
+    if not _fatal_fork_handler:
+        _fatal_fork_handler.append(True)
+        os.register_at_fork(after_in_child=_fatal_in_child)
     if tracked:
         _map_where(f, size, len(head.encode()) + len(FATAL_WHERE), tracker)
     return path
+
+
+_fatal_fork_handler: list[bool] = []  # registered (once a process)
+
+
+def _fatal_in_child() -> None:
+    """A process forked from the rank (a DataLoader or multiprocessing worker) is not the rank: a fatal signal of
+    its own is not written into the rank's record (faulthandler off, as a bare run has it in the child)."""
+    import faulthandler
+
+    if _fatal and _fatal.get("pid") != os.getpid():
+        faulthandler.disable()
 
 
 def _map_where(f: Any, size: int, at: int, tracker: Any) -> None:

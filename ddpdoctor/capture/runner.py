@@ -8,6 +8,7 @@ captured is written.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import runpy
 import signal
@@ -17,7 +18,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from ddpdoctor.capture import flight, invisible
 from ddpdoctor.capture.config import CaptureConfig
@@ -179,6 +180,33 @@ def _stopping() -> None:
         signal.signal(signal.SIGINT, _record_late)
 
 
+# While ``run`` has its handlers in: the handlers the process had before them (signal number -> handler), which a
+# forked child gets back (``_untraced_child``).
+_in_children: dict[int, Any] = {}
+
+
+def _untraced_child() -> None:
+    """In a process forked from a traced rank (a ``multiprocessing.Pool`` or DataLoader worker, any ``os.fork``),
+    which is not the rank: the signal handling a bare run gives it. With the rank's handlers it would raise
+    ``_Terminated`` at the SIGTERM that ``Pool.terminate()`` sends its workers, and print a traceback or hang on a
+    lock the worker held (a pool's ``with Pool(2)`` never returned, seen under torchrun); and through the rank's
+    wakeup fd its signals reached the rank's watcher thread, which took them for the rank's own (the rank's file said
+    "interrupted", a signal dump was written). A handler the script set since is left as it is."""
+    if not _in_children:
+        return
+    with contextlib.suppress(ValueError, OSError):
+        signal.set_wakeup_fd(-1)
+    for signum, previous in _in_children.items():
+        with contextlib.suppress(ValueError, OSError, TypeError):
+            if signal.getsignal(signum) in (_on_sigterm, _on_sigint, _record_late):
+                signal.signal(signum, previous)
+    _in_children.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_untraced_child)
+
+
 def _on_sigterm(signum: int, frame: object) -> None:
     _stopping()
     raise _Terminated(signum)
@@ -242,6 +270,7 @@ def run(
     previous_int = signal.getsignal(signal.SIGINT)
     if previous_int is signal.default_int_handler:
         signal.signal(signal.SIGINT, _on_sigint)
+    _in_children.update({signal.SIGTERM: previous, signal.SIGINT: previous_int})
     watch = _watch_signals(session)
     _prepare_sys(target)
     status, code, error, signum = "ok", 0, None, None
@@ -295,6 +324,7 @@ def run(
             signal.signal(signal.SIGTERM, previous)
             if signal.getsignal(signal.SIGINT) in (_on_sigint, _record_late):
                 signal.signal(signal.SIGINT, previous_int)
+            _in_children.clear()
     if _late_signals and signum is None:
         signum = _late_signals[0]
     if exc_info is not None and stopped is not None and stopped():

@@ -5,11 +5,15 @@ both sides. Real faulthandler output of a process that aborts inside a function 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+
+import pytest
 
 from ddpdoctor.capture.flight import FATAL_HEADER, fatal_path
 from ddpdoctor.flight import analyze, find_dumps
@@ -201,3 +205,35 @@ def test_a_fatal_record_without_a_where_line_has_an_unknown_step_never_the_rank_
     rank0 = next(line for line in lines if line.startswith("rank 0:"))
     assert "step unknown" in rank0 and "after 0 steps" not in rank0, rank0
     assert any(line.startswith("rank 1:") and "after 5 steps, in data" in line for line in lines), lines
+
+
+CHILD_ABORTS = """
+import os, sys, types
+from ddpdoctor.capture import flight
+from ddpdoctor.capture.phase import PhaseTracker
+
+tracker = PhaseTracker()
+tracker.install()
+session = types.SimpleNamespace(claimed=True, out=sys.argv[1], rank=0, identity=types.SimpleNamespace(world_size=2),
+                                phase=tracker)
+path = flight.arm_fatal(session)
+pid = os.fork()
+if pid == 0:
+    os.abort()  # a forked worker (DataLoader, multiprocessing) dies of a fatal signal of its own
+_, status = os.waitpid(pid, 0)
+print(path, os.WTERMSIG(status) if os.WIFSIGNALED(status) else None, flush=True)
+flight.remove_fatal()  # the rank ends well
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_workers_fatal_signal_is_not_written_into_the_ranks_record(tmp_path):
+    """The rank's fatal record is the rank's: a child forked from it (faulthandler off there, as in a bare run)
+    writes nothing into it, so a rank that ends well leaves no record that would say it died by SIGABRT."""
+    script = tmp_path / "job.py"
+    script.write_text(CHILD_ABORTS)
+    run = subprocess.run([sys.executable, str(script), str(tmp_path)], timeout=120, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    path, signum = run.stdout.split()
+    assert signum == str(int(signal.SIGABRT)), run.stdout
+    assert not Path(path).exists(), Path(path).read_text()[:2000]
