@@ -51,6 +51,23 @@ def current() -> Session | None:
     return _current
 
 
+def _forked_child() -> None:
+    """In a process forked from a traced one (a ``multiprocessing.Pool`` or DataLoader worker, a sweep's worker
+    fitting a model of its own, ranks started with ``start_method="fork"``): the session it inherited is its
+    parent's. Its hooks, still in torch, do nothing here (a worker's optimizer steps wrote traces and rank files
+    under the parent's rank); a child that joins a process group starts a session of its own (``autostart``), as a
+    spawned rank does."""
+    global _current
+    session = _current
+    if session is not None and session.pid != os.getpid():
+        session._finished = True
+        _current = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked_child)
+
+
 def manual_step() -> None:
     """``ddpdoctor.step()``: end the current iteration (no-op outside ``ddpdoctor trace``)."""
     session = current()
@@ -307,6 +324,7 @@ class Session:
             return
         if (
             self._prof is not None
+            and not self._finished
             and self.clock.startup_over_limit(self.config.no_step_limit_s)
             and threading.get_ident() == self._thread_id
         ):
@@ -641,7 +659,7 @@ class Session:
 
     def write_rank_file(self) -> bool:
         """Write the rank file (if this process is a rank); False when that failed."""
-        return rank_file.write(self) if self.claimed else False
+        return rank_file.write(self) if self.claimed and os.getpid() == self.pid else False
 
 
 def _remove_own_rank_file(out: Path, rank: int, pid: int) -> None:
