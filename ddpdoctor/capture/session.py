@@ -113,6 +113,7 @@ class Session:
         self._last_span = 0
         self._handles: list[Any] = []
         self._startup_hook: Any = None
+        self._watchdog: HangWatchdog | None = None
         self._prof: Any = None
         self._finished = False
         self._compressor = Compressor(self.out, self._compressed)
@@ -172,14 +173,15 @@ class Session:
 
         self._install_hooks()
         if self.config.hang_timeout_s:
-            HangWatchdog(
+            self._watchdog = HangWatchdog(
                 clock=self.clock,
                 timeout_s=self.config.hang_timeout_s,
                 thread_id=self._thread_id,
                 rank=lambda: self.rank,
                 finished=lambda: self._finished,
                 on_hang=self._on_hang,
-            ).start()
+            )
+            self._watchdog.start()
         # We step the profiler on purpose across cycles; its advice about acc_events is not for our users.
         warnings.filterwarnings("ignore", message=".*Profiler clears events at the end of each cycle")
         self._prof = profile(**kwargs)
@@ -315,7 +317,10 @@ class Session:
     def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if compiled.is_compiling():  # a compiled optimizer step: nothing of ours in its graph
             return
-        if self.clock.counts_optimizer(optimizer):
+        # another thread's optimizer (an EMA or a probe in a helper thread) never marks the iterations once the
+        # session's thread stepped; before that, the thread that steps first is the training loop's (_follow_thread)
+        own = threading.get_ident() == self._thread_id or self.clock.source is None
+        if self.clock.counts_optimizer(optimizer, may_count=own):
             self.step(source="optimizer")
 
     def _on_module_forward(self, module: Any, args: Any = None) -> None:
@@ -343,7 +348,7 @@ class Session:
         self._remove_startup_hook()
 
     def step(self, source: str) -> None:
-        if self._finished or threading.get_ident() != self._thread_id:
+        if self._finished or (threading.get_ident() != self._thread_id and not self._follow_thread()):
             return
         with self._lock:
             if not self.claimed:  # a process that trains is a rank
@@ -379,6 +384,20 @@ class Session:
         if self.config.max_steps and self.clock.iteration >= self.config.max_steps:
             self.stopped_by = stopped_by(self.config.max_steps)
             raise StopTraining(self.config.max_steps)
+
+    def _follow_thread(self) -> bool:
+        """An optimizer stepped in a thread other than the session's before any step of its own: the job trains in
+        that thread (a script's ``threading.Thread(target=train)``, Ray Train's worker thread), which the session
+        follows from now on (its steps, the profiler's windows, the host's load, the hang watchdog). Without it the
+        run said no optimizer ever stepped, and that the ranks never synchronised."""
+        if self.clock.iteration > 0 or self.clock.source is not None:
+            return False  # the session's thread steps: another thread's optimizer is not the training loop
+        self._thread_id = threading.get_ident()
+        self.phase._thread_id = self._thread_id
+        self.hostload.main_tid = threading.get_native_id()
+        if self._watchdog is not None:
+            self._watchdog.thread_id = self._thread_id
+        return True
 
     def _recording(self) -> bool:
         from torch.profiler import ProfilerAction

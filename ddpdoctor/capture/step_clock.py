@@ -104,7 +104,7 @@ class StepClock:
                 break
         return not running
 
-    def counts_optimizer(self, optimizer: Any) -> bool:
+    def counts_optimizer(self, optimizer: Any, may_count: bool = True) -> bool:
         """Whether this ``optimizer.step()`` ends an iteration.
 
         A step inside another optimizer's step (ZeRO's local optimizer) never does, and never becomes the marker.
@@ -114,8 +114,10 @@ class StepClock:
         the others never end one. The job may move to another optimizer (a new Adam built at step 3): the marker
         passes to the next optimizer that steps once the marking one is gone (freed), or to one that steps twice
         while the marking one did not step at all. An optimizer built and never stepped changes nothing.
+        ``may_count`` False: a step that can never end an iteration (another thread's, once the training loop's
+        thread is known): it neither counts nor takes over.
         """
-        if not self._finished(optimizer) or self.source == "manual":
+        if not self._finished(optimizer) or self.source == "manual" or not may_count:
             return False
         marker = self._marker() if self._marker is not None else None
         if marker is None:  # the first step of the run, or the optimizer that marked iterations was freed

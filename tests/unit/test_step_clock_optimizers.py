@@ -106,3 +106,19 @@ def test_an_optimizer_stepped_every_other_iteration_beside_the_marking_one(clock
             _backward(gen)
             opt_g.step()
     assert clock.count == 20
+
+
+def test_a_step_that_may_not_count_never_takes_over_from_the_marker():
+    """Another thread's optimizer (an EMA or a probe in a helper thread) stepping twice between two of the training
+    loop's steps once took over as the marker, and the loop's steps stopped counting (2 of 12 counted)."""
+    clock = StepClock()
+    main = torch.optim.SGD(torch.nn.Linear(8, 2).parameters(), lr=0.01)
+    helper = torch.optim.SGD(torch.nn.Linear(8, 2).parameters(), lr=0.01)
+    counted = 0
+    for _ in range(12):
+        counted += clock.counts_optimizer(main)
+        for _ in range(3):
+            assert not clock.counts_optimizer(helper, may_count=False)
+    assert counted == 12
+    # allowed to count (the same thread's optimizer), it takes over as before
+    assert not clock.counts_optimizer(helper) and clock.counts_optimizer(helper)
