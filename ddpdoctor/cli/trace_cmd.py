@@ -14,6 +14,7 @@ Everything after the script (or ``-m MODULE``) belongs to the script. The launch
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import shutil
@@ -253,7 +254,9 @@ def main(argv: list[str]) -> int:
     judge = None
     if launch != "scheduler" and not off:  # the ranks are other processes here: this one stops them on a hang
         how = f"stopped by ddpdoctor --hang-timeout {explicit:g}" if explicit else "stopped by ddpdoctor's hang timeout"
-        judge = launcher.HangJudge(out, explicit=explicit is not None, launch=launch, say=say, how=how).start()
+        judge = launcher.HangJudge(
+            out.absolute(), explicit=explicit is not None, launch=launch, say=say, how=how
+        ).start()
     # Every Python process the job starts runs the start-up hook, so the ranks it starts itself are traced.
     os.environ.update(launcher.startup_hook_env(dict(os.environ)))
     os.environ[ENV_VAR] = config.to_env()
@@ -263,8 +266,12 @@ def main(argv: list[str]) -> int:
     started = time.time()
     from ddpdoctor.capture import runner
 
+    cwd = os.getcwd()
+
     def finish(code: int) -> None:
         """Write the node record and manifest, and tell the user; also from ``os._exit`` in a one-process run."""
+        with contextlib.suppress(OSError):  # a one-process script may have moved (hydra does): --out is from here
+            os.chdir(cwd)
         try:
             man = _finish_out(code)
         except OSError as exc:  # a full or read-only disk: say so, and still end with the script's own exit status
