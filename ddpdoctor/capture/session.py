@@ -186,7 +186,7 @@ class Session:
         warnings.filterwarnings("ignore", message=".*Profiler clears events at the end of each cycle")
         self._prof = profile(**kwargs)
         other_profiler.install(lambda p: getattr(self._prof, "profiler", None) is p, self._other_profiler)
-        self._prof.start()
+        _quietly(self._prof.start)
         self.write_rank_file()
         try:
             self.flight.start()
@@ -334,7 +334,7 @@ class Session:
             and threading.get_ident() == self._thread_id
         ):
             self._end_startup("time limit")
-            self._prof.step()
+            _quietly(self._prof.step)
 
     def _compile_mode(self) -> None:
         """The script calls torch.compile: the start-up bound's global hook would be traced into its graphs; the
@@ -373,7 +373,7 @@ class Session:
                 if stats.get("replicas"):
                     self.dp_steps.append({"step": iteration, **stats})
             self.hostload.step(self.clock.iteration, recording_next(self._prof))  # before the export, not after
-            self._prof.step()
+            _quietly(self._prof.step)
             progress.after_step(self)
             window = self._window_open()
             ddp_capture.time_every_iteration(window)  # DDP times each iteration of a window only
@@ -609,7 +609,7 @@ class Session:
         try:
             self._remove_hooks()
             if self._prof is not None:
-                self._prof.stop()  # writes a window still open (partial if the run ended inside it)
+                _quietly(self._prof.stop)  # writes a window still open (partial if the run ended inside it)
         except Exception as exc:
             self.capture_errors.append(f"stopping the profiler failed: {type(exc).__name__}: {exc}")
         other_profiler.uninstall()
@@ -679,6 +679,16 @@ class Session:
     def write_rank_file(self) -> bool:
         """Write the rank file (if this process is a rank); False when that failed."""
         return rank_file.write(self) if self.claimed and os.getpid() == self.pid else False
+
+
+def _quietly(call: Any) -> None:
+    """Call into the profiler with the script's warning filters out of the way. A script that turns warnings into
+    errors (``warnings.simplefilter("error")``, ``pytest -W error``) had torch's own profiler warning raise inside
+    its optimizer step (its training ended), and the profiler, left half-way through a transition, then crashed the
+    process with SIGSEGV at the end of the run. Torch's warnings about ddpdoctor's profiling are not the script's."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        call()
 
 
 def _remove_own_rank_file(out: Path, rank: int, pid: int) -> None:
