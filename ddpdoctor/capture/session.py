@@ -121,6 +121,9 @@ class Session:
         self.dropped_windows: list[dict[str, Any]] = []  # --keep: the windows whose traces were removed
         self._summarizing: list[window_summary.Pending] = []  # their summarisers still running
         self._window_steps: dict[str, tuple[int, int] | None] = {}  # trace file (uncompressed name) -> its steps
+        # the start-up recorded up to --no-step-limit (the trace of a run that never steps), until the first step
+        self._startup_trace: str | None = None
+        self._dropped_startup: set[str] = set()  # its uncompressed name, once a step came: gone, its gzip too
 
     @property
     def rank(self) -> int:
@@ -373,7 +376,10 @@ class Session:
                 if stats.get("replicas"):
                     self.dp_steps.append({"step": iteration, **stats})
             self.hostload.step(self.clock.iteration, recording_next(self._prof))  # before the export, not after
-            _quietly(self._prof.step)
+            if iteration == 0 and self.clock.startup_ended_by == "time limit":
+                self._drop_startup_trace()  # the profiler moved past the start-up at the limit: not again
+            else:
+                _quietly(self._prof.step)
             progress.after_step(self)
             window = self._window_open()
             ddp_capture.time_every_iteration(window)  # DDP times each iteration of a window only
@@ -443,6 +449,13 @@ class Session:
                     flush=True,
                 )
             return
+        if self.clock.count == 0 and self.clock.startup_ended_by == "time limit":
+            self._startup_trace = name  # the run's trace only if it never steps: said at its end, not now
+            self.trace_files.append(name)
+            self.write_rank_file()
+            with contextlib.suppress(Exception):  # no thread to be had: it stays uncompressed
+                self._compressor.submit(name)
+            return
         try:
             self.trace_files.append(name)
             self._window_steps[name] = self._last_window_steps()
@@ -464,6 +477,22 @@ class Session:
             self._compressor.submit(name)
         except Exception as exc:  # no thread to be had: the trace stays uncompressed
             self.capture_errors.append(f"compressing trace {name} failed (kept uncompressed): {exc}")
+
+    def _drop_startup_trace(self) -> None:
+        """The first step came after the start-up had run past --no-step-limit (a job loading its data for minutes):
+        the start-up's recording, kept in case the run never stepped, goes (lock held). Analysed as a step it was a
+        window of its own ("6 steps analysed" of 5 profiled) and the profiler's steps ran one ahead of the run's
+        ("profiling steps 7-11" of 8-12; with ranks, the windows of "1 step analysed")."""
+        name, self._startup_trace = self._startup_trace, None
+        if name is None:
+            return
+        plain = name.removesuffix(GZ)
+        self._dropped_startup.add(plain)
+        self.trace_files = [t for t in self.trace_files if t.removesuffix(GZ) != plain]
+        for path in (plain, plain + GZ):  # a gzip still being made goes when it is done (_apply_compressed)
+            with contextlib.suppress(OSError):
+                os.unlink(self.out / path)
+        self.write_rank_file()
 
     def _last_window_steps(self) -> tuple[int, int] | None:
         from ddpdoctor.capture.step_clock import ranges
@@ -557,7 +586,8 @@ class Session:
         """Name the compressed traces in the rank file, then remove the uncompressed ones (lock held)."""
         done, self._compressed_files = self._compressed_files, []
         for name, error in done:
-            if any(d["file"] == name for d in self.dropped_windows):  # --keep removed it while it was gzipped
+            if name in self._dropped_startup or any(d["file"] == name for d in self.dropped_windows):
+                # the start-up's recording after a step came, or --keep removed it, while it was gzipped
                 with contextlib.suppress(OSError):
                     os.unlink(self.out / (name + GZ))
             elif error is not None:
