@@ -32,7 +32,8 @@ _on_idle: Callable[[str], None] | None = None  # told once where the script star
 
 
 def install(owner: Callable[[Any], bool], on_idle: Callable[[str], None]) -> None:
-    """While installed, a profiler for which ``owner(profile)`` is false records nothing (module docstring);
+    """While installed, a profiler for which ``owner(profile)`` is false records nothing (module docstring; ``owner``
+    is given ``torch.autograd.profiler.profile`` objects and ``torch.profiler.profile`` ones);
     ``on_idle(where)`` is called the first time one starts (``where``: the script's file and line)."""
     global _owner, _on_idle
     from torch.autograd import profiler as autograd_profiler
@@ -44,7 +45,10 @@ def install(owner: Callable[[Any], bool], on_idle: Callable[[str], None]) -> Non
             return
         base = autograd_profiler.profile
         kineto = torch_profiler._KinetoProfile
+        scheduled = torch_profiler.profile
         for cls, name, wrapper in (
+            (scheduled, "start", _no_step_ranges),
+            (scheduled, "step", _no_step_ranges),
             (base, "_prepare_trace", _prepare_trace),
             (base, "_start_trace", _start_trace),
             (base, "__exit__", _exit),
@@ -82,6 +86,20 @@ def _stands_aside(prof: Any) -> bool:
     if on_idle is not None:
         on_idle(_script_frame())
     return True
+
+
+def _no_step_ranges(original: Any) -> Any:
+    """``torch.profiler.profile.start``/``step``: a script's profiler marks no ``ProfilerStep#N`` range. Each is a
+    ``record_function`` that the session's profiler records: a script stepping its own profiler doubled the steps
+    the run analysed (10 of 5: Lightning's ``profiler="pytorch"``)."""
+
+    def call(self: Any) -> Any:
+        owner = _owner
+        if owner is not None and not owner(self):
+            self.record_steps = False
+        return original(self)
+
+    return call
 
 
 def _prepare_trace(original: Any) -> Any:

@@ -188,7 +188,9 @@ class Session:
         # We step the profiler on purpose across cycles; its advice about acc_events is not for our users.
         warnings.filterwarnings("ignore", message=".*Profiler clears events at the end of each cycle")
         self._prof = profile(**kwargs)
-        other_profiler.install(lambda p: getattr(self._prof, "profiler", None) is p, self._other_profiler)
+        other_profiler.install(
+            lambda p: p is self._prof or getattr(self._prof, "profiler", None) is p, self._other_profiler
+        )
         _quietly(self._prof.start)
         self.write_rank_file()
         try:

@@ -58,3 +58,5 @@ def test_a_self_profiling_script_runs_to_its_end_and_ddpdoctor_keeps_its_window(
     assert diagnosis.returncode == 0, diagnosis.stderr
     report = json.loads(diagnosis.stdout)
     assert not any(f["name"] in ("rank-crashed", "rank-died") for f in report["findings"]), report["findings"]
+    # the script's profiler marked no steps in ddpdoctor's trace: each would be one more step analysed
+    assert report["run"]["steps_analyzed"] == 3, report["run"]["steps_analyzed"]
