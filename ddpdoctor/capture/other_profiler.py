@@ -114,7 +114,7 @@ def _prepare_trace(original: Any) -> Any:
 
 def _start_trace(original: Any) -> Any:
     def start(self: Any) -> Any:
-        if getattr(self, _IDLE, False):
+        if _stands_aside(self):  # (one prepared before the session began is stood down here)
             self.entered = True
             self.profiling_start_time_ns = time.perf_counter_ns()
             return None

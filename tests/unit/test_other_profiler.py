@@ -94,3 +94,39 @@ def test_uninstall_gives_torch_back_its_methods_and_profilers_record_again():
     with profile(activities=[ProfilerActivity.CPU]) as theirs:
         _work()
     assert any(e.name == "aten::relu" for e in theirs.events())
+
+
+PREPARED_BEFORE = """
+import torch
+from torch.profiler import ProfilerActivity, profile, schedule
+from ddpdoctor.capture import other_profiler
+
+def work():
+    a = torch.randn(32, 32)
+    (a @ a).relu().sum()
+
+theirs = profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=0, warmup=1, active=2, repeat=1))
+theirs.start()  # in its warm-up: prepared before the session began (a rank's session starts at its process group)
+ours = profile(activities=[ProfilerActivity.CPU])
+places = []
+other_profiler.install(lambda p: p is ours or ours.profiler is p, places.append)
+ours.start()
+for _ in range(4):
+    work()
+    theirs.step()
+theirs.stop()
+ours.stop()
+other_profiler.uninstall()
+print(len(theirs.events()), len(places), any(e.name == "aten::relu" for e in ours.events()))
+"""
+
+
+def test_a_script_profiler_prepared_before_the_session_stands_aside_when_it_starts_recording():
+    """mp.spawn ranks whose worker profiles from before init_process_group: their profiler was prepared before the
+    rank's session began, and started recording over the session's without a word (its tables empty)."""
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", PREPARED_BEFORE], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split() == ["0", "1", "True"], run.stdout
