@@ -5,6 +5,7 @@ what was written). Printed on stderr by the first rank of each node (``local_ran
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -13,8 +14,26 @@ def _speaks(session: Any) -> bool:
     return session.identity.local_rank == 0 and not session.config.quiet and session.claimed
 
 
-def _say(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
+def say(text: str) -> None:
+    """One line on stderr from inside the script's process, never an exception into the script: it may have put a
+    writer of its own in ``sys.stderr`` (logging's, without ``flush()``: the training ended at the first window's
+    line) or closed it. Then the line goes to file descriptor 2."""
+    stream = sys.stderr
+    try:
+        stream.write(text + "\n")
+    except Exception:
+        try:
+            os.write(2, (text + "\n").encode("utf-8", "replace"))
+        except OSError:
+            pass
+        return
+    try:
+        stream.flush()
+    except Exception:
+        pass
+
+
+_say = say
 
 
 def after_step(session: Any) -> None:

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from ddpdoctor.capture import ddp as ddp_capture
+from ddpdoctor.capture import progress
 
 VERSION = 1
 SUFFIX = ".series.jsonl"
@@ -254,7 +255,7 @@ class SeriesRecorder:
         except Exception as exc:  # a port in use, no prometheus_client: the training goes on without it
             why = f"{where} not started: {getattr(exc, 'strerror', None) or exc}"
             self._session.capture_errors.append(why)
-            print(f"ddpdoctor: warning: rank {self._session.rank}: {why}", file=sys.stderr, flush=True)
+            progress.say(f"ddpdoctor: warning: rank {self._session.rank}: {why}")
 
     def _write_textfile(self) -> None:
         if self._textfile and self.exporter is not None and self._session.claimed:

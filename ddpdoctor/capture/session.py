@@ -444,11 +444,9 @@ class Session:
             self.capture_errors.append(f"{window} not written: {why}")
             self.write_rank_file()
             if not self.config.quiet:
-                print(
+                progress.say(
                     f"ddpdoctor: warning: rank {self.rank}: {window} not written to {self.out}: {why}; "
-                    "its trace is lost (nothing incomplete was kept), the training goes on",
-                    file=sys.stderr,
-                    flush=True,
+                    "its trace is lost (nothing incomplete was kept), the training goes on"
                 )
             return
         if self.clock.count == 0 and self.clock.startup_ended_by == "time limit":
@@ -466,11 +464,9 @@ class Session:
             self._summarize_removed(removed)
             if self.identity.local_rank == 0 and not self.config.quiet:
                 size_mb = (self.out / name).stat().st_size / 1e6
-                print(
+                progress.say(
                     f"ddpdoctor: rank {self.rank}: {window} written "
-                    f"({name}, {size_mb:.1f} MB; gzipped in the background)",
-                    file=sys.stderr,
-                    flush=True,
+                    f"({name}, {size_mb:.1f} MB; gzipped in the background)"
                 )
             progress.window_written(self)
         except Exception as exc:  # the trace is in place and named in the rank file (or found beside it)
@@ -543,10 +539,8 @@ class Session:
             if self.identity.local_rank == 0 and not self.config.quiet:
                 where = f" (steps {steps[0]}-{steps[1]})" if steps else ""
                 mb = f", {size / 1e6:.2f} MB on disk" if size else ""
-                print(
-                    f"ddpdoctor: rank {self.rank}: removed the oldest window's trace{where}{mb}: --keep {keep}",
-                    file=sys.stderr,
-                    flush=True,
+                progress.say(
+                    f"ddpdoctor: rank {self.rank}: removed the oldest window's trace{where}{mb}: --keep {keep}"
                 )
         return removed
 
@@ -672,7 +666,7 @@ class Session:
             return
         self.capture_errors.append(what)
         if not self.config.quiet:
-            print(f"ddpdoctor: warning: rank {self.rank}: {what}", file=sys.stderr, flush=True)
+            progress.say(f"ddpdoctor: warning: rank {self.rank}: {what}")
 
     def _on_hang(self, idle_s: float, stack: str) -> None:
         with self._lock:

@@ -272,6 +272,16 @@ def main(argv: list[str]) -> int:
         """Write the node record and manifest, and tell the user; also from ``os._exit`` in a one-process run."""
         with contextlib.suppress(OSError):  # a one-process script may have moved (hydra does): --out is from here
             os.chdir(cwd)
+        # ... and may have put writers of its own in sys.stdout/stderr (logging's, without flush()): ddpdoctor's
+        # lines go to the real ones, then the script's are put back (the process ends as a bare run would)
+        theirs = sys.stdout, sys.stderr
+        sys.stdout, sys.stderr = sys.__stdout__ or sys.stdout, sys.__stderr__ or sys.stderr
+        try:
+            _finish(code)
+        finally:
+            sys.stdout, sys.stderr = theirs
+
+    def _finish(code: int) -> None:
         try:
             man = _finish_out(code)
         except OSError as exc:  # a full or read-only disk: say so, and still end with the script's own exit status
