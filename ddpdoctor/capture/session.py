@@ -361,37 +361,52 @@ class Session:
                 self.write_rank_file()
             iteration = self.clock.iteration
             self.clock.tick(source, recording=self._recording())
-            self.phase.step_ended(self.clock.iteration)
+            observe = self._observe
+            observe("phase", self.phase.step_ended, self.clock.iteration)
             if self.clock.startup is not StartupTrace.RECORDING:
-                self._remove_startup_hook()
-            self.memory.sample(iteration)
-            self.series.step(iteration)
-            self.setup.on_optimizer_step()
+                observe("start-up hook", self._remove_startup_hook)
+            observe("device memory", self.memory.sample, iteration)
+            observe("series", self.series.step, iteration)
+            observe("set-up", self.setup.on_optimizer_step)
             if self._window_open() or iteration % 100 == 0:
-                ddp_capture.snapshot()
+                observe("DDP logging data", ddp_capture.snapshot)
             if self.dist is None:
-                self.dist = rank_file.dist_info()
+                observe("process group", self._read_dist)
             if self.gil.running:
-                self.gil.sample(iteration)
+                observe("GIL", self.gil.sample, iteration)
             if self.dp is not None:
-                stats = self.dp.take_step_stats()
-                if stats.get("replicas"):
-                    self.dp_steps.append({"step": iteration, **stats})
-            self.hostload.step(self.clock.iteration, recording_next(self._prof))  # before the export, not after
+                observe("DataParallel", self._take_dp_stats, iteration)
+            # before the export, not after
+            observe("host load", self.hostload.step, self.clock.iteration, recording_next(self._prof))
             if iteration == 0 and self.clock.startup_ended_by == "time limit":
                 self._drop_startup_trace()  # the profiler moved past the start-up at the limit: not again
             else:
                 _quietly(self._prof.step)
-            progress.after_step(self)
+            observe("progress", progress.after_step, self)
             window = self._window_open()
-            ddp_capture.time_every_iteration(window)  # DDP times each iteration of a window only
-            if window:
-                self.gil.start()
-            else:
-                self.gil.stop()
+            observe("DDP timing", ddp_capture.time_every_iteration, window)  # each iteration of a window only
+            observe("GIL", self.gil.start if window else self.gil.stop)
         if self.config.max_steps and self.clock.iteration >= self.config.max_steps:
             self.stopped_by = stopped_by(self.config.max_steps)
             raise StopTraining(self.config.max_steps)
+
+    def _observe(self, what: str, call: Any, *args: Any) -> None:
+        """One of the step's observers, which never breaks the script's training: an error is kept in the rank file
+        (once per observer) and the step goes on."""
+        try:
+            call(*args)
+        except Exception as exc:
+            why = f"{what} at a step failed (step {self.clock.iteration}): {type(exc).__name__}: {exc}"
+            if not any(e.startswith(f"{what} at a step failed") for e in self.capture_errors):
+                self.capture_errors.append(why)
+
+    def _read_dist(self) -> None:
+        self.dist = rank_file.dist_info()
+
+    def _take_dp_stats(self, iteration: int) -> None:
+        stats = self.dp.take_step_stats()
+        if stats.get("replicas"):
+            self.dp_steps.append({"step": iteration, **stats})
 
     def _follow_thread(self) -> bool:
         """An optimizer stepped in a thread other than the session's before any step of its own: the job trains in
