@@ -9,6 +9,7 @@ import queue
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -66,6 +67,13 @@ def start_long_ddp_run(out: Path, *trace_args: str, env: dict | None = None) -> 
         time.sleep(0.2)
     assert len(list(out.glob("rank*.pt.trace.json.gz"))) == 2, "the profiled window never completed"
     return proc
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (for a rendezvous: --master-port, MASTER_PORT)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def write_script(path: Path, source: str) -> Path:

@@ -7,7 +7,7 @@ hung in the pool's ``__exit__``. One process (~5 s on 2 cores)."""
 from __future__ import annotations
 
 import pytest
-from helpers import read_json, run_cli, write_script
+from helpers import free_port, read_json, run_cli, write_script
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -122,11 +122,7 @@ if __name__ == "__main__":
 def test_ranks_started_by_fork_each_trace_themselves(tmp_path):
     """Ranks forked from the traced process (``start_method="fork"``) once shared its session: the run said the job
     made 2 process groups (one of "1 rank, 13 steps"), and rank 0 had two traces. Each is now a rank of its own."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     script = write_script(tmp_path / "forked_ranks.py", FORKED_RANKS)
     out = tmp_path / "run"
     result = run_cli("trace", "--out", str(out), str(script), env={"PORT": str(port)}, timeout=150)

@@ -6,10 +6,9 @@ first optimizer step. The start-up's recording, kept in case the run never steps
 from __future__ import annotations
 
 import json
-import socket
 
 import pytest
-from helpers import read_json, run_cli, write_script
+from helpers import free_port, read_json, run_cli, write_script
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -67,9 +66,7 @@ def test_a_slow_start_is_no_step_and_the_window_is_the_one_announced(tmp_path, s
 def test_two_ranks_with_a_slow_start_analyse_their_window(tmp_path):
     script = write_script(tmp_path / "slow_start.py", SCRIPT)
     out = tmp_path / "run"
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     result = run_cli(
         "trace", "-q", "--out", str(out), *WINDOW, "--nproc-per-node", "2", "--master-port", str(port), str(script),
         timeout=180,

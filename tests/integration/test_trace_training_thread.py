@@ -6,10 +6,9 @@ before the session's own is followed; a helper thread that steps after the train
 from __future__ import annotations
 
 import json
-import socket
 
 import pytest
-from helpers import read_json, run_cli, write_script
+from helpers import free_port, read_json, run_cli, write_script
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -89,9 +88,7 @@ def test_one_process_training_in_a_thread_is_traced(tmp_path):
 def test_ranks_training_in_a_thread_are_seen_to_synchronise(tmp_path):
     script = write_script(tmp_path / "thread_job.py", SCRIPT)
     out = tmp_path / "run"
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     result = run_cli(
         "trace", "-q", "--out", str(out), "--wait", "2", "--warmup", "1", "--active", "3",
         "--nproc-per-node", "2", "--master-port", str(port), str(script), timeout=180,
