@@ -66,7 +66,7 @@ def install(owner: Callable[[Any], bool], on_idle: Callable[[str], None]) -> Non
 
 
 def uninstall() -> None:
-    """Profilers started from now on record as usual (one already idle stays idle)."""
+    """torch's methods back, at the end of the session: profilers started from now on record as usual."""
     global _owner, _on_idle
     with _lock:
         for (cls, name), original in _patched.items():
