@@ -33,9 +33,6 @@ def say(text: str) -> None:
         pass
 
 
-_say = say
-
-
 def after_step(session: Any) -> None:
     """Called after each step, once the profiler moved on: the first recorded step of a window is announced (a
     window follows a recorded step only when that step ended the previous window: ``RECORD_AND_SAVE``)."""
@@ -52,7 +49,7 @@ def after_step(session: Any) -> None:
     steps = f"steps {first}-{last}" if last > first else f"step {first}"
     number = getattr(session, "_progress_windows", 0) + 1
     session._progress_windows = number
-    _say(f"ddpdoctor: rank {session.rank}: profiling {steps} (window {number})")
+    say(f"ddpdoctor: rank {session.rank}: profiling {steps} (window {number})")
 
 
 def next_text(config: Any, *, windows_written: int, iteration: int, out: str) -> str | None:
@@ -80,4 +77,4 @@ def window_written(session: Any) -> None:
     written = len(session.trace_files) + len(getattr(session, "dropped_windows", ()))
     text = next_text(session.config, windows_written=written, iteration=session.clock.iteration, out=str(session.root))
     if text is not None:
-        _say(text)
+        say(text)
