@@ -35,7 +35,7 @@ from ddpdoctor.metrics.breakdown import BREAKDOWN, per_step
 from ddpdoctor.metrics.capture import ddp_metrics, thread_metrics
 from ddpdoctor.metrics.comm import collective_calls, collectives, exposed_set
 from ddpdoctor.metrics.compile import compile_rank
-from ddpdoctor.metrics.dp import dp_intervals, dp_per_step, dp_rank_metrics
+from ddpdoctor.metrics.dp import dp_per_step, dp_rank_metrics, dp_stages
 from ddpdoctor.metrics.fsdp import fsdp_rank
 from ddpdoctor.metrics.group_sums import positions_within
 from ddpdoctor.metrics.issuers import issuers
@@ -66,10 +66,11 @@ def summarize_rank(
     steps = per_step(rt, windows, lanes)
     lo, hi = steps["start_us"], steps["end_us"]
     gather = None
-    if any(str(n).startswith("DataParallel.") for n in ops["name"].categories):
-        for key, values in dp_per_step(ops, lo, hi).items():
+    stages = dp_stages(ops)  # DataParallel's stages: ddpdoctor's ranges, or a plain trace's ops (metrics/dp.py)
+    if stages is not None:
+        for key, values in dp_per_step(stages, lo, hi).items():
             steps[key] = values
-        gather = dp_intervals(ops, "gather")
+        gather = stages["gather"]
     running = running_step(capture)
     if running is not None and len(steps):  # the step the run ended in: its range is cut short, not a step
         steps["analyzed"] = steps["analyzed"] & (steps["step"] != running)
@@ -97,7 +98,7 @@ def summarize_rank(
     exposed = _exposed_in(exposed_set(rt), analysed)
     metrics["collective_wait_ms"] = None  # cross-rank: filled in by analyze()
     metrics["late_arrival_ms"] = None
-    metrics.update(dp_rank_metrics(ops, analysed["start_us"], analysed["end_us"]))
+    metrics.update(dp_rank_metrics(ops, analysed["start_us"], analysed["end_us"], stages, rt.tables.kernels))
     # which parallelism: collectives by kind and phase (host step windows, the analysed ones as above)
     hosts = _inner_join(
         windows.select(["step", "span", "host_start_us", "host_end_us"]), steps.select(["step", "span", "analyzed"])
