@@ -25,6 +25,7 @@ import numpy as np
 from ddpdoctor.errors import TraceError
 from ddpdoctor.load.columns import FileColumns
 from ddpdoctor.load.discover import shown
+from ddpdoctor.load.frames import steps_told_by_optimizer
 from ddpdoctor.load.model import RankTrace
 from ddpdoctor.load.schema import valid_world_size
 
@@ -147,9 +148,7 @@ def run_notes(ranks: list[RankTrace], world_size: int, source: str) -> list[str]
         )
     beyond = [r for r in have if r >= world_size]
     if beyond:
-        notes.append(
-            f"rank(s) {_ranks_text(beyond)} lie outside the world size {world_size} the traces state"
-        )
+        notes.append(f"rank(s) {_ranks_text(beyond)} lie outside the world size {world_size} the traces state")
     no_steps = [
         rt.rank
         for rt in ranks
@@ -159,6 +158,19 @@ def run_notes(ranks: list[RankTrace], world_size: int, source: str) -> list[str]
         notes.append(
             f"rank(s) {_ranks_text(no_steps)}: no ProfilerStep#N ranges in the trace (the profiler was not "
             "stepped), so each profiled window is analysed as one step"
+        )
+    by_optimizer = [
+        rt.rank
+        for rt in ranks
+        if (rt.tables is not None and steps_told_by_optimizer(rt.tables.steps))
+        or (rt.tables is None and rt.facts is not None and rt.facts.optimizer_steps)
+    ]
+    if by_optimizer:
+        notes.append(
+            f"rank(s) {_ranks_text(by_optimizer)}: no ProfilerStep#N ranges in the trace (the profiler was not "
+            "stepped): each step is taken from the end of one optimizer step (Optimizer.step#...) to the end of "
+            "the next, what prof.step() called after optimizer.step() would have cut; call prof.step() once per "
+            "step (or use `ddpdoctor trace`) to mark the steps yourself"
         )
     return notes
 

@@ -13,6 +13,8 @@ from ddpdoctor.load.model import EventTables, RankTrace
 from ddpdoctor.table import Codes, Table
 
 _STEP = re.compile(r"^ProfilerStep\s*#\s*(\d{1,18})$")  # a longer number is no step a profiler counted
+# the range torch opens around every torch.optim optimizer's step(): Optimizer.step#<class>.step
+OPTIMIZER_STEP = re.compile(r"^Optimizer\.step#(.+)\.step$")
 _COMM_ARG_COLUMNS = COMM_COLUMNS[1:]  # the collective call's arguments (not its row)
 
 
@@ -173,15 +175,63 @@ def _memory_table(files: list[FileColumns]) -> Table:
 
 
 def _steps(ops: Table) -> Table:
-    """``ProfilerStep#N`` ranges recorded on the CPU (not their GPU-side copies), sorted by start."""
+    """``ProfilerStep#N`` ranges recorded on the CPU (not their GPU-side copies), sorted by start; without any,
+    the steps its optimizer's steps delimit (``_optimizer_steps``)."""
     name = ops["name"]
     step_names = {n: int(m.group(1)) for n in name.categories if (m := _STEP.match(n))}
     if not step_names:
-        return ops[0:0].assign(step=np.zeros(0, dtype=np.int64))
+        return _optimizer_steps(ops)
     mask = name.isin(step_names) & ops["cat"].isin(["user_annotation", "cpu_op"])
     steps = ops[mask]
     steps["step"] = steps["name"].map(step_names, default=0, dtype=np.int64)
     return steps.sort("ts_us")
+
+
+def _optimizer_steps(ops: Table) -> Table:
+    """A trace whose profiler was never stepped (one ``with torch.profiler.profile():`` around the training loop,
+    then ``export_chrome_trace``) has no ``ProfilerStep#N`` range: its steps are told by the optimizer's, from
+    the end of one ``Optimizer.step#<class>.step`` range to the end of the next (as ``prof.step()`` right after
+    ``optimizer.step()`` would have cut them), numbered from 1 in the order of the rank's spans; the rows are
+    those ranges with their start moved back to the previous one's end. Only the training thread's (the thread
+    with the most), only the outermost (an optimizer wrapping another: ZeroRedundancyOptimizer, a scaler), and of
+    one optimizer class, the first to step (a second optimizer stepping in the same iteration, a sparse one beside
+    a dense one, stays inside the steps). No rows where a span holds fewer than two: its window is one step."""
+    empty = ops[0:0].assign(step=np.zeros(0, dtype=np.int64))
+    name = ops["name"]
+    names = [n for n in name.categories if OPTIMIZER_STEP.match(n)]
+    if not names:
+        return empty
+    found = ops[name.isin(names) & ops["cat"].isin(["user_annotation", "cpu_op"])]
+    if len(found) < 2:
+        return empty
+    tids, counts = np.unique(found["tid"], return_counts=True)
+    found = found[found["tid"] == tids[int(np.argmax(counts))]].sort("span", "ts_us")
+    ts, end, span = found["ts_us"], found["end_us"], found["span"]
+    reach = np.maximum.accumulate(end)
+    outer = np.ones(len(found), dtype=bool)  # not inside an earlier range of the same span
+    outer[1:] = (span[1:] != span[:-1]) | (ts[1:] >= reach[:-1])
+    found = found[outer]
+    first = found["name"][0:1]
+    found = found[found["name"].isin([str(first.categories[first.codes[0]])])]
+    span, end = found["span"], found["end_us"]
+    follows = np.zeros(len(found), dtype=bool)  # a step: the previous optimizer step ended in the same span
+    follows[1:] = span[1:] == span[:-1]
+    if not follows.any():
+        return empty
+    starts = np.concatenate([[np.nan], end[:-1]])[follows]
+    steps = found[follows]
+    steps["ts_us"] = starts
+    steps["dur_us"] = steps["end_us"] - starts
+    steps["step"] = np.arange(1, len(steps) + 1, dtype=np.int64)
+    return steps
+
+
+def steps_told_by_optimizer(steps: Table) -> bool:
+    """Whether ``steps`` (a rank's steps table) are ``_optimizer_steps``'s, not ProfilerStep#N ranges."""
+    if not len(steps):
+        return False
+    first = steps["name"][0:1]
+    return bool(OPTIMIZER_STEP.match(str(first.categories[first.codes[0]])))
 
 
 _OBJECT_ARGS = ("dtype", "collective_name", "pg_name", "input_dims", "input_type")

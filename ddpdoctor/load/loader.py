@@ -19,6 +19,7 @@ from ddpdoctor import ranklist, rundir, runfiles
 from ddpdoctor._version import __version__
 from ddpdoctor.errors import TraceError
 from ddpdoctor.load.discover import group_by_worker, rank_from_name, shown, trace_files
+from ddpdoctor.load.frames import steps_told_by_optimizer
 from ddpdoctor.load.model import TABLES, EventTables, RankFacts, RankTrace, Run
 from ddpdoctor.load.schema import valid_rank, valid_world_size
 from ddpdoctor.rundir import is_run_dir
@@ -178,6 +179,7 @@ def _summarize(rt: RankTrace, paths: list[Path], plan: _Summarize) -> None:
         names=list(rt.tables.ops["name"].categories),
         has_steps=len(rt.tables.steps) > 0,
         steps=plan.steps,
+        optimizer_steps=steps_told_by_optimizer(rt.tables.steps),
     )
     rt.summary = summarize_rank(rt, plan.capture.get(rt.rank), plan.steps)
     rt.facts = facts
@@ -488,9 +490,7 @@ def _summaries(root: Path, capture: dict[int, dict[str, Any]]) -> tuple[list[Ran
     return _summary_ranks(found, root, lambda r: f"{rundir.RANKS_DIR}/rank{r}.summary.json"), notes
 
 
-def _summary_ranks(
-    found: dict[int, dict[str, Any]], root: Path, where: Callable[[int], str]
-) -> list[RankTrace]:
+def _summary_ranks(found: dict[int, dict[str, Any]], root: Path, where: Callable[[int], str]) -> list[RankTrace]:
     """Ranks that carry their summaries (no tables), their trace names in ``root``; ``where(rank)`` names the file
     in an error about its process groups."""
     shared: dict[Any, Any] = {}

@@ -16,7 +16,9 @@ Tables (all timestamps are µs floats as in the trace; ``end_us = ts_us + dur_us
 - ``memory``   ``[memory]`` instant events: ``name, cat, ts_us, dur_us, end_us, pid, tid, bytes,
                total_allocated, total_reserved, device_type, device_id, span`` (totals NaN where the trace
                does not record them)
-- ``steps``    ``ProfilerStep#N`` ranges on the CPU: the ``ops`` columns plus ``step`` (N)
+- ``steps``    ``ProfilerStep#N`` ranges on the CPU: the ``ops`` columns plus ``step`` (N); in a trace without
+               any, the steps its optimizer's steps delimit (``load.frames``: each row an ``Optimizer.step#``
+               range, its start moved back to the end of the one before)
 - ``comm_ops`` the collective calls' CPU events (``nccl:*``, ``gloo:*``, ``record_param_comms``, ``c10d::*``)
                with their arguments: the ``ops`` columns plus ``in_nelems, out_nelems, group_size, dtype,
                collective_name, pg_name, seq, input_dims, input_type`` (the strings and lists as object arrays)
@@ -58,8 +60,9 @@ class RankFacts:
 
     range_us: tuple[float, float] | None  # absolute time span of the CPU-side events (consistency.rank_range)
     names: list[str]  # every event name of the rank (the run's mode and backend are told from them)
-    has_steps: bool  # ProfilerStep#N ranges recorded
+    has_steps: bool  # steps in the trace: ProfilerStep#N ranges, or else its optimizer's (optimizer_steps)
     steps: tuple[int, int | None] | None  # the step range the summary covers (None: every step)
+    optimizer_steps: bool = False  # no ProfilerStep#N range: the steps are told by the optimizer's (load.frames)
 
 
 @dataclass

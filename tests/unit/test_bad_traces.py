@@ -219,15 +219,35 @@ def test_when_no_file_can_be_read_the_error_counts_them(tmp_path, capsys) -> Non
 
 
 def test_no_profiler_step_the_whole_window_is_one_step(tmp_path, capsys) -> None:
+    """No ProfilerStep#N range and no optimizer step to tell the steps by (test_optimizer_steps.py: with them)."""
     folder = tmp_path / "nostep"
     for src in TRACES:
         d = doc(src)
-        d["traceEvents"] = [e for e in d["traceEvents"] if not str(e.get("name", "")).startswith("ProfilerStep#")]
+        d["traceEvents"] = [
+            e for e in d["traceEvents"] if not str(e.get("name", "")).startswith(("ProfilerStep#", "Optimizer.step#"))
+        ]
         write(folder, src.name, d, gz=True)
     out = report(capsys, folder)
     assert out["run"]["steps_analyzed"] == 2  # two profiled windows per rank, one step each
     assert any("ProfilerStep" in n and "one step" in n for n in out["run"]["notes"])
     assert all(r["step_ms"]["median"] and r["step_ms"]["median"] > 50 for r in out["ranks"])  # a window, not 0
+
+
+def test_no_profiler_step_the_optimizers_tell_the_steps(tmp_path, capsys) -> None:
+    """The recorded 2-rank run without its ProfilerStep#N ranges: steps from one optimizer step's end to the next
+    (2 spans x 3 optimizer steps a rank: 2 x 2 steps), timed about as the profiler's own steps time them."""
+    folder = tmp_path / "optimizer"
+    for src in TRACES:
+        d = doc(src)
+        assert sum(e.get("name") == "Optimizer.step#SGD.step" for e in d["traceEvents"]) == 3
+        d["traceEvents"] = [e for e in d["traceEvents"] if not str(e.get("name", "")).startswith("ProfilerStep#")]
+        write(folder, src.name, d, gz=True)
+    out, stepped = report(capsys, folder), report(capsys, FIXTURE)
+    assert out["run"]["steps_analyzed"] == 4
+    assert any("from the end of one optimizer step" in n for n in out["run"]["notes"])
+    for mine, theirs in zip(out["ranks"], stepped["ranks"], strict=True):
+        assert mine["step_ms"]["median"] == pytest.approx(theirs["step_ms"]["median"], rel=0.2)
+        assert mine["comm_ms"] == pytest.approx(theirs["comm_ms"], rel=0.2)
 
 
 def test_no_rank_information_ranks_are_numbered_in_file_order(tmp_path, capsys) -> None:

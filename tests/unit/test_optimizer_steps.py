@@ -1,0 +1,180 @@
+"""A trace whose profiler was never stepped (one ``with torch.profiler.profile():`` around the loop, then
+``export_chrome_trace``): its steps are told by the optimizer's ``Optimizer.step#<class>.step`` ranges
+(``load.frames._optimizer_steps``), not the whole window analysed as one step.
+
+Every trace here is recorded for real, by a plain profiler around a small training loop on CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from ddpdoctor.load import load
+from ddpdoctor.metrics import analyze
+
+ITERATIONS = 6
+
+
+def _net() -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Linear(32, 128), torch.nn.ReLU(), torch.nn.Linear(128, 4))
+
+
+def _iteration(model: torch.nn.Module, *optimizers: torch.optim.Optimizer) -> None:
+    for opt in optimizers:
+        opt.zero_grad()
+    model(torch.randn(16, 32)).pow(2).mean().backward()
+    for opt in optimizers:
+        opt.step()
+
+
+def _record(path: Path, body: Any, stepped: bool = False, all_threads: bool = False) -> Path:
+    """``body(prof)`` under one plain profiler, exported as ``path`` (a chrome trace). ``stepped``: with a schedule,
+    whose ``prof.step()`` marks ProfilerStep#N (without one, torch marks no step)."""
+    torch.manual_seed(0)
+    kwargs: dict[str, Any] = {}
+    if stepped:
+        kwargs["schedule"] = torch.profiler.schedule(wait=0, warmup=0, active=ITERATIONS)
+    if all_threads:
+        kwargs["experimental_config"] = torch._C._profiler._ExperimentalConfig(profile_all_threads=True)
+    with torch.profiler.profile(**kwargs) as prof:
+        body(prof)
+    if not stepped:
+        prof.export_chrome_trace(str(path))
+    return path
+
+
+def _events(path: Path, name: str) -> list[dict[str, Any]]:
+    events = json.loads(path.read_text())["traceEvents"]
+    return sorted((e for e in events if e.get("name") == name and e.get("ph") == "X"), key=lambda e: e["ts"])
+
+
+def _plain_loop(prof: Any) -> None:
+    """The loop, calling ``prof.step()`` after each optimizer step (which marks nothing without a schedule)."""
+    model = _net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(ITERATIONS):
+        _iteration(model, opt)
+        prof.step()
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _record(tmp_path_factory.mktemp("plain") / "trace.json", _plain_loop)
+
+
+def test_the_steps_run_from_one_optimizer_steps_end_to_the_next(plain: Path) -> None:
+    run = load(plain)
+    steps = run.ranks[0].tables.steps
+    ends = [e["ts"] + e["dur"] for e in _events(plain, "Optimizer.step#SGD.step")]
+    assert len(ends) == ITERATIONS
+    assert steps["step"].tolist() == list(range(1, ITERATIONS))
+    # contiguous, each from an optimizer step's end to the next one's (µs, as the trace states them)
+    assert steps["ts_us"].tolist() == pytest.approx(ends[:-1], abs=1e-3)
+    assert steps["end_us"].tolist() == pytest.approx(ends[1:], abs=1e-3)
+    metrics = analyze(run)
+    assert metrics.ranks[0]["steps_analyzed"] == ITERATIONS - 1
+    step_ms = [(b - a) / 1e3 for a, b in zip(ends[:-1], ends[1:], strict=True)]
+    assert metrics.ranks[0]["step_ms_mean"] == pytest.approx(sum(step_ms) / len(step_ms), rel=1e-6)
+    notes = " ".join(run.notes)
+    assert "each step is taken from the end of one optimizer step" in notes
+    assert "analysed as one step" not in notes
+
+
+def test_profiler_steps_win_over_the_optimizers(tmp_path: Path) -> None:
+    folder = tmp_path / "stepped"
+
+    def stepped(prof: Any) -> None:
+        prof.on_trace_ready = torch.profiler.tensorboard_trace_handler(str(folder))
+        _plain_loop(prof)
+
+    _record(tmp_path / "unused.json", stepped, stepped=True)
+    run = load(folder)
+    assert len(run.ranks[0].tables.steps) >= ITERATIONS - 1
+    steps = run.ranks[0].tables.steps
+    assert all(str(n).startswith("ProfilerStep#") for n in steps["name"].tolist())
+    assert "optimizer step" not in " ".join(run.notes)
+
+
+def test_one_optimizer_step_leaves_the_window_one_step(tmp_path: Path) -> None:
+    def once(prof: Any) -> None:
+        model = _net()
+        _iteration(model, torch.optim.SGD(model.parameters(), lr=0.01))
+
+    run = load(_record(tmp_path / "once.json", once))
+    assert len(run.ranks[0].tables.steps) == 0
+    assert "analysed as one step" in " ".join(run.notes)
+    assert analyze(run).ranks[0]["steps_analyzed"] == 1
+
+
+class _Wrapper(torch.optim.Optimizer):
+    """An optimizer that steps another (a ZeroRedundancyOptimizer, a Lookahead): two ranges, one nested."""
+
+    def __init__(self, inner: torch.optim.Optimizer) -> None:
+        self.inner = inner
+        super().__init__(inner.param_groups, {})
+
+    def step(self, closure: Any = None) -> None:
+        self.inner.step()
+
+
+def test_a_wrapped_optimizer_counts_once(tmp_path: Path) -> None:
+    def wrapped(prof: Any) -> None:
+        model = _net()
+        opt = _Wrapper(torch.optim.SGD(model.parameters(), lr=0.01))
+        for _ in range(ITERATIONS):
+            _iteration(model, opt)
+
+    path = _record(tmp_path / "wrapped.json", wrapped)
+    assert len(_events(path, "Optimizer.step#SGD.step")) == ITERATIONS  # the inner ones are recorded too
+    steps = load(path).ranks[0].tables.steps
+    assert len(steps) == ITERATIONS - 1
+    assert set(map(str, steps["name"].tolist())) == {"Optimizer.step#_Wrapper.step"}
+
+
+def test_a_second_optimizer_in_the_same_iteration_stays_inside_the_steps(tmp_path: Path) -> None:
+    """A dense and a sparse optimizer (or any two classes) stepping every iteration: one step an iteration."""
+
+    def two(prof: Any) -> None:
+        model = _net()
+        first, second = list(model.parameters())[:2], list(model.parameters())[2:]
+        adam, sgd = torch.optim.Adam(first, lr=1e-3), torch.optim.SGD(second, lr=0.01)
+        for _ in range(ITERATIONS):
+            _iteration(model, adam, sgd)
+
+    steps = load(_record(tmp_path / "two.json", two)).ranks[0].tables.steps
+    assert len(steps) == ITERATIONS - 1
+    assert set(map(str, steps["name"].tolist())) == {"Optimizer.step#Adam.step"}
+
+
+def test_the_training_threads_optimizer_not_a_helpers(tmp_path: Path) -> None:
+    """A helper thread stepping an optimizer of its own once (a probe) does not cut the loop's steps."""
+
+    def helper(prof: Any) -> None:
+        model = _net()
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        probe = _net()
+        other = threading.Thread(target=_iteration, args=(probe, torch.optim.SGD(probe.parameters(), lr=0.1)))
+        for i in range(ITERATIONS):
+            _iteration(model, opt)
+            if i == 2:
+                other.start()
+                other.join()
+
+    path = _record(tmp_path / "helper.json", helper, all_threads=True)
+    assert len(_events(path, "Optimizer.step#SGD.step")) == ITERATIONS + 1
+    steps = load(path).ranks[0].tables.steps
+    assert len(steps) == ITERATIONS - 1
+    assert len(set(steps["tid"].tolist())) == 1
+
+
+def test_summarised_ranks_keep_the_note(plain: Path) -> None:
+    run = load(plain, summarize=True)
+    assert run.ranks[0].tables is None and run.ranks[0].facts is not None
+    assert run.ranks[0].facts.optimizer_steps
+    assert "each step is taken from the end of one optimizer step" in " ".join(run.notes)
