@@ -18,6 +18,9 @@ from ddpdoctor.compare import catalog, stats
 from ddpdoctor.compare.catalog import MetricSpec
 from ddpdoctor.compare.snapshot import Snapshot
 
+# DataParallel's stages after its scatter: times above 0 only where it replicated the module (metrics/dp.py)
+_DP_STAGES = ("dp_replicate_ms", "dp_parallel_apply_ms", "dp_gather_ms", "dp_backward_reduce_ms")
+
 _MODE = {"dp": "DataParallel (one process)", "ddp": "DistributedDataParallel", "single": "single process"}
 
 
@@ -133,13 +136,23 @@ def _not_comparable(a: Snapshot, b: Snapshot, rows: list[Row]) -> list[str]:
             f"B {gb if gb is not None else 'unknown'} (per-rank DataLoader batch x world size)"
             + (": step times are not the same work." if ga and gb else ".")
         )
-    for label, s in (("A", a), ("B", b)):
+    for label, s, side in (("A", a, "a"), ("B", b, "b")):
         env = s.environment
-        if env.get("mode") == "dp" and env.get("devices") in (["cpu"], None):
+        if env.get("mode") != "dp":
+            continue
+        # a plain trace states no devices: its DP stages say whether DataParallel replicated the module
+        staged = any((getattr(r, side) or 0) > 0 for r in rows if r.spec.name in _DP_STAGES)
+        if env.get("devices") == ["cpu"]:
             out.append(
                 f"{label} is DataParallel on CPU: DataParallel then calls the module directly (no scatter, "
                 "replicas, gather or gradient reduction), so it measures a single process, not multi-GPU "
                 "DataParallel; its DP stage times are 0."
+            )
+        elif env.get("devices") is None and not staged:
+            out.append(
+                f"{label} is DataParallel whose trace shows none of its stages: on CPU or over one device "
+                "DataParallel calls the module directly (no replicas, gather or gradient reduction), so it "
+                "measures a single process, not multi-GPU DataParallel."
             )
     for key in ("backend", "torch_version", "devices"):
         if ea.get(key) != eb.get(key) and ea.get(key) is not None and eb.get(key) is not None:

@@ -3,6 +3,7 @@ output format renders it. (Real DP-vs-DDP runs: tests/integration/test_gate_and_
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 
@@ -122,6 +123,20 @@ def test_says_what_is_not_comparable():
     assert "communication: comm_ms, exposed_comm_ms, overlap_ratio measured only in B" in text
     assert "DataParallel: dp_gather_ms measured only in A" in text
     assert "DataParallel on CPU" not in text  # these are GPU runs
+
+
+def test_a_plain_dp_trace_is_called_single_process_only_where_its_stages_show_no_replication():
+    """A plain trace states no devices: a DataParallel trace whose forward gathered (dp_gather_ms > 0) did run
+    over several devices; one whose stages are all 0 (or unmeasured) did not, whatever its devices."""
+    plain = {**DP_ENV, "devices": None}
+    staged = dataclasses.replace(_dp(), environment=plain)
+    text = "\n".join(compare(staged, _ddp()).not_comparable)
+    assert "DataParallel on CPU" not in text and "shows none of its stages" not in text
+    flat = dataclasses.replace(_dp(), environment=plain, metrics={**_dp().metrics, "dp_gather_ms": 0.0})
+    text = "\n".join(compare(flat, _ddp()).not_comparable)
+    assert "A is DataParallel whose trace shows none of its stages" in text
+    on_cpu = dataclasses.replace(_dp(), environment={**DP_ENV, "devices": ["cpu"]})
+    assert "A is DataParallel on CPU" in "\n".join(compare(on_cpu, _ddp()).not_comparable)
 
 
 def test_findings_in_one_only():
