@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from ddpdoctor.compare import catalog, stats
 from ddpdoctor.compare.catalog import MetricSpec
 from ddpdoctor.compare.snapshot import Snapshot
+from ddpdoctor.metrics import catalog as metric_catalog
 
 # DataParallel's stages after its scatter: times above 0 only where it replicated the module (metrics/dp.py)
-_DP_STAGES = ("dp_replicate_ms", "dp_parallel_apply_ms", "dp_gather_ms", "dp_backward_reduce_ms")
+_DP_STAGES = tuple(name for name in metric_catalog.group("dp_stages") if name != "dp_scatter_ms")
 
 _MODE = {"dp": "DataParallel (one process)", "ddp": "DistributedDataParallel", "single": "single process"}
 

@@ -75,8 +75,11 @@ def derived_rank_metrics(metrics: Any) -> dict[int, dict[str, Any]]:
                 values["broadcast_ms"] = _sum(ms_col, bc) / n_steps
             if count_col is not None:
                 values["allreduce_count"] = _sum(count_col, ar) / n_steps
-        if count_col is not None and bytes_col is not None and _sum(count_col, ar) > 0:
-            values["allreduce_message_bytes"] = _sum(bytes_col, ar) / _sum(count_col, ar)
+        # only the rows whose bytes the trace states (a trace without collective sizes: a CPU trace recorded
+        # without record_shapes, an NCCL one without their arguments): unknown sizes are no 0-byte messages
+        sized = [i for i in ar if bytes_col is not None and _known(bytes_col[i])]
+        if count_col is not None and sized and _sum(count_col, sized) > 0:
+            values["allreduce_message_bytes"] = _sum(bytes_col, sized) / _sum(count_col, sized)
         values["ddp_round_bytes"] = _round_bytes(rows_by_rank.get(rank) or {}, values)
         out[rank] = values
     return out
@@ -96,6 +99,10 @@ def _round_bytes(row: dict[str, Any], values: dict[str, Any]) -> float | None:
         return None
     rounds = clean_value(row.get("ddp_sync_rounds_per_step"))
     return float(count) * float(size) / (float(rounds) if rounds else 1.0)
+
+
+def _known(value: Any) -> bool:
+    return value is not None and value == value
 
 
 def _sum(column: list[Any], rows: list[int]) -> float:

@@ -40,3 +40,19 @@ def test_without_the_models_gradients_a_step_of_several_rounds_is_divided_among_
     for row in metrics.ranks:
         row.update(ddp_sync_rounds_per_step=1)
     assert RULE in _found(metrics)
+
+
+def test_collectives_without_sizes_are_no_small_messages() -> None:
+    """A trace that states no collective sizes (a CPU trace recorded without record_shapes, NCCL calls without
+    their arguments) has no message size: not messages of 0 bytes, which called dozens of buckets "small"."""
+    metrics = fake_metrics("ddp_4ranks")
+    for row in metrics.ranks:
+        row.update(ddp_bucket_count=100, ddp_bucket_cap_mb=0.5)
+    metrics.collectives["bytes"] = metrics.collectives["bytes"] / 1000  # 20 KiB messages: too small, it fires
+    assert RULE in _found(metrics)
+    metrics.collectives["bytes"] = None
+    derived = derived_rank_metrics(metrics)
+    assert {v["allreduce_message_bytes"] for v in derived.values()} == {None}
+    assert {v["ddp_round_bytes"] for v in derived.values()} == {None}
+    assert {v["allreduce_count"] for v in derived.values()} == {1.0}  # what the trace does state stays
+    assert RULE not in _found(metrics)
