@@ -76,9 +76,7 @@ def cut_short_note(captures: Mapping[int, Mapping[str, Any]], summaries: list[Ma
         return None
     step = max(cut.values())
     schedule = next((c.get("schedule") for c in captures.values() if isinstance(c.get("schedule"), dict)), None)
-    first = (
-        f" (it starts at step {_int(schedule.get('wait')) + _int(schedule.get('warmup')) + 1})" if schedule else ""
-    )
+    first = f" (it starts at step {_int(schedule.get('wait')) + _int(schedule.get('warmup')) + 1})" if schedule else ""
     return (
         f"No complete step was recorded: the run ended in step {step}, the first step of its profiled window{first}, "
         f"and a step cut short by the end of the run is not analysed (its trace holds only the part before the "

@@ -41,6 +41,7 @@ from ddpdoctor.metrics.group_sums import positions_within
 from ddpdoctor.metrics.issuers import issuers
 from ddpdoctor.metrics.memory import device_rows, memory_metrics, own_device
 from ddpdoctor.metrics.parallelism import parallelism_evidence
+from ddpdoctor.metrics.phases import loads_batches
 from ddpdoctor.metrics.profiled_steps import running_step
 from ddpdoctor.metrics.same_work import op_work
 from ddpdoctor.metrics.setup import compute_device
@@ -88,6 +89,9 @@ def summarize_rank(
     colls = _assign_steps(timed, steps)
     metrics: dict[str, Any] = {"rank": rt.rank}
     metrics.update(_step_metrics(analysed))
+    order = np.argsort(analysed["start_us"], kind="stable")
+    if not loads_batches(ops, analysed["start_us"][order], analysed["end_us"][order]):
+        metrics["dataloader_ms"] = None  # no DataLoader in the steps: data loaded otherwise is not timed apart
     comm_total = float(np.sum(analysed["comm_ms"]))
     metrics["overlap_ratio"] = float(np.sum(analysed["overlapped_comm_ms"])) / comm_total if comm_total > 0 else None
     in_analysed = np.isin(colls["step"], analysed["step"])

@@ -39,7 +39,7 @@ def _record(path: Path, body: Any, stepped: bool = False, all_threads: bool = Fa
     torch.manual_seed(0)
     kwargs: dict[str, Any] = {}
     if stepped:
-        kwargs["schedule"] = torch.profiler.schedule(wait=0, warmup=0, active=ITERATIONS)
+        kwargs["schedule"] = torch.profiler.schedule(wait=0, warmup=1, active=ITERATIONS - 1, repeat=1)
     if all_threads:
         kwargs["experimental_config"] = torch._C._profiler._ExperimentalConfig(profile_all_threads=True)
     with torch.profiler.profile(**kwargs) as prof:
