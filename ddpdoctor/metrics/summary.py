@@ -89,8 +89,11 @@ def summarize_rank(
     colls = _assign_steps(timed, steps)
     metrics: dict[str, Any] = {"rank": rt.rank}
     metrics.update(_step_metrics(analysed))
-    order = np.argsort(analysed["start_us"], kind="stable")
-    if not loads_batches(ops, analysed["start_us"][order], analysed["end_us"][order]):
+    hosts = _inner_join(
+        windows.select(["step", "span", "host_start_us", "host_end_us"]), steps.select(["step", "span", "analyzed"])
+    )
+    host = hosts[hosts["analyzed"]].sort("host_start_us")  # the analysed steps' host windows
+    if not loads_batches(ops, host["host_start_us"], host["host_end_us"]):
         metrics["dataloader_ms"] = None  # no DataLoader in the steps: data loaded otherwise is not timed apart
     comm_total = float(np.sum(analysed["comm_ms"]))
     metrics["overlap_ratio"] = float(np.sum(analysed["overlapped_comm_ms"])) / comm_total if comm_total > 0 else None
@@ -104,9 +107,6 @@ def summarize_rank(
     metrics["late_arrival_ms"] = None
     metrics.update(dp_rank_metrics(ops, analysed["start_us"], analysed["end_us"], stages, rt.tables.kernels))
     # which parallelism: collectives by kind and phase (host step windows, the analysed ones as above)
-    hosts = _inner_join(
-        windows.select(["step", "span", "host_start_us", "host_end_us"]), steps.select(["step", "span", "analyzed"])
-    )
     n_timed = int(in_analysed.sum())
     metrics.update(parallelism_evidence(rt, hosts, calls, n_timed))
     # The GPU the DDP model lives on: a rank that never calls set_device still has current device cuda:0.
