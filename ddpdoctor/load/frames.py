@@ -175,8 +175,8 @@ def _memory_table(files: list[FileColumns]) -> Table:
 
 
 def _steps(ops: Table) -> Table:
-    """``ProfilerStep#N`` ranges recorded on the CPU (not their GPU-side copies), sorted by start; without any,
-    the steps its optimizer's steps delimit (``_optimizer_steps``)."""
+    """``ProfilerStep#N`` ranges recorded on the CPU (not their GPU-side copies), sorted by start; without any
+    (or with only ``ProfilerStep#0``), the steps its optimizer's steps delimit (``_optimizer_steps``)."""
     name = ops["name"]
     step_names = {n: int(m.group(1)) for n in name.categories if (m := _STEP.match(n))}
     if not step_names:
@@ -184,12 +184,17 @@ def _steps(ops: Table) -> Table:
     mask = name.isin(step_names) & ops["cat"].isin(["user_annotation", "cpu_op"])
     steps = ops[mask]
     steps["step"] = steps["name"].map(step_names, default=0, dtype=np.int64)
+    if len(steps) and not steps["step"].any():  # only ProfilerStep#0: a scheduled profiler never stepped
+        told = _optimizer_steps(ops)
+        if len(told):
+            return told
     return steps.sort("ts_us")
 
 
 def _optimizer_steps(ops: Table) -> Table:
     """A trace whose profiler was never stepped (one ``with torch.profiler.profile():`` around the training loop,
-    then ``export_chrome_trace``) has no ``ProfilerStep#N`` range: its steps are told by the optimizer's, from
+    then ``export_chrome_trace``) has no ``ProfilerStep#N`` range (with a ``schedule``, only ``ProfilerStep#0``
+    over the whole recording, which does not count): its steps are told by the optimizer's, from
     the end of one ``Optimizer.step#<class>.step`` range to the end of the next (as ``prof.step()`` right after
     ``optimizer.step()`` would have cut them), numbered from 1 in the order of the rank's spans; the rows are
     those ranges with their start moved back to the previous one's end. Only the training thread's (the thread

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import threading
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -177,4 +178,29 @@ def test_summarised_ranks_keep_the_note(plain: Path) -> None:
     run = load(plain, summarize=True)
     assert run.ranks[0].tables is None and run.ranks[0].facts is not None
     assert run.ranks[0].facts.optimizer_steps
+    assert "each step is taken from the end of one optimizer step" in " ".join(run.notes)
+
+
+def test_a_scheduled_profiler_never_stepped_has_only_step_zero(tmp_path: Path) -> None:
+    """With a schedule but no prof.step(), torch marks ProfilerStep#0 over the whole recording: no step either."""
+    path = tmp_path / "unstepped.json"
+
+    def unstepped(prof: Any) -> None:
+        model = _net()
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for _ in range(ITERATIONS):
+            _iteration(model, opt)
+
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "Profiler won't be using warmup": recording from the start needs none
+        schedule = torch.profiler.schedule(wait=0, warmup=0, active=1)
+    with torch.profiler.profile(schedule=schedule) as prof:
+        unstepped(prof)
+    prof.export_chrome_trace(str(path))
+    assert [e["name"] for e in json.loads(path.read_text())["traceEvents"] if "ProfilerStep" in e.get("name", "")] == [
+        "ProfilerStep#0"
+    ]
+    run = load(path)
+    assert len(run.ranks[0].tables.steps) == ITERATIONS - 1
     assert "each step is taken from the end of one optimizer step" in " ".join(run.notes)
