@@ -150,6 +150,7 @@ def test_the_gpus_kernels_show_the_replicas(two_devices: Path, tmp_path: Path) -
     assert finding is not None
     assert "drives 2 GPUs" in finding.message
     assert f"scatters the batch ({row['dp_scatter_ms']:.1f} ms)" in finding.message
+    assert "from a plain torch.profiler trace: the copy is DataParallel's Broadcast alone" in finding.message
 
 
 def test_dataparallel_over_one_device_has_no_replicas_whatever_the_gpus(one_device: Path, tmp_path: Path) -> None:
