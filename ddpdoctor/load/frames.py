@@ -200,7 +200,8 @@ def _optimizer_steps(ops: Table) -> Table:
     those ranges with their start moved back to the previous one's end. Only the training thread's (the thread
     with the most), only the outermost (an optimizer wrapping another: ZeroRedundancyOptimizer, a scaler), and of
     one optimizer class, the first to step (a second optimizer stepping in the same iteration, a sparse one beside
-    a dense one, stays inside the steps). No rows where a span holds fewer than two: its window is one step."""
+    a dense one, stays inside the steps). A span with fewer than two holds no step (none at all: the window is one
+    step)."""
     empty = ops[0:0].assign(step=np.zeros(0, dtype=np.int64))
     name = ops["name"]
     names = [n for n in name.categories if OPTIMIZER_STEP.match(n)]
@@ -209,13 +210,17 @@ def _optimizer_steps(ops: Table) -> Table:
     found = ops[name.isin(names) & ops["cat"].isin(["user_annotation", "cpu_op"])]
     if len(found) < 2:
         return empty
-    tids, counts = np.unique(found["tid"], return_counts=True)
-    found = found[found["tid"] == tids[int(np.argmax(counts))]].sort("span", "ts_us")
-    ts, end, span = found["ts_us"], found["end_us"], found["span"]
-    reach = np.maximum.accumulate(end)
-    outer = np.ones(len(found), dtype=bool)  # not inside an earlier range of the same span
-    outer[1:] = (span[1:] != span[:-1]) | (ts[1:] >= reach[:-1])
-    found = found[outer]
+    found = found.sort("span", "ts_us")
+    keep = np.zeros(len(found), dtype=bool)
+    for span in np.unique(found["span"]).tolist():  # per span (a restarted process has threads of its own)
+        rows = np.flatnonzero(found["span"] == span)
+        tids, counts = np.unique(found["tid"][rows], return_counts=True)
+        rows = rows[found["tid"][rows] == tids[int(np.argmax(counts))]]
+        reach = np.maximum.accumulate(found["end_us"][rows])
+        outer = np.ones(len(rows), dtype=bool)  # not inside an earlier range: the outermost optimizer's
+        outer[1:] = found["ts_us"][rows][1:] >= reach[:-1]
+        keep[rows[outer]] = True
+    found = found[keep]
     first = found["name"][0:1]
     found = found[found["name"].isin([str(first.categories[first.codes[0]])])]
     span, end = found["span"], found["end_us"]

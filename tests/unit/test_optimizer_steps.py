@@ -204,3 +204,23 @@ def test_a_scheduled_profiler_never_stepped_has_only_step_zero(tmp_path: Path) -
     run = load(path)
     assert len(run.ranks[0].tables.steps) == ITERATIONS - 1
     assert "each step is taken from the end of one optimizer step" in " ".join(run.notes)
+
+
+def test_each_span_has_its_training_thread(tmp_path: Path) -> None:
+    """Two recordings of one rank whose loops ran on different threads (a restarted process, a loop in a thread):
+    each span's steps come from its own thread, none is left out."""
+    first = _record(tmp_path / "a.json", _plain_loop)
+    other = threading.Thread(target=_record, args=(tmp_path / "b.json", _plain_loop))
+    other.start()
+    other.join()
+    tids = [{e["tid"] for e in _events(p, "Optimizer.step#SGD.step")} for p in (first, tmp_path / "b.json")]
+    assert len(tids[0]) == len(tids[1]) == 1 and tids[0] != tids[1]
+    folder = tmp_path / "rank"
+    folder.mkdir()
+    for n, path in enumerate((first, tmp_path / "b.json")):
+        (folder / f"worker0.{n + 1}.pt.trace.json").write_text(path.read_text())
+    run = load(folder)
+    assert len(run.ranks) == 1 and len(run.ranks[0].files) == 2
+    steps = run.ranks[0].tables.steps
+    assert len(steps) == 2 * (ITERATIONS - 1)
+    assert len(set(steps["span"].tolist())) == 2 and len(set(steps["tid"].tolist())) == 2
