@@ -221,8 +221,7 @@ def _optimizer_steps(ops: Table) -> Table:
         outer[1:] = found["ts_us"][rows][1:] >= reach[:-1]
         keep[rows[outer]] = True
     found = found[keep]
-    first = found["name"][0:1]
-    found = found[found["name"].isin([str(first.categories[first.codes[0]])])]
+    found = found[found["name"].isin([str(found["name"].at(0))])]
     span, end = found["span"], found["end_us"]
     follows = np.zeros(len(found), dtype=bool)  # a step: the previous optimizer step ended in the same span
     follows[1:] = span[1:] == span[:-1]
@@ -240,8 +239,7 @@ def steps_told_by_optimizer(steps: Table) -> bool:
     """Whether ``steps`` (a rank's steps table) are ``_optimizer_steps``'s, not ProfilerStep#N ranges."""
     if not len(steps):
         return False
-    first = steps["name"][0:1]
-    return bool(OPTIMIZER_STEP.match(str(first.categories[first.codes[0]])))
+    return bool(OPTIMIZER_STEP.match(str(steps["name"].at(0))))
 
 
 _OBJECT_ARGS = ("dtype", "collective_name", "pg_name", "input_dims", "input_type")

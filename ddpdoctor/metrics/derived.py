@@ -77,7 +77,7 @@ def derived_rank_metrics(metrics: Any) -> dict[int, dict[str, Any]]:
                 values["allreduce_count"] = _sum(count_col, ar) / n_steps
         # only the rows whose bytes the trace states (a trace without collective sizes: a CPU trace recorded
         # without record_shapes, an NCCL one without their arguments): unknown sizes are no 0-byte messages
-        sized = [i for i in ar if bytes_col is not None and _known(bytes_col[i])]
+        sized = [i for i in ar if bytes_col is not None and clean_value(bytes_col[i]) is not None]
         if count_col is not None and sized and _sum(count_col, sized) > 0:
             values["allreduce_message_bytes"] = _sum(bytes_col, sized) / _sum(count_col, sized)
         values["ddp_round_bytes"] = _round_bytes(rows_by_rank.get(rank) or {}, values)
@@ -99,10 +99,6 @@ def _round_bytes(row: dict[str, Any], values: dict[str, Any]) -> float | None:
         return None
     rounds = clean_value(row.get("ddp_sync_rounds_per_step"))
     return float(count) * float(size) / (float(rounds) if rounds else 1.0)
-
-
-def _known(value: Any) -> bool:
-    return value is not None and value == value
 
 
 def _sum(column: list[Any], rows: list[int]) -> float:

@@ -62,7 +62,7 @@ def dp_stages(ops: Table) -> Stages | None:
     cpu = ops["cat"].isin(["cpu_op"])
     plain: Stages = {"parallel_apply": None}
     for phase, (name, in_forward) in PLAIN_STAGE_OPS.items():
-        rows = cpu & names_matching(ops, re.compile(rf"^{name}$"))
+        rows = cpu & ops["name"].isin([name])
         found = iv.union(ts[rows], te[rows])
         plain[phase] = iv.intersect(found, forward) if in_forward else found
     return {phase: plain[phase] for phase in DP_PHASES}

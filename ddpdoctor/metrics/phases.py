@@ -84,15 +84,12 @@ def _ranges(ops: Table, pattern: re.Pattern[str]) -> iv.Intervals:
 
 
 def loads_batches(ops: Table, lo: np.ndarray, hi: np.ndarray) -> bool:
-    """Whether a torch DataLoader (or DataPipe) handed out a batch in any of the windows [lo, hi) (sorted, apart):
-    its ``enumerate(DataLoader)#...__next__`` range starts in one. Without that, the wait for data is not told
-    apart from the rest of the step (data loaded by a loop of the script's own, a generator, tensors made in it)."""
+    """Whether a torch DataLoader (or DataPipe) handed out a batch in any of the windows [lo, hi] (sorted, apart):
+    its ``enumerate(DataLoader)#...__next__`` range starts in one (``intervals.locate``). Without that, the wait
+    for data is not told apart from the rest of the step (data loaded by a loop of the script's own, a generator,
+    tensors made in it)."""
     starts, _ = _ranges(ops, _DATALOADER)
-    if not len(starts) or not len(lo):
-        return False
-    at = np.searchsorted(lo, starts, side="right") - 1
-    inside = at >= 0
-    return bool(np.any(starts[inside] < hi[at[inside]]))
+    return bool(np.any(iv.locate(lo, hi, starts) >= 0))
 
 
 def host_phases(ops: Table, steps: Table) -> dict[str, iv.Intervals]:
