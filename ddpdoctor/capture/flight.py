@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ddpdoctor import rundir, runfiles
+from ddpdoctor.capture import progress
 from ddpdoctor.capture.autostart import FR_VARIABLES
 from ddpdoctor.capture.phase import PHASE_WIDTH, STEP_WIDTH
 from ddpdoctor.runfile_types import FlightDump
@@ -552,5 +553,4 @@ class Dumper:
         return True
 
     def _warn(self, message: str) -> None:
-        with contextlib.suppress(Exception):
-            print(f"ddpdoctor: warning: rank {self.session.rank}: {message}", file=sys.stderr, flush=True)
+        progress.say(f"ddpdoctor: warning: rank {self.session.rank}: {message}")  # never raises
