@@ -25,7 +25,7 @@ import numpy as np
 from ddpdoctor.errors import TraceError
 from ddpdoctor.load.columns import FileColumns
 from ddpdoctor.load.discover import shown
-from ddpdoctor.load.frames import steps_told_by_optimizer
+from ddpdoctor.load.frames import optimizer_steps_per_step, steps_told_by_optimizer
 from ddpdoctor.load.model import RankTrace
 from ddpdoctor.load.schema import valid_world_size
 
@@ -131,8 +131,11 @@ def check_one_run(root: Path, workers: list[RankTrace]) -> None:
 _ADVICE = "put each run's traces in a folder of its own"
 
 
-def run_notes(ranks: list[RankTrace], world_size: int, source: str) -> list[str]:
-    """What a report should say about the ranks that were loaded (one line each)."""
+def run_notes(
+    ranks: list[RankTrace], world_size: int, source: str, captured: frozenset[int] = frozenset()
+) -> list[str]:
+    """What a report should say about the ranks that were loaded (one line each). ``captured``: the ranks
+    ``ddpdoctor trace`` recorded (it marks their steps itself)."""
     notes = []
     have = [rt.rank for rt in ranks]
     if source == "order" and len(ranks) > 1:
@@ -172,6 +175,40 @@ def run_notes(ranks: list[RankTrace], world_size: int, source: str) -> list[str]
             "(Optimizer.step#...) to the end of the next, what prof.step() called after optimizer.step() would "
             "have cut; call prof.step() once per step (or use `ddpdoctor trace`) to mark the steps yourself"
         )
+    notes += _stepped_unlike_the_optimizer(ranks, captured)
+    return notes
+
+
+def _stepped_unlike_the_optimizer(ranks: list[RankTrace], captured: frozenset[int]) -> list[str]:
+    """A note for the ranks whose own profiler's ProfilerStep#N ranges are not one iteration each: each holds two
+    or more optimizer steps (``prof.step()`` every few iterations), or two or more of them hold one
+    (``prof.step()`` twice an iteration, or once per micro-batch): every per-step figure is then of that span,
+    not of an iteration. Not for ranks ``ddpdoctor trace`` recorded (it marks one step an iteration)."""
+    many: dict[int, list[int]] = {}
+    parts: dict[int, list[int]] = {}
+    for rt in ranks:
+        if rt.rank in captured:
+            continue
+        if rt.tables is not None:
+            ratio = optimizer_steps_per_step(rt.tables.ops, rt.tables.steps)
+        else:
+            ratio = rt.facts.optimizer_steps_per_step if rt.facts is not None else None
+        if ratio is not None and ratio >= 1.5:
+            many.setdefault(round(ratio), []).append(rt.rank)
+        elif ratio is not None and ratio <= 1 / 1.5:
+            parts.setdefault(round(1 / ratio), []).append(rt.rank)
+    notes = [
+        f"rank(s) {_ranks_text(have)}: each ProfilerStep#N holds about {n} optimizer steps (Optimizer.step#...): "
+        f"prof.step() is called once every {n} iterations (or {n} optimizers of one class step in each), so every "
+        f"per-step figure covers {n} of them"
+        for n, have in sorted(many.items())
+    ]
+    notes += [
+        f"rank(s) {_ranks_text(have)}: about {n} ProfilerStep#N ranges to one optimizer step (Optimizer.step#...): "
+        f"prof.step() is called {n} times an iteration (or once per micro-batch), so each step is part of an "
+        "iteration and the per-step figures are of those parts; call prof.step() once, after optimizer.step()"
+        for n, have in sorted(parts.items())
+    ]
     return notes
 
 

@@ -203,25 +203,9 @@ def _optimizer_steps(ops: Table) -> Table:
     a dense one, stays inside the steps). A span with fewer than two holds no step (none at all: the window is one
     step)."""
     empty = ops[0:0].assign(step=np.zeros(0, dtype=np.int64))
-    name = ops["name"]
-    names = [n for n in name.categories if OPTIMIZER_STEP.match(n)]
-    if not names:
-        return empty
-    found = ops[name.isin(names) & ops["cat"].isin(["user_annotation", "cpu_op"])]
+    found = _training_optimizer_steps(ops)
     if len(found) < 2:
         return empty
-    found = found.sort("span", "ts_us")
-    keep = np.zeros(len(found), dtype=bool)
-    for span in np.unique(found["span"]).tolist():  # per span (a restarted process has threads of its own)
-        rows = np.flatnonzero(found["span"] == span)
-        tids, counts = np.unique(found["tid"][rows], return_counts=True)
-        rows = rows[found["tid"][rows] == tids[int(np.argmax(counts))]]
-        reach = np.maximum.accumulate(found["end_us"][rows])
-        outer = np.ones(len(rows), dtype=bool)  # not inside an earlier range: the outermost optimizer's
-        outer[1:] = found["ts_us"][rows][1:] >= reach[:-1]
-        keep[rows[outer]] = True
-    found = found[keep]
-    found = found[found["name"].isin([str(found["name"].at(0))])]
     span, end = found["span"], found["end_us"]
     follows = np.zeros(len(found), dtype=bool)  # a step: the previous optimizer step ended in the same span
     follows[1:] = span[1:] == span[:-1]
@@ -233,6 +217,49 @@ def _optimizer_steps(ops: Table) -> Table:
     steps["dur_us"] = steps["end_us"] - starts
     steps["step"] = np.arange(1, len(steps) + 1, dtype=np.int64)
     return steps
+
+
+def _training_optimizer_steps(ops: Table) -> Table:
+    """The ``Optimizer.step#<class>.step`` ranges that mark the training loop's iterations, sorted by span and
+    start: per span, the training thread's (the thread with the most), only the outermost (an optimizer wrapping
+    another), of the first optimizer class to step."""
+    name = ops["name"]
+    names = [n for n in name.categories if OPTIMIZER_STEP.match(n)]
+    found = ops[name.isin(names) & ops["cat"].isin(["user_annotation", "cpu_op"])] if names else ops[0:0]
+    if not len(found):
+        return found
+    found = found.sort("span", "ts_us")
+    keep = np.zeros(len(found), dtype=bool)
+    for span in np.unique(found["span"]).tolist():  # per span (a restarted process has threads of its own)
+        rows = np.flatnonzero(found["span"] == span)
+        tids, counts = np.unique(found["tid"][rows], return_counts=True)
+        rows = rows[found["tid"][rows] == tids[int(np.argmax(counts))]]
+        reach = np.maximum.accumulate(found["end_us"][rows])
+        outer = np.ones(len(rows), dtype=bool)  # not inside an earlier range: the outermost optimizer's
+        outer[1:] = found["ts_us"][rows][1:] >= reach[:-1]
+        keep[rows[outer]] = True
+    found = found[keep]
+    return found[found["name"].isin([str(found["name"].at(0))])]
+
+
+def optimizer_steps_per_step(ops: Table, steps: Table) -> float | None:
+    """How many optimizer steps (``_training_optimizer_steps``) end in a ProfilerStep#N range, on average over
+    the rank's steps: 1 where ``prof.step()`` follows each ``optimizer.step()``; 2 where it is called every second
+    iteration (or two optimizers of one class step in each); 0.5 where it is called twice an iteration (or once per
+    micro-batch of two). None where it does not apply: no steps, steps told by the optimizer itself, or no
+    optimizer step in any of them (a job without a torch.optim optimizer)."""
+    if not len(steps) or steps_told_by_optimizer(steps):
+        return None
+    found = _training_optimizer_steps(ops)
+    if not len(found):
+        return None
+    inside = 0
+    for span in np.unique(steps["span"]).tolist():
+        mine = steps[steps["span"] == span].sort("ts_us")
+        ends = np.sort(found["end_us"][found["span"] == span])
+        i = np.searchsorted(mine["ts_us"], ends, side="right") - 1  # the last step starting before each end
+        inside += int(np.sum((i >= 0) & (ends <= mine["end_us"][np.maximum(i, 0)])))
+    return inside / len(steps) if inside else None
 
 
 def steps_told_by_optimizer(steps: Table) -> bool:

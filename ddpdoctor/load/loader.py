@@ -19,7 +19,7 @@ from ddpdoctor import ranklist, rundir, runfiles
 from ddpdoctor._version import __version__
 from ddpdoctor.errors import TraceError
 from ddpdoctor.load.discover import group_by_worker, rank_from_name, shown, trace_files
-from ddpdoctor.load.frames import steps_told_by_optimizer
+from ddpdoctor.load.frames import optimizer_steps_per_step, steps_told_by_optimizer
 from ddpdoctor.load.model import TABLES, EventTables, RankFacts, RankTrace, Run
 from ddpdoctor.load.schema import valid_rank, valid_world_size
 from ddpdoctor.rundir import is_run_dir
@@ -180,6 +180,7 @@ def _summarize(rt: RankTrace, paths: list[Path], plan: _Summarize) -> None:
         has_steps=len(rt.tables.steps) > 0,
         steps=plan.steps,
         optimizer_steps=steps_told_by_optimizer(rt.tables.steps),
+        optimizer_steps_per_step=optimizer_steps_per_step(rt.tables.ops, rt.tables.steps),
     )
     rt.summary = summarize_rank(rt, plan.capture.get(rt.rank), plan.steps)
     rt.facts = facts
@@ -433,14 +434,14 @@ def _make_run(
         capture=capture,
         manifest=manifest if isinstance(manifest, dict) else None,
         skipped=skipped,
-        notes=_run_notes(ranks, world_size, source) if all(rt.has_trace or rt.facts for rt in ranks) else [],
+        notes=_run_notes(ranks, world_size, source, capture) if all(rt.has_trace or rt.facts for rt in ranks) else [],
     )
 
 
-def _run_notes(ranks: list[RankTrace], world_size: int, source: str) -> list[str]:
+def _run_notes(ranks: list[RankTrace], world_size: int, source: str, capture: dict[int, dict[str, Any]]) -> list[str]:
     from ddpdoctor.load.consistency import run_notes
 
-    return run_notes(ranks, world_size, source)
+    return run_notes(ranks, world_size, source, frozenset(capture))
 
 
 def _names(rt: RankTrace) -> list[str]:

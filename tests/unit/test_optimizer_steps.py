@@ -224,3 +224,95 @@ def test_each_span_has_its_training_thread(tmp_path: Path) -> None:
     steps = run.ranks[0].tables.steps
     assert len(steps) == 2 * (ITERATIONS - 1)
     assert len(set(steps["span"].tolist())) == 2 and len(set(steps["tid"].tolist())) == 2
+
+
+# A profiler stepped, but not once an iteration: the steps are the profiler's, and a note says what each one holds.
+
+
+def _stepped_run(tmp_path: Path, every: int = 1, per_iteration: int = 1, iterations: int = 12, **kw: Any) -> Path:
+    """A real trace of a scheduled profiler whose ``prof.step()`` is called ``per_iteration`` times an iteration
+    (once after the backward, once after the optimizer when 2), or once every ``every`` iterations."""
+    folder = tmp_path / f"every{every}-per{per_iteration}"
+    torch.manual_seed(0)
+    model = _net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    optimizers = [opt, *kw.get("more", ())]
+    schedule = torch.profiler.schedule(wait=0, warmup=1, active=8, repeat=1)
+    with torch.profiler.profile(
+        schedule=schedule, on_trace_ready=torch.profiler.tensorboard_trace_handler(str(folder))
+    ) as prof:
+        for i in range(iterations):
+            for o in optimizers:
+                o.zero_grad()
+            model(torch.randn(16, 32)).pow(2).mean().backward()
+            if per_iteration == 2:
+                prof.step()
+            for o in optimizers:
+                o.step()
+            if (i + 1) % every == 0:
+                prof.step()
+    return folder
+
+
+def _step_notes(run: Any) -> list[str]:
+    return [n for n in run.notes if "ProfilerStep#N" in n and "optimizer step" in n]
+
+
+def test_a_profiler_stepped_every_second_iteration_is_noted(tmp_path: Path) -> None:
+    folder = _stepped_run(tmp_path, every=2, iterations=20)
+    run = load(folder)
+    assert all(str(n).startswith("ProfilerStep#") for n in run.ranks[0].tables.steps["name"].tolist())
+    (note,) = _step_notes(run)
+    assert "each ProfilerStep#N holds about 2 optimizer steps" in note
+    assert "covers 2 of them" in note
+    summarised = load(folder, summarize=True)  # the facts kept in place of the tables say the same
+    assert summarised.ranks[0].tables is None
+    assert _step_notes(summarised) == [note]
+
+
+def test_a_profiler_stepped_twice_an_iteration_is_noted(tmp_path: Path) -> None:
+    (note,) = _step_notes(load(_stepped_run(tmp_path, per_iteration=2)))
+    assert "about 2 ProfilerStep#N ranges to one optimizer step" in note
+    assert "call prof.step() once, after optimizer.step()" in note
+
+
+def test_a_profiler_stepped_once_an_iteration_has_no_such_note(tmp_path: Path) -> None:
+    run = load(_stepped_run(tmp_path))
+    assert len(run.ranks[0].tables.steps) >= 7
+    assert _step_notes(run) == []
+
+
+def test_two_optimizer_classes_stepping_each_iteration_are_one_step(tmp_path: Path) -> None:
+    """An Adam beside the SGD, both stepping every iteration: one optimizer step an iteration (the first class's)."""
+    extra = torch.optim.Adam([torch.nn.Parameter(torch.zeros(3))], lr=1e-3)
+    run = load(_stepped_run(tmp_path, more=[extra]))
+    assert _step_notes(run) == []
+
+
+def test_a_job_without_an_optimizer_has_no_such_note(tmp_path: Path) -> None:
+    folder = tmp_path / "manual"
+    torch.manual_seed(0)
+    model = _net()
+    schedule = torch.profiler.schedule(wait=0, warmup=1, active=4, repeat=1)
+    with torch.profiler.profile(
+        schedule=schedule, on_trace_ready=torch.profiler.tensorboard_trace_handler(str(folder))
+    ) as prof:
+        for _ in range(6):
+            model.zero_grad()
+            model(torch.randn(16, 32)).pow(2).mean().backward()
+            with torch.no_grad():
+                for p in model.parameters():
+                    p -= 0.01 * p.grad
+            prof.step()
+    run = load(folder)
+    assert len(run.ranks[0].tables.steps) >= 4
+    assert _step_notes(run) == []
+
+
+def test_ranks_ddpdoctor_recorded_have_no_such_note(tmp_path: Path) -> None:
+    """``ddpdoctor trace`` marks one step an iteration itself; its ranks are not second-guessed."""
+    from ddpdoctor.load.consistency import run_notes
+
+    run = load(_stepped_run(tmp_path, every=2, iterations=20))
+    assert _step_notes(run)
+    assert [n for n in run_notes(run.ranks, 1, "distributedInfo", frozenset({0})) if "ProfilerStep#N" in n] == []
