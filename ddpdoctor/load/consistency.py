@@ -25,7 +25,7 @@ import numpy as np
 from ddpdoctor.errors import TraceError
 from ddpdoctor.load.columns import FileColumns
 from ddpdoctor.load.discover import shown
-from ddpdoctor.load.frames import optimizer_steps_per_step, steps_told_by_optimizer
+from ddpdoctor.load.frames import optimizer_steps_per_step, repeated_steps, steps_told_by_optimizer
 from ddpdoctor.load.model import RankTrace
 from ddpdoctor.load.schema import valid_world_size
 
@@ -176,7 +176,32 @@ def run_notes(
             "have cut; call prof.step() once per step (or use `ddpdoctor trace`) to mark the steps yourself"
         )
     notes += _stepped_unlike_the_optimizer(ranks, captured)
+    notes += _recorded_again(ranks)
     return notes
+
+
+def _recorded_again(ranks: list[RankTrace]) -> list[str]:
+    """A note for the ranks whose recordings (spans) number the same steps again: each profiler counts from 0, so
+    the script made two profilers, the job was restarted, or the folder holds the traces of two runs
+    (``tensorboard_trace_handler`` adds files to its folder run after run). All are analysed as one run, which
+    for two runs mixes their numbers."""
+    by_steps: dict[tuple[int, int], list[int]] = {}
+    for rt in ranks:
+        if rt.tables is not None:
+            again = repeated_steps(rt.tables.steps)
+        else:
+            again = rt.facts.repeated_steps if rt.facts is not None else None
+        if again is not None:
+            by_steps.setdefault(again, []).append(rt.rank)
+    return [
+        f"rank(s) {_ranks_text(have)}: recorded ProfilerStep#{lo}"
+        + (f"-{hi}" if hi > lo else "")
+        + " more than once (each profiler counts its steps from 0): two profilers in the script, a restarted job,"
+        " or the traces of two runs in one folder (tensorboard_trace_handler adds files to its folder run after "
+        "run); they are analysed together as one run, so if they are two runs, put each run's traces in a folder "
+        "of its own"
+        for (lo, hi), have in sorted(by_steps.items())
+    ]
 
 
 def _stepped_unlike_the_optimizer(ranks: list[RankTrace], captured: frozenset[int]) -> list[str]:

@@ -242,6 +242,19 @@ def _training_optimizer_steps(ops: Table) -> Table:
     return found[found["name"].isin([str(found["name"].at(0))])]
 
 
+def repeated_steps(steps: Table) -> tuple[int, int] | None:
+    """``(lowest, highest)`` of the ProfilerStep#N numbers that more than one span of the rank recorded (each
+    profiler counts its steps from 0: a second profiler, a restarted job, two runs' traces in one folder), or
+    None. The windows of one profiler (a schedule with ``repeat``) go on counting, and never repeat a number."""
+    if not len(steps) or steps_told_by_optimizer(steps):
+        return None
+    spans: dict[int, set[int]] = {}
+    for step, span in zip(steps["step"].tolist(), steps["span"].tolist(), strict=True):
+        spans.setdefault(step, set()).add(span)
+    again = [step for step, seen in spans.items() if len(seen) > 1]
+    return (min(again), max(again)) if again else None
+
+
 def optimizer_steps_per_step(ops: Table, steps: Table) -> float | None:
     """How many optimizer steps (``_training_optimizer_steps``) end in a ProfilerStep#N range, on average over
     the rank's steps: 1 where ``prof.step()`` follows each ``optimizer.step()``; 2 where it is called every second

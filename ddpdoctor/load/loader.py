@@ -19,7 +19,7 @@ from ddpdoctor import ranklist, rundir, runfiles
 from ddpdoctor._version import __version__
 from ddpdoctor.errors import TraceError
 from ddpdoctor.load.discover import group_by_worker, rank_from_name, shown, trace_files
-from ddpdoctor.load.frames import optimizer_steps_per_step, steps_told_by_optimizer
+from ddpdoctor.load.frames import optimizer_steps_per_step, repeated_steps, steps_told_by_optimizer
 from ddpdoctor.load.model import TABLES, EventTables, RankFacts, RankTrace, Run
 from ddpdoctor.load.schema import valid_rank, valid_world_size
 from ddpdoctor.rundir import is_run_dir
@@ -180,6 +180,7 @@ def _summarize(rt: RankTrace, paths: list[Path], plan: _Summarize) -> None:
         has_steps=len(rt.tables.steps) > 0,
         steps=plan.steps,
         optimizer_steps=steps_told_by_optimizer(rt.tables.steps),
+        repeated_steps=repeated_steps(rt.tables.steps),
         optimizer_steps_per_step=optimizer_steps_per_step(rt.tables.ops, rt.tables.steps),
     )
     rt.summary = summarize_rank(rt, plan.capture.get(rt.rank), plan.steps)

@@ -63,9 +63,9 @@ class RankFacts:
     has_steps: bool  # steps in the trace: ProfilerStep#N ranges, or else its optimizer's (optimizer_steps)
     steps: tuple[int, int | None] | None  # the step range the summary covers (None: every step)
     optimizer_steps: bool = False  # no ProfilerStep#N range: the steps are told by the optimizer's (load.frames)
-    optimizer_steps_per_step: float | None = (
-        None  # optimizer steps per ProfilerStep#N (frames.optimizer_steps_per_step)
-    )
+    # step numbers recorded by two spans (frames.repeated_steps); optimizer steps per ProfilerStep#N (frames.*)
+    repeated_steps: tuple[int, int] | None = None
+    optimizer_steps_per_step: float | None = None
 
 
 @dataclass

@@ -316,3 +316,46 @@ def test_ranks_ddpdoctor_recorded_have_no_such_note(tmp_path: Path) -> None:
     run = load(_stepped_run(tmp_path, every=2, iterations=20))
     assert _step_notes(run)
     assert [n for n in run_notes(run.ranks, 1, "distributedInfo", frozenset({0})) if "ProfilerStep#N" in n] == []
+
+
+# Recordings of one rank that number the same steps again (a second profiler, a restarted job, or two runs' traces
+# in one folder) are analysed together, and a note says so.
+
+
+def _repeated_note(run: Any) -> list[str]:
+    return [n for n in run.notes if "more than once (each profiler counts its steps from 0)" in n]
+
+
+def test_two_profilers_into_one_folder_are_noted(tmp_path: Path) -> None:
+    """Run twice into one ``tensorboard_trace_handler`` folder (as a job run again with the same log folder)."""
+    first = _stepped_run(tmp_path / "a")
+    second = _stepped_run(tmp_path / "b")
+    folder = tmp_path / "both"
+    folder.mkdir()
+    for n, path in enumerate([*first.iterdir(), *second.iterdir()]):
+        (folder / f"worker0.{n + 1}.pt.trace.json").write_bytes(path.read_bytes())
+    run = load(folder)
+    assert len(run.ranks) == 1 and len(set(run.ranks[0].tables.steps["span"].tolist())) == 2
+    (note,) = _repeated_note(run)
+    assert note.startswith("rank(s) 0: recorded ProfilerStep#1-8 more than once")
+    assert "put each run's traces in a folder of its own" in note
+    assert _repeated_note(load(folder, summarize=True)) == [note]
+
+
+@pytest.mark.filterwarnings("ignore:Warning. Profiler clears events")  # torch's, on a schedule that repeats
+def test_the_windows_of_one_repeating_schedule_are_not_noted(tmp_path: Path) -> None:
+    """``schedule(repeat=2)``: two recordings of one profiler, whose step numbers go on."""
+    folder = tmp_path / "repeat"
+    torch.manual_seed(0)
+    model = _net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    schedule = torch.profiler.schedule(wait=1, warmup=1, active=3, repeat=2)
+    with torch.profiler.profile(
+        schedule=schedule, on_trace_ready=torch.profiler.tensorboard_trace_handler(str(folder))
+    ) as prof:
+        for _ in range(12):
+            _iteration(model, opt)
+            prof.step()
+    run = load(folder)
+    assert len(set(run.ranks[0].tables.steps["span"].tolist())) == 2
+    assert _repeated_note(run) == []
