@@ -15,7 +15,7 @@ from ddpdoctor.load.model import Run
 from ddpdoctor.metrics import catalog
 from ddpdoctor.metrics.capture import ddp_timers
 from ddpdoctor.metrics.compile import compile_note
-from ddpdoctor.metrics.cross_rank import Windows, all_collectives, cross_rank
+from ddpdoctor.metrics.cross_rank import Windows, all_collectives, analysed_step_ranges, cross_rank, unmatched_ranks
 from ddpdoctor.metrics.evidence import run_evidence
 from ddpdoctor.metrics.fsdp import run_units
 from ddpdoctor.metrics.health import health_metrics
@@ -94,7 +94,10 @@ def analyze(run: Run, steps: tuple[int, int | None] | None = None, verdict: Any 
     run_metrics = _run_level(run, ranks, devices, summaries)
     undecidable = straggler.pop("slow_rank_undecidable", None)
     run_metrics.update(straggler)
-    run_metrics.update(run_evidence(run_metrics, ranks, devices, summaries, undecidable))
+    unmatched = None  # every rank has its waits: every rank matched (the usual case, read at no cost)
+    if len(summaries) >= 2:
+        unmatched = [] if len(waits) == len(summaries) else unmatched_ranks(colls, summaries, windows)
+    run_metrics.update(run_evidence(run_metrics, ranks, devices, summaries, undecidable, unmatched))
     why_setup = setup_run.pop("not_measured", {})
     setup_notes = setup_run.pop("notes", [])
     if health.get("startup_failed"):  # no step because the job failed first: no advice to mark steps
@@ -105,6 +108,8 @@ def analyze(run: Run, steps: tuple[int, int | None] | None = None, verdict: Any 
     compiled = compile_note(ranks)  # torch.compile's facts: regions, graphs per call, recompiles (metrics/compile.py)
     if compiled:
         run_metrics["notes"] = [*run_metrics.get("notes", run.notes), compiled]
+    if unmatched:  # ranks profiled at other steps than the rest: nothing across ranks is measured for them
+        run_metrics["notes"] = [*run_metrics.get("notes", run.notes), _unmatched_note(unmatched, windows)]
     cut = cut_short_note(run.capture, summaries)  # no complete step: the run ended in the window's first
     if cut:
         run_metrics["notes"] = [*run_metrics.get("notes", run.notes), cut]
@@ -171,6 +176,19 @@ def _why_no_collective_count(captures: Any, health: dict[str, Any], steps_detect
         "no training step was detected, and the recording of the run's start (--no-step-limit) ended before the"
         " run did, so it may hold no training and cannot show whether the ranks synchronise; call"
         " ddpdoctor.step() at the end of every training step and trace again"
+    )
+
+
+def _unmatched_note(unmatched: list[int], windows: Windows) -> str:
+    """What the report says of ranks whose collectives matched no other rank's (``cross_rank.unmatched_ranks``)."""
+    from ddpdoctor.diagnosis.findings import format_ranks
+
+    steps = sorted({int(r) for r in windows.rank.tolist()})
+    return (
+        f"{format_ranks(unmatched)}: no collective of their analysed steps was recorded by another rank in the"
+        f" same step (analysed: {analysed_step_ranges(windows, steps)}): the ranks were profiled at different"
+        " steps, so the time they wait for each other, which rank is late, and transfer apart from waiting are"
+        " not measured for them; profile the same steps on every rank (one schedule, stepped once an iteration)"
     )
 
 

@@ -165,6 +165,33 @@ def clock_offsets(summaries: list[dict[str, Any]], colls: Table | None = None) -
     return {**{r: 0.0 for r in unmatched}, **found}, unmatched
 
 
+def unmatched_ranks(colls: Table, summaries: list[dict[str, Any]], windows: Windows) -> list[int]:
+    """The ranks with collectives in their analysed steps none of which another rank recorded in the same step
+    (``_matched``): ranks profiled at other steps than the rest (their windows do not overlap). [] where fewer
+    than two ranks have collectives in their analysed steps: there is no peer to match."""
+    if not len(colls):
+        return []
+    rows = colls.select([c for c in _MATCHED_COLUMNS if c in colls.columns])
+    rows = rows[in_analysed_steps(rows, summaries, windows)]
+    having = distinct(rows["rank"])
+    if len(having) < 2:
+        return []
+    matched = set(distinct(_matched(rows)["rank"]).tolist())
+    return [int(r) for r in having.tolist() if int(r) not in matched]
+
+
+def analysed_step_ranges(windows: Windows, ranks: list[int]) -> str:
+    """``rank 0 ProfilerStep#2-9, rank 1 #13-20`` for up to four of ``ranks`` (their analysed steps' numbers)."""
+    parts = []
+    for r in ranks[:4]:
+        steps = windows.step[windows.rank == r]
+        if len(steps):
+            lo, hi = int(steps.min()), int(steps.max())
+            parts.append(f"rank {r} {'ProfilerStep' if not parts else ''}#{lo}" + (f"-{hi}" if hi > lo else ""))
+    more = f" and {len(ranks) - 4} more" if len(ranks) > 4 else ""
+    return ", ".join(parts) + more
+
+
 def _per_rank_waits(
     colls: Table,
     summaries: list[dict[str, Any]],

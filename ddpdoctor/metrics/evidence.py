@@ -19,6 +19,8 @@ from ddpdoctor.metrics.parallelism import detect_parallelism
 
 # Per-rank metrics that need every peer: a rank's own collective time mixes transfer and waiting otherwise.
 NEED_ALL_PEERS = catalog.group("need_all_peers")
+# What matching collectives across ranks gives (cross_rank, transfer): nothing where none matched.
+CROSS_RANK = tuple(m.name for m in (*catalog.RANK.values(), *catalog.RUN.values()) if m.source == "cross_rank")
 
 
 def run_evidence(
@@ -27,9 +29,12 @@ def run_evidence(
     devices: Any,
     summaries: list[dict[str, Any]],
     undecidable_straggler: str | None,
+    unmatched: list[int] | None = None,
 ) -> dict[str, Any]:
-    """Run-level additions (``parallelism``, ``parallelism_evidence``, ``ranks_missing``, ``not_measured``);
-    withdraws the ``NEED_ALL_PEERS`` metrics of ``ranks`` (in place) when ranks are absent."""
+    """Run-level additions (``parallelism``, ``parallelism_evidence``, ``ranks_missing``, ``ranks_unmatched``,
+    ``not_measured``); withdraws the ``NEED_ALL_PEERS`` metrics of ``ranks`` (in place) when ranks are absent.
+    ``unmatched``: the ranks whose collectives matched no other rank's (``cross_rank.unmatched_ranks``; None where
+    fewer than two ranks were loaded)."""
     world = run_metrics.get("world_size")
     loaded = len(ranks)
     missing = max(0, int(world) - loaded) if isinstance(world, int) and world > 0 else None
@@ -44,6 +49,15 @@ def run_evidence(
             for name in NEED_ALL_PEERS:
                 r[name] = None
         reasons.update(dict.fromkeys(NEED_ALL_PEERS, text))
+    if unmatched and len(unmatched) == sum(1 for r in ranks if r.get("comm_ms")):  # no collective matched at all
+        text = (
+            "no collective was recorded by two ranks in the same step: the ranks were profiled at different steps,"
+            " so waiting for one another cannot be told from transfer, nor a late rank found; profile the same steps"
+            " on every rank"
+        )
+        for name in CROSS_RANK:
+            if all(r.get(name) is None for r in ranks) and run_metrics.get(name) is None:
+                reasons[name] = text
     if undecidable_straggler:
         for name in (*catalog.group("slow_ranks"), "slow_rank_count", "straggler_p_value"):
             reasons[name] = undecidable_straggler
@@ -63,6 +77,7 @@ def run_evidence(
         "parallelism": parallelism,
         "parallelism_evidence": why,
         "ranks_missing": missing,
+        "ranks_unmatched": None if unmatched is None else len(unmatched),
         "not_measured": reasons,
     }
 

@@ -490,3 +490,49 @@ def test_a_large_trace_is_decoded_in_chunks_within_twice_its_size(tmp_path, monk
     assert len(run.ranks[0].ops) == n + 10 and list(run.ranks[0].steps["step"]) == list(range(10))
     assert len(chunks) >= len(text) // decode.CHUNK_BYTES and max(chunks) < 2 * decode.CHUNK_BYTES
     assert peak < 2 * len(text), (peak, len(text))
+
+
+def _renumbered(folder: Path, shift: int) -> Path:
+    """The recorded run with rank 1's ProfilerStep#N ranges numbered N + ``shift`` (as if its profiler's schedule
+    had waited ``shift`` steps longer than rank 0's)."""
+    for src in TRACES:
+        d = doc(src)
+        if src.name.startswith("rank1"):
+            for e in d["traceEvents"]:
+                name = str(e.get("name", ""))
+                if name.startswith("ProfilerStep#"):
+                    e["name"] = f"ProfilerStep#{int(name.split('#')[1]) + shift}"
+        write(folder, src.name, d, gz=True)
+    return folder
+
+
+def test_ranks_profiled_at_different_steps_are_not_matched(tmp_path, capsys) -> None:
+    """Windows that share no step: nothing across ranks is measured, the report says why (not "no collective
+    communication was found"), and an exposed time that includes waiting says it is an upper bound."""
+    from ddpdoctor.metrics import analyze
+
+    folder = _renumbered(tmp_path / "apart", 100)
+    m = analyze(load(folder, workers=1))
+    assert m.run["ranks_unmatched"] == 2
+    assert all(r["collective_wait_ms"] is None and r["exposed_transfer_ms"] is None for r in m.ranks)
+    assert all(r["comm_ms"] for r in m.ranks)  # each rank's own communication is still timed
+    out = report(capsys, folder)
+    (note,) = [n for n in out["run"]["notes"] if "profiled at different steps" in n]
+    assert note.startswith("ranks 0-1: no collective of their analysed steps was recorded by another rank")
+    reasons = {e["name"]: e["reason"] for e in out["not_evaluated"]}
+    assert "the ranks were profiled at different steps" in reasons["rank-straggler"]
+    assert "no collective communication was found" not in reasons["rank-straggler"]
+    for finding in out["findings"]:
+        if finding["name"] == "poor-comm-compute-overlap":
+            assert "matched no other rank's" in finding["message"]
+
+
+@pytest.mark.parametrize("shift", [0, 1])
+def test_ranks_whose_windows_overlap_are_matched(tmp_path, capsys, shift) -> None:
+    """The recorded run as it is, and with rank 1's steps one behind: the steps both analysed match."""
+    from ddpdoctor.metrics import analyze
+
+    m = analyze(load(_renumbered(tmp_path / "near", shift), workers=1))
+    assert m.run["ranks_unmatched"] == 0
+    assert all(r["collective_wait_ms"] is not None for r in m.ranks)
+    assert not any("profiled at different steps" in n for n in m.run.get("notes", []))
