@@ -88,7 +88,10 @@ def _headline(rows: dict[str, Row], a: Snapshot, b: Snapshot) -> list[str]:
         shown = f"B/A = {step.ratio:.2f}" + (
             f", {iv.confidence * 100:.0f}% interval {1 + iv.low:.2f}-{1 + iv.high:.2f}" if iv is not None else ""
         )
-        if iv is None:
+        work = _work_per_step(a, b)
+        if work:
+            verdict = f"no faster claim: {work}."
+        elif iv is None:
             verdict = "no faster claim: without per-step samples in both runs their step-to-step noise is not measured."
         elif not iv.excludes_zero():
             verdict = "no faster claim: the difference is within the runs' own step-to-step noise."
@@ -108,6 +111,20 @@ def _headline(rows: dict[str, Row], a: Snapshot, b: Snapshot) -> list[str]:
         elif gpu0 is not None:
             out.append(f"Memory {label}: only GPU 0 used.")
     return out
+
+
+def _work_per_step(a: Snapshot, b: Snapshot) -> str | None:
+    """How the two runs' steps differ in optimizer steps (iterations), where both are known and differ: a plain
+    trace whose ``prof.step()`` was called every few iterations, or several times an iteration (None otherwise)."""
+    ra, rb = (s.environment.get("optimizer_steps_per_step") for s in (a, b))
+    if not isinstance(ra, (int, float)) or not isinstance(rb, (int, float)) or ra <= 0 or rb <= 0:
+        return None
+    if max(ra, rb) / min(ra, rb) < 1.25:
+        return None
+    return (
+        f"the steps are not the same work: A's hold about {ra:.2g} optimizer step(s) each, B's about {rb:.2g}"
+        " (a plain trace whose profiler was stepped every few iterations, or several times an iteration)"
+    )
 
 
 def _step_source(a: Snapshot, b: Snapshot) -> str:
@@ -137,6 +154,9 @@ def _not_comparable(a: Snapshot, b: Snapshot, rows: list[Row]) -> list[str]:
             f"B {gb if gb is not None else 'unknown'} (per-rank DataLoader batch x world size)"
             + (": step times are not the same work." if ga and gb else ".")
         )
+    work = _work_per_step(a, b)
+    if work:
+        out.append(f"Steps: {work}, so every per-step number differs by that alone.")
     for label, s, side in (("A", a, "a"), ("B", b, "b")):
         env = s.environment
         if env.get("mode") != "dp":

@@ -319,6 +319,8 @@ def environment(captures: Sequence[Mapping[str, Any]], metrics: Any = None) -> d
         "backend": first.get("backend") or run.get("backend"),
         "devices": sorted(set(names)) or None,
         "batch_size_per_rank": batch,
+        # 1.0 where ddpdoctor marked the steps; from a plain trace, what its own profiler's steps hold
+        "optimizer_steps_per_step": 1.0 if captures else run.get("optimizer_steps_per_step"),
     }
 
 

@@ -180,6 +180,27 @@ def run_notes(
     return notes
 
 
+def _optimizer_steps_per_step(rt: RankTrace) -> float | None:
+    """``frames.optimizer_steps_per_step`` of a rank read from its traces (its tables, or the facts kept of them)."""
+    if rt.tables is not None:
+        return optimizer_steps_per_step(rt.tables.ops, rt.tables.steps)
+    return rt.facts.optimizer_steps_per_step if rt.facts is not None else None
+
+
+def optimizer_steps_per_step_of_run(ranks: list[RankTrace], captured: frozenset[int]) -> float | None:
+    """The median over the ranks of how many optimizer steps each ProfilerStep#N holds, where the traces' own
+    profiler marked the steps (``frames.optimizer_steps_per_step``); 1.0 where ``ddpdoctor trace`` recorded every
+    rank (it marks one step an iteration); None where it is not known."""
+    if ranks and all(rt.rank in captured for rt in ranks):
+        return 1.0
+    found = [r for rt in ranks if rt.rank not in captured and (r := _optimizer_steps_per_step(rt)) is not None]
+    if not found:
+        return None
+    found.sort()
+    middle = len(found) // 2
+    return found[middle] if len(found) % 2 else (found[middle - 1] + found[middle]) / 2
+
+
 def _recorded_again(ranks: list[RankTrace]) -> list[str]:
     """A note for the ranks whose recordings (spans) number the same steps again: each profiler counts from 0, so
     the script made two profilers, the job was restarted, or the folder holds the traces of two runs
@@ -212,12 +233,7 @@ def _stepped_unlike_the_optimizer(ranks: list[RankTrace], captured: frozenset[in
     many: dict[int, list[int]] = {}
     parts: dict[int, list[int]] = {}
     for rt in ranks:
-        if rt.rank in captured:
-            continue
-        if rt.tables is not None:
-            ratio = optimizer_steps_per_step(rt.tables.ops, rt.tables.steps)
-        else:
-            ratio = rt.facts.optimizer_steps_per_step if rt.facts is not None else None
+        ratio = None if rt.rank in captured else _optimizer_steps_per_step(rt)
         if ratio is not None and ratio >= 1.5:
             many.setdefault(round(ratio), []).append(rt.rank)
         elif ratio is not None and ratio <= 1 / 1.5:

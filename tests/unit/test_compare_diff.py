@@ -169,3 +169,34 @@ def test_every_format_renders_and_escapes():
         "better": "B",
     }
     assert doc["findings"]["only_a"][0]["name"] == "use-ddp-instead-of-dp"
+
+
+def test_steps_of_different_work_make_no_faster_claim():
+    """A plain trace whose profiler was stepped every second iteration has steps of two iterations: its step time
+    against a run of one iteration a step is no speed."""
+    one = dataclasses.replace(_ddp(), environment={**DDP_ENV, "optimizer_steps_per_step": 1.0})
+    two = dataclasses.replace(
+        _ddp(),
+        environment={**DDP_ENV, "optimizer_steps_per_step": 2.0},
+        metrics={**_ddp().metrics, "step_ms.median": 160.0},
+        samples={"step_ms": [160.0, 162, 158, 180, 156]},
+    )
+    c = compare(one, two)
+    (speed,) = [line for line in c.headline if line.startswith("Speed:")]
+    assert "faster per step" not in speed
+    assert "no faster claim: the steps are not the same work: A's hold about 1 optimizer step(s) each, B's about 2" in (
+        speed
+    )
+    assert any(line.startswith("Steps: the steps are not the same work") for line in c.not_comparable)
+
+
+def test_steps_of_the_same_or_unknown_work_keep_the_claim():
+    faster = dataclasses.replace(
+        _ddp(), metrics={**_ddp().metrics, "step_ms.median": 40.0}, samples={"step_ms": [40.0, 41, 39, 45, 38]}
+    )
+    for ra, rb in ((1.0, 1.1), (None, 2.0), (1.0, None)):
+        a = dataclasses.replace(_ddp(), environment={**DDP_ENV, "optimizer_steps_per_step": ra})
+        b = dataclasses.replace(faster, environment={**DDP_ENV, "optimizer_steps_per_step": rb})
+        c = compare(a, b)
+        assert any("B is 2.00x faster per step" in line for line in c.headline), (ra, rb, c.headline)
+        assert not any(line.startswith("Steps:") for line in c.not_comparable)

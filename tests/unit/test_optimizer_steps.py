@@ -359,3 +359,14 @@ def test_the_windows_of_one_repeating_schedule_are_not_noted(tmp_path: Path) -> 
     run = load(folder)
     assert len(set(run.ranks[0].tables.steps["span"].tolist())) == 2
     assert _repeated_note(run) == []
+
+
+def test_compare_reads_the_work_per_step_of_plain_traces(tmp_path: Path) -> None:
+    """``compare``'s snapshot of a plain trace carries its optimizer steps per step; the analysis has it too."""
+    from ddpdoctor.compare.inputs import read_input
+
+    every2 = _stepped_run(tmp_path / "a", every=2, iterations=20)
+    once = _stepped_run(tmp_path / "b")
+    assert analyze(load(every2)).run["optimizer_steps_per_step"] == pytest.approx(2.0)
+    assert read_input(str(every2)).environment["optimizer_steps_per_step"] == pytest.approx(2.0)
+    assert read_input(str(once)).environment["optimizer_steps_per_step"] == pytest.approx(1.0)
