@@ -123,7 +123,8 @@ def _work_per_step(a: Snapshot, b: Snapshot) -> str | None:
         return None
     return (
         f"the steps are not the same work: A's hold about {ra:.2g} optimizer step(s) each, B's about {rb:.2g}"
-        " (a plain trace whose profiler was stepped every few iterations, or several times an iteration)"
+        " (a plain trace whose profiler was stepped every few iterations, or several times an iteration; or two"
+        " optimizers of one class stepping in each iteration, which a plain trace counts twice)"
     )
 
 
