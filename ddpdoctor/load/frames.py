@@ -259,20 +259,33 @@ def optimizer_steps_per_step(ops: Table, steps: Table) -> float | None:
     """How many optimizer steps (``_training_optimizer_steps``) end in a ProfilerStep#N range, on average over
     the rank's steps: 1 where ``prof.step()`` follows each ``optimizer.step()``; 2 where it is called every second
     iteration (or two optimizers of one class step in each); 0.5 where it is called twice an iteration (or once per
-    micro-batch of two). None where it does not apply: no steps, steps told by the optimizer itself, or no
-    optimizer step in any of them (a job without a torch.optim optimizer)."""
+    micro-batch of two). A GradScaler skips ``optimizer.step()`` in an iteration whose gradients overflowed (the
+    first few of an fp16 job often do) but updates its scale in every one: where its updates
+    (``aten::_amp_update_scale_`` on the optimizer's thread) are more, they count. None where it does not apply:
+    no steps, steps told by the optimizer itself, or no optimizer step in any of them (a job without a torch.optim
+    optimizer)."""
     if not len(steps) or steps_told_by_optimizer(steps):
         return None
     found = _training_optimizer_steps(ops)
     if not len(found):
         return None
+    updates = ops[ops["name"].isin([_SCALER_UPDATE]) & np.isin(ops["tid"], found["tid"])]
+    inside = max(_ends_inside(found, steps), _ends_inside(updates, steps) if len(updates) else 0)
+    return inside / len(steps) if inside else None
+
+
+_SCALER_UPDATE = "aten::_amp_update_scale_"  # GradScaler.update(): once an iteration, its step skipped or not
+
+
+def _ends_inside(ranges: Table, steps: Table) -> int:
+    """How many of ``ranges`` end inside a step of their own span."""
     inside = 0
     for span in np.unique(steps["span"]).tolist():
         mine = steps[steps["span"] == span].sort("ts_us")
-        ends = np.sort(found["end_us"][found["span"] == span])
+        ends = np.sort(ranges["end_us"][ranges["span"] == span])
         i = np.searchsorted(mine["ts_us"], ends, side="right") - 1  # the last step starting before each end
         inside += int(np.sum((i >= 0) & (ends <= mine["end_us"][np.maximum(i, 0)])))
-    return inside / len(steps) if inside else None
+    return inside
 
 
 def steps_told_by_optimizer(steps: Table) -> bool:

@@ -370,3 +370,39 @@ def test_compare_reads_the_work_per_step_of_plain_traces(tmp_path: Path) -> None
     assert analyze(load(every2)).run["optimizer_steps_per_step"] == pytest.approx(2.0)
     assert read_input(str(every2)).environment["optimizer_steps_per_step"] == pytest.approx(2.0)
     assert read_input(str(once)).environment["optimizer_steps_per_step"] == pytest.approx(1.0)
+
+
+def _scaled_run(folder: Path, every: int) -> Path:
+    """A GradScaler loop whose gradients overflow in iterations 2-6 (it skips ``optimizer.step()`` there, as the
+    first iterations of an fp16 job often do), ``prof.step()`` every ``every`` iterations."""
+    torch.manual_seed(0)
+    model = _net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu")
+    schedule = torch.profiler.schedule(wait=0, warmup=1, active=8, repeat=1)
+    with torch.profiler.profile(
+        schedule=schedule, on_trace_ready=torch.profiler.tensorboard_trace_handler(str(folder))
+    ) as prof:
+        for i in range(10 * every):
+            opt.zero_grad()
+            loss = model(torch.randn(16, 32)).pow(2).mean()
+            scaler.scale(loss * float("inf") if 2 * every <= i < 7 * every else loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            if (i + 1) % every == 0:
+                prof.step()
+    return folder
+
+
+def test_iterations_a_grad_scaler_skipped_still_count(tmp_path: Path) -> None:
+    """Most profiled iterations skipped their optimizer step: still one iteration a step, and no note says
+    otherwise (the scaler's updates count them)."""
+    folder = _scaled_run(tmp_path / "scaled", every=1)
+    events = [e["name"] for p in folder.iterdir() for e in json.loads(p.read_text())["traceEvents"]]
+    assert events.count("Optimizer.step#SGD.step") < events.count("aten::_amp_update_scale_") == 8
+    run = load(folder)
+    assert _step_notes(run) == []
+    assert analyze(run).run["optimizer_steps_per_step"] == pytest.approx(1.0)
+    twice = load(_scaled_run(tmp_path / "scaled2", every=2))  # two iterations a step, some skipped: still 2
+    assert analyze(twice).run["optimizer_steps_per_step"] == pytest.approx(2.0)
+    assert "holds about 2 optimizer steps" in " ".join(_step_notes(twice))
