@@ -172,8 +172,9 @@ def run_notes(
         notes.append(
             f"rank(s) {_ranks_text(by_optimizer)}: the profiler was not stepped (no ProfilerStep#N ranges in the "
             "trace, or only #0 over the whole window): each step is taken from the end of one optimizer step "
-            "(Optimizer.step#...) to the end of the next, what prof.step() called after optimizer.step() would "
-            "have cut; call prof.step() once per step (or use `ddpdoctor trace`) to mark the steps yourself"
+            "(Optimizer.step#...) to the end of the next (of one GradScaler update to the next, where the scaler "
+            "skipped optimizer steps), what prof.step() called after optimizer.step() would have cut; call "
+            "prof.step() once per step (or use `ddpdoctor trace`) to mark the steps yourself"
         )
     notes += _stepped_unlike_the_optimizer(ranks, captured)
     notes += _recorded_again(ranks)

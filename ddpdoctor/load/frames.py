@@ -201,9 +201,10 @@ def _optimizer_steps(ops: Table) -> Table:
     with the most), only the outermost (an optimizer wrapping another: ZeroRedundancyOptimizer, a scaler), and of
     one optimizer class, the first to step (a second optimizer stepping in the same iteration, a sparse one beside
     a dense one, stays inside the steps). A span with fewer than two holds no step (none at all: the window is one
-    step)."""
+    step). Where a GradScaler skipped optimizer steps (``_iteration_marks``), from the end of one of its scale
+    updates to the end of the next."""
     empty = ops[0:0].assign(step=np.zeros(0, dtype=np.int64))
-    found = _training_optimizer_steps(ops)
+    found = _iteration_marks(ops)
     if len(found) < 2:
         return empty
     span, end = found["span"], found["end_us"]
@@ -217,6 +218,27 @@ def _optimizer_steps(ops: Table) -> Table:
     steps["dur_us"] = steps["end_us"] - starts
     steps["step"] = np.arange(1, len(steps) + 1, dtype=np.int64)
     return steps
+
+
+_SCALER_UPDATE = "aten::_amp_update_scale_"  # GradScaler.update(): once an iteration, its step skipped or not
+
+
+def _iteration_marks(ops: Table) -> Table:
+    """The ranges that end each iteration of the training loop, sorted by span and start: its optimizer's steps
+    (``_training_optimizer_steps``), or where a GradScaler updated its scale more often than they ran (it skips
+    ``optimizer.step()`` in an iteration whose gradients overflowed, the first few of an fp16 job often do, but
+    updates in every one) the scale updates on the optimizer's thread (on the thread with the most, without an
+    optimizer range)."""
+    found = _training_optimizer_steps(ops)
+    updates = ops[ops["name"].isin([_SCALER_UPDATE])]
+    if not len(updates):
+        return found
+    if len(found):
+        updates = updates[np.isin(updates["tid"], found["tid"])]
+    else:
+        tids, counts = np.unique(updates["tid"], return_counts=True)
+        updates = updates[updates["tid"] == tids[int(np.argmax(counts))]]
+    return updates.sort("span", "ts_us") if len(updates) > len(found) else found
 
 
 def _training_optimizer_steps(ops: Table) -> Table:
@@ -259,22 +281,16 @@ def optimizer_steps_per_step(ops: Table, steps: Table) -> float | None:
     """How many optimizer steps (``_training_optimizer_steps``) end in a ProfilerStep#N range, on average over
     the rank's steps: 1 where ``prof.step()`` follows each ``optimizer.step()``; 2 where it is called every second
     iteration (or two optimizers of one class step in each); 0.5 where it is called twice an iteration (or once per
-    micro-batch of two). A GradScaler skips ``optimizer.step()`` in an iteration whose gradients overflowed (the
-    first few of an fp16 job often do) but updates its scale in every one: where its updates
-    (``aten::_amp_update_scale_`` on the optimizer's thread) are more, they count. None where it does not apply:
-    no steps, steps told by the optimizer itself, or no optimizer step in any of them (a job without a torch.optim
-    optimizer)."""
+    micro-batch of two); the iterations a GradScaler skipped count (``_iteration_marks``). None where it does not
+    apply: no steps, steps told by the optimizer itself, or no optimizer step in any of them (a job without a
+    torch.optim optimizer)."""
     if not len(steps) or steps_told_by_optimizer(steps):
         return None
-    found = _training_optimizer_steps(ops)
-    if not len(found):
+    marks = _iteration_marks(ops)
+    if not len(marks):
         return None
-    updates = ops[ops["name"].isin([_SCALER_UPDATE]) & np.isin(ops["tid"], found["tid"])]
-    inside = max(_ends_inside(found, steps), _ends_inside(updates, steps) if len(updates) else 0)
+    inside = _ends_inside(marks, steps)
     return inside / len(steps) if inside else None
-
-
-_SCALER_UPDATE = "aten::_amp_update_scale_"  # GradScaler.update(): once an iteration, its step skipped or not
 
 
 def _ends_inside(ranges: Table, steps: Table) -> int:
@@ -292,7 +308,8 @@ def steps_told_by_optimizer(steps: Table) -> bool:
     """Whether ``steps`` (a rank's steps table) are ``_optimizer_steps``'s, not ProfilerStep#N ranges."""
     if not len(steps):
         return False
-    return bool(OPTIMIZER_STEP.match(str(steps["name"].at(0))))
+    first = str(steps["name"].at(0))
+    return first == _SCALER_UPDATE or bool(OPTIMIZER_STEP.match(first))
 
 
 _OBJECT_ARGS = ("dtype", "collective_name", "pg_name", "input_dims", "input_type")

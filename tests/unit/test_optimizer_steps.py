@@ -406,3 +406,46 @@ def test_iterations_a_grad_scaler_skipped_still_count(tmp_path: Path) -> None:
     twice = load(_scaled_run(tmp_path / "scaled2", every=2))  # two iterations a step, some skipped: still 2
     assert analyze(twice).run["optimizer_steps_per_step"] == pytest.approx(2.0)
     assert "holds about 2 optimizer steps" in " ".join(_step_notes(twice))
+
+
+def test_a_never_stepped_profiler_counts_the_iterations_a_grad_scaler_skipped(tmp_path: Path) -> None:
+    """No ProfilerStep, and a GradScaler that skipped the optimizer in 3 of 8 iterations: the steps run from one
+    scale update to the next (one an iteration), not from one optimizer step to the next (which would merge the
+    skipped iterations into their neighbours' steps)."""
+
+    def scaled(prof: Any) -> None:
+        model = _net()
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        scaler = torch.amp.GradScaler("cpu")
+        for i in range(8):
+            opt.zero_grad()
+            loss = model(torch.randn(16, 32)).pow(2).mean()
+            scaler.scale(loss * float("inf") if i in (2, 3, 4) else loss).backward()
+            scaler.step(opt)
+            scaler.update()
+
+    path = _record(tmp_path / "scaled.json", scaled)
+    assert len(_events(path, "Optimizer.step#SGD.step")) == 5
+    updates = [e["ts"] + e["dur"] for e in _events(path, "aten::_amp_update_scale_")]
+    assert len(updates) == 8
+    run = load(path)
+    steps = run.ranks[0].tables.steps
+    assert steps["end_us"].tolist() == pytest.approx(updates[1:], abs=1e-3)
+    assert "of one GradScaler update to the next" in " ".join(run.notes)
+    assert analyze(run).ranks[0]["steps_analyzed"] >= 5
+
+
+def test_a_grad_scaler_that_skipped_nothing_leaves_the_optimizers_steps(tmp_path: Path) -> None:
+    def scaled(prof: Any) -> None:
+        model = _net()
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        scaler = torch.amp.GradScaler("cpu")
+        for _ in range(ITERATIONS):
+            opt.zero_grad()
+            scaler.scale(model(torch.randn(16, 32)).pow(2).mean()).backward()
+            scaler.step(opt)
+            scaler.update()
+
+    steps = load(_record(tmp_path / "clean.json", scaled)).ranks[0].tables.steps
+    assert len(steps) == ITERATIONS - 1
+    assert set(map(str, steps["name"].tolist())) == {"Optimizer.step#SGD.step"}
