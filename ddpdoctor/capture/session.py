@@ -25,7 +25,17 @@ from pathlib import Path
 from typing import Any
 
 from ddpdoctor import rundir
-from ddpdoctor.capture import compiled, flight, groups, other_profiler, progress, rank_file, series, window_summary
+from ddpdoctor.capture import (
+    amp_scaler,
+    compiled,
+    flight,
+    groups,
+    other_profiler,
+    progress,
+    rank_file,
+    series,
+    window_summary,
+)
 from ddpdoctor.capture import ddp as ddp_capture
 from ddpdoctor.capture import knobs as knobs_capture
 from ddpdoctor.capture.compress import GZ, Compressor
@@ -112,6 +122,7 @@ class Session:
         self.series = series.SeriesRecorder(self)  # ranks/rank<R>.series.jsonl, every step (capture/series.py)
         self._last_span = 0
         self._handles: list[Any] = []
+        self._optimizer_steps_seen = 0  # post-hooks of optimizer steps so far (amp_scaler tells skipped ones)
         self._startup_hook: Any = None
         self._watchdog: HangWatchdog | None = None
         self._prof: Any = None
@@ -221,6 +232,8 @@ class Session:
         # the pre-hook keeps which optimizer steps are running: only the outermost ends an iteration (ZeRO)
         self._handles.append(register_optimizer_step_pre_hook(self._on_optimizer_start))
         self._handles.append(register_optimizer_step_post_hook(self._on_optimizer_step))
+        # an iteration whose optimizer step a GradScaler skipped (overflow) ends at its scaler.step() instead
+        amp_scaler.install(lambda: self._optimizer_steps_seen, lambda opt: self._on_optimizer_step(opt, (), {}))
         self._startup_hook = register_module_forward_pre_hook(self._on_module_forward)
         try:  # before the phase tracker's hooks: it listens for the script's torch.compile
             compiled.install()
@@ -247,6 +260,7 @@ class Session:
 
     def _remove_hooks(self) -> None:
         knobs_capture.uninstall()
+        amp_scaler.uninstall()
         self.phase.uninstall()
         for handle in self._handles:
             handle.remove()
@@ -322,6 +336,7 @@ class Session:
     def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if compiled.is_compiling():  # a compiled optimizer step: nothing of ours in its graph
             return
+        self._optimizer_steps_seen += 1
         # another thread's optimizer (an EMA or a probe in a helper thread) never marks the iterations once the
         # session's thread stepped; before that, the thread that steps first is the training loop's (_follow_thread)
         own = threading.get_ident() == self._thread_id or self.clock.source is None
