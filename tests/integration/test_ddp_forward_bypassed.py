@@ -1,0 +1,90 @@
+"""A DDP model whose training steps call ``model.module`` (bypassing DDP's forward) never all-reduces a gradient:
+an error; the same job through the wrapper, and one whose whole profiled window lies inside ``no_sync()``, are
+not."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from helpers import run_cli, write_script
+
+pytestmark = [pytest.mark.integration]
+
+WINDOW = ["--wait", "1", "--warmup", "1", "--active", "3"]
+
+SCRIPT = """
+    import contextlib, os, sys
+    import torch, torch.distributed as dist, torch.nn as nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    HOW = sys.argv[1]
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = DDP(nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    g = torch.Generator().manual_seed(rank)
+    for step in range(8):
+        x = torch.randn(16, 32, generator=g)
+        opt.zero_grad()
+        if HOW == "module":  # the mistake: DDP never sees the forward
+            loss = model.module(x).pow(2).mean()
+        elif HOW == "no_sync":  # accumulation over the whole window: DDP's forward, no all-reduce yet
+            with model.no_sync():
+                loss = model(x).pow(2).mean()
+        else:
+            loss = model(x).pow(2).mean()
+        loss.backward()
+        opt.step()
+    w = model.module[0].weight.detach().clone()
+    both = [torch.empty_like(w) for _ in range(2)]
+    dist.all_gather(both, w)
+    if rank == 0:
+        print("replicas equal:", torch.equal(both[0], both[1]))
+    dist.barrier()
+    dist.destroy_process_group()
+"""
+
+
+def _diagnose(tmp_path, how: str) -> tuple[dict, str]:
+    script = write_script(tmp_path / "train.py", SCRIPT)
+    out = tmp_path / "run"
+    traced = run_cli(
+        "trace",
+        "-q",
+        "--out",
+        str(out),
+        *WINDOW,
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(script),
+        how,
+        timeout=150,
+    )
+    assert traced.returncode == 0, traced.stderr[-3000:]
+    diagnosed = run_cli("diagnose", str(out), "--format", "json", timeout=60)
+    assert diagnosed.returncode == 0, diagnosed.stderr[-3000:]
+    return json.loads(diagnosed.stdout), traced.stdout + traced.stderr
+
+
+@pytest.mark.timeout(240)
+def test_training_through_model_module_is_an_error(tmp_path):
+    report, output = _diagnose(tmp_path, "module")
+    assert "replicas equal: False" in output  # the job's own check: the mistake is real
+    first = report["findings"][0]
+    assert first["name"] == "ddp-forward-bypassed" and first["severity"] == "error"
+    assert first["evidence"]["max(ddp_forwards_per_step)"] == 0
+    assert first["evidence"]["max(collectives_per_step)"] == 0
+    assert "ranks-never-synchronize" not in {f["name"] for f in report["findings"]}  # one finding, not two
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("how", ["wrapper", "no_sync"])
+def test_training_through_the_wrapper_is_not(tmp_path, how):
+    report, output = _diagnose(tmp_path, how)
+    if how == "wrapper":
+        assert "replicas equal: True" in output
+    assert "ddp-forward-bypassed" in report["passed"], json.dumps(report["findings"], indent=1)[:3000]
+    assert not {f["name"] for f in report["findings"]} & {"ddp-forward-bypassed", "ranks-never-synchronize"}
