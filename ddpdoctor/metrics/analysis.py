@@ -191,10 +191,10 @@ def _unmatched_note(unmatched: list[int], windows: Windows) -> str:
     """What the report says of ranks whose collectives matched no other rank's (``cross_rank.unmatched_ranks``)."""
     from ddpdoctor.diagnosis.findings import format_ranks
 
-    steps = sorted({int(r) for r in windows.rank.tolist()})
+    analysed = sorted({int(r) for r in windows.rank.tolist()})  # every rank with analysed steps
     return (
         f"{format_ranks(unmatched)}: no collective of their analysed steps was recorded by another rank in the"
-        f" same step (analysed: {analysed_step_ranges(windows, steps)}): the ranks were profiled at different"
+        f" same step (analysed: {analysed_step_ranges(windows, analysed)}): the ranks were profiled at different"
         " steps, so the time they wait for each other, which rank is late, and transfer apart from waiting are"
         " not measured for them; profile the same steps on every rank (one schedule, stepped once an iteration)"
     )
