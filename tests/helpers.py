@@ -54,6 +54,21 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = 120, env: dict
     return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
 
 
+def trace_and_diagnose(out: Path, *trace_args: str, timeout: float = 150) -> tuple[dict, str]:
+    """``ddpdoctor trace -q --out OUT TRACE_ARGS`` then ``ddpdoctor diagnose OUT --format json``, each checked to
+    exit 0: the report, and what the traced job printed (stdout and stderr)."""
+    traced = run_cli("trace", "-q", "--out", str(out), *trace_args, timeout=timeout)
+    assert traced.returncode == 0, traced.stderr[-3000:]
+    diagnosed = run_cli("diagnose", str(out), "--format", "json", timeout=60)
+    assert diagnosed.returncode == 0, diagnosed.stderr[-3000:]
+    return json.loads(diagnosed.stdout), traced.stdout + traced.stderr
+
+
+def trace_one_process(out: Path, script: Path, *window: str, timeout: float = 150) -> subprocess.CompletedProcess:
+    """``ddpdoctor trace --out OUT WINDOW SCRIPT`` of a one-process script, with one intra-op thread."""
+    return run_cli("trace", "--out", str(out), *window, str(script), env={"OMP_NUM_THREADS": "1"}, timeout=timeout)
+
+
 def start_long_ddp_run(out: Path, *trace_args: str, env: dict | None = None) -> subprocess.Popen:
     """Start `ddpdoctor trace` of a long 2-rank run of tests/integration/ddp_script.py in the background and wait
     until both ranks have written their first profiled window (for tests that then signal or kill it)."""

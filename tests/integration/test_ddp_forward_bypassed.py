@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import run_cli, write_script
+from helpers import trace_and_diagnose, write_script
 
 pytestmark = [pytest.mark.integration]
 
@@ -49,24 +49,7 @@ SCRIPT = """
 
 def _diagnose(tmp_path, how: str) -> tuple[dict, str]:
     script = write_script(tmp_path / "train.py", SCRIPT)
-    out = tmp_path / "run"
-    traced = run_cli(
-        "trace",
-        "-q",
-        "--out",
-        str(out),
-        *WINDOW,
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-        str(script),
-        how,
-        timeout=150,
-    )
-    assert traced.returncode == 0, traced.stderr[-3000:]
-    diagnosed = run_cli("diagnose", str(out), "--format", "json", timeout=60)
-    assert diagnosed.returncode == 0, diagnosed.stderr[-3000:]
-    return json.loads(diagnosed.stdout), traced.stdout + traced.stderr
+    return trace_and_diagnose(tmp_path / "run", *WINDOW, "--standalone", "--nproc-per-node", "2", str(script), how)
 
 
 @pytest.mark.timeout(240)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import SAMPLES, run_cli, write_script
+from helpers import SAMPLES, trace_and_diagnose, write_script
 
 pytestmark = [pytest.mark.integration]
 
@@ -14,12 +14,7 @@ WINDOW = ["--wait", "1", "--warmup", "1", "--active", "3"]
 
 
 def _diagnose(tmp_path, *launch: str) -> dict:
-    out = tmp_path / "run"
-    traced = run_cli("trace", "-q", "--out", str(out), *WINDOW, *launch, timeout=150)
-    assert traced.returncode == 0, traced.stderr[-3000:]
-    diagnosed = run_cli("diagnose", str(out), "--format", "json", timeout=60)
-    assert diagnosed.returncode == 0, diagnosed.stderr[-3000:]
-    return json.loads(diagnosed.stdout)
+    return trace_and_diagnose(tmp_path / "run", *WINDOW, *launch)[0]
 
 
 @pytest.mark.timeout(240)

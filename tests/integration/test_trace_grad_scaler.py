@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 
 import pytest
-from helpers import read_json, run_cli, write_script
+from helpers import read_json, trace_one_process, write_script
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -34,21 +33,7 @@ def test_iterations_whose_step_the_scaler_skipped_are_steps(tmp_path):
         """,
     )
     out = tmp_path / "run"
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "DDPDOCTOR_CAPTURE")}
-    result = run_cli(
-        "trace",
-        "--out",
-        str(out),
-        "--wait",
-        "5",
-        "--warmup",
-        "1",
-        "--active",
-        "6",
-        str(script),
-        env={**env, "OMP_NUM_THREADS": "1"},
-        timeout=150,
-    )
+    result = trace_one_process(out, script, "--wait", "5", "--warmup", "1", "--active", "6")
     assert result.returncode == 0, result.stderr[-3000:]
     (rank,) = read_json(out / "manifest.json")["ranks"]
     assert rank["steps"] == 20 and rank["step_source"] == "optimizer"

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 
 import pytest
-from helpers import read_json, run_cli, write_script
+from helpers import read_json, trace_one_process, write_script
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -30,21 +29,7 @@ def test_new_adam_at_step_3_of_40_is_profiled(tmp_path):
         """,
     )
     out = tmp_path / "run"
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "DDPDOCTOR_CAPTURE")}
-    result = run_cli(
-        "trace",
-        "--out",
-        str(out),
-        "--wait",
-        "5",
-        "--warmup",
-        "2",
-        "--active",
-        "3",
-        str(script),
-        env={**env, "OMP_NUM_THREADS": "1"},
-        timeout=150,
-    )
+    result = trace_one_process(out, script, "--wait", "5", "--warmup", "2", "--active", "3")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "ended before the profiled window" not in result.stderr
     manifest = read_json(out / "manifest.json")
