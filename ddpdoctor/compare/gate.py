@@ -475,6 +475,16 @@ def env_diffs(baseline: Snapshot, current: Snapshot) -> list[EnvDiff]:
         unknown = key in ("torch_version", "devices") and (a is None or b is None)  # foreign traces lack them
         if a != b and not unknown:
             out.append(EnvDiff(key, "none" if a is None else a, "none" if b is None else b))
+    # plain traces whose profiler marked steps of different work (diff._work_per_step): where both are known
+    a, b = (s.environment.get("optimizer_steps_per_step") for s in (baseline, current))
+    if (
+        isinstance(a, (int, float))
+        and isinstance(b, (int, float))
+        and a > 0
+        and b > 0
+        and max(a, b) / min(a, b) >= 1.25
+    ):
+        out.append(EnvDiff("optimizer_steps_per_step", a, b))
     return out
 
 

@@ -133,6 +133,18 @@ def test_environment_difference_warns_and_fails_only_strict():
     assert gate(_snap(30, seed=2, env=other), _snap(30, seed=1), load_config(strict_env=True, cwd="/")).failed
 
 
+def test_steps_of_different_work_are_an_environment_difference():
+    """Plain traces whose profiler marked steps of two iterations against one: said, as any set-up difference;
+    unknown on either side (a baseline from before it was recorded), or about equal, nothing."""
+    one, two = {**ENV, "optimizer_steps_per_step": 1.0}, {**ENV, "optimizer_steps_per_step": 2.0}
+    result = gate(_snap(60, seed=2, env=two), _snap(30, seed=1, env=one), load_config(cwd="/"))
+    assert [(d.key, d.baseline, d.current) for d in result.env_diffs] == [("optimizer_steps_per_step", 1.0, 2.0)]
+    for baseline, current in ((ENV, two), (one, {**ENV, "optimizer_steps_per_step": 1.1})):
+        assert (
+            gate(_snap(30, seed=2, env=current), _snap(30, seed=1, env=baseline), load_config(cwd="/")).env_diffs == ()
+        )
+
+
 def test_baseline_round_trip():
     snap = _snap(30, seed=1, memory=1e9, findings=[_finding("rank-straggler", "warning")])
     text = dumps(snap)
