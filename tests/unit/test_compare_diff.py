@@ -1,5 +1,5 @@
 """``compare(a, b)``: ratios B/A, which run is better, findings in one only, what is not comparable; every
-output format renders it. (Real DP-vs-DDP runs: tests/integration/test_gate_and_compare.py.)"""
+output format renders it. (Real runs compared: tests/integration/test_compare_cli.py.)"""
 
 from __future__ import annotations
 
