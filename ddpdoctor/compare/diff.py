@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from ddpdoctor.compare import catalog, stats
 from ddpdoctor.compare.catalog import MetricSpec
-from ddpdoctor.compare.snapshot import Snapshot
+from ddpdoctor.compare.snapshot import Snapshot, work_per_step_differs
 from ddpdoctor.metrics import catalog as metric_catalog
 
 # DataParallel's stages after its scatter: times above 0 only where it replicated the module (metrics/dp.py)
@@ -114,13 +114,11 @@ def _headline(rows: dict[str, Row], a: Snapshot, b: Snapshot) -> list[str]:
 
 
 def _work_per_step(a: Snapshot, b: Snapshot) -> str | None:
-    """How the two runs' steps differ in optimizer steps (iterations), where both are known and differ: a plain
-    trace whose ``prof.step()`` was called every few iterations, or several times an iteration (None otherwise)."""
-    ra, rb = (s.environment.get("optimizer_steps_per_step") for s in (a, b))
-    if not isinstance(ra, (int, float)) or not isinstance(rb, (int, float)) or ra <= 0 or rb <= 0:
+    """What differs in the two runs' steps, where they are not the same work (``snapshot.work_per_step_differs``)."""
+    differs = work_per_step_differs(a, b)
+    if differs is None:
         return None
-    if max(ra, rb) / min(ra, rb) < 1.25:
-        return None
+    ra, rb = differs
     return (
         f"the steps are not the same work: A's hold about {ra:.2g} optimizer step(s) each, B's about {rb:.2g}"
         " (a plain trace whose profiler was stepped every few iterations, or several times an iteration; or two"

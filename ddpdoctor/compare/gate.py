@@ -40,7 +40,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 from ddpdoctor.compare import catalog, stats, units
-from ddpdoctor.compare.snapshot import ENV_KEYS, Snapshot
+from ddpdoctor.compare.snapshot import ENV_KEYS, Snapshot, work_per_step_differs
 from ddpdoctor.compare.thresholds import GateConfig, Threshold, defaults
 from ddpdoctor.diagnosis.findings import SEVERITY_RANK
 
@@ -475,16 +475,9 @@ def env_diffs(baseline: Snapshot, current: Snapshot) -> list[EnvDiff]:
         unknown = key in ("torch_version", "devices") and (a is None or b is None)  # foreign traces lack them
         if a != b and not unknown:
             out.append(EnvDiff(key, "none" if a is None else a, "none" if b is None else b))
-    # plain traces whose profiler marked steps of different work (diff._work_per_step): where both are known
-    a, b = (s.environment.get("optimizer_steps_per_step") for s in (baseline, current))
-    if (
-        isinstance(a, (int, float))
-        and isinstance(b, (int, float))
-        and a > 0
-        and b > 0
-        and max(a, b) / min(a, b) >= 1.25
-    ):
-        out.append(EnvDiff("optimizer_steps_per_step", a, b))
+    differs = work_per_step_differs(baseline, current)  # plain traces whose steps are not the same work
+    if differs is not None:
+        out.append(EnvDiff("optimizer_steps_per_step", *differs))
     return out
 
 

@@ -324,6 +324,16 @@ def environment(captures: Sequence[Mapping[str, Any]], metrics: Any = None) -> d
     }
 
 
+def work_per_step_differs(a: Snapshot, b: Snapshot) -> tuple[float, float] | None:
+    """Both runs' optimizer steps per step (``environment["optimizer_steps_per_step"]``) where both are known and
+    differ by a quarter or more: their steps are not the same work (a plain trace whose profiler was stepped every
+    few iterations, or several times an iteration). None otherwise."""
+    ra, rb = (s.environment.get("optimizer_steps_per_step") for s in (a, b))
+    if not isinstance(ra, (int, float)) or not isinstance(rb, (int, float)) or ra <= 0 or rb <= 0:
+        return None
+    return (float(ra), float(rb)) if max(ra, rb) / min(ra, rb) >= 1.25 else None
+
+
 def _capture_mode(captures: Sequence[Mapping[str, Any]]) -> str | None:
     if not captures:
         return None
