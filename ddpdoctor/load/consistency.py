@@ -17,6 +17,7 @@ Times compared are absolute µs: ``baseTimeNanoseconds`` / 1000 + ``ts`` (older 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -132,10 +133,10 @@ _ADVICE = "put each run's traces in a folder of its own"
 
 
 def run_notes(
-    ranks: list[RankTrace], world_size: int, source: str, captured: frozenset[int] = frozenset()
+    ranks: list[RankTrace], world_size: int, source: str, per_step: Mapping[int, float] | None = None
 ) -> list[str]:
-    """What a report should say about the ranks that were loaded (one line each). ``captured``: the ranks
-    ``ddpdoctor trace`` recorded (it marks their steps itself)."""
+    """What a report should say about the ranks that were loaded (one line each). ``per_step``: the optimizer
+    steps per step of the ranks whose own profiler marked their steps (``optimizer_steps_per_step_by_rank``)."""
     notes = []
     have = [rt.rank for rt in ranks]
     if source == "order" and len(ranks) > 1:
@@ -176,30 +177,35 @@ def run_notes(
             "skipped optimizer steps), what prof.step() called after optimizer.step() would have cut; call "
             "prof.step() once per step (or use `ddpdoctor trace`) to mark the steps yourself"
         )
-    notes += _stepped_unlike_the_optimizer(ranks, captured)
+    notes += _stepped_unlike_the_optimizer(per_step or {})
     notes += _recorded_again(ranks)
     return notes
 
 
-def _optimizer_steps_per_step(rt: RankTrace) -> float | None:
-    """``frames.optimizer_steps_per_step`` of a rank read from its traces (its tables, or the facts kept of them)."""
-    if rt.tables is not None:
-        return optimizer_steps_per_step(rt.tables.ops, rt.tables.steps)
-    return rt.facts.optimizer_steps_per_step if rt.facts is not None else None
-
-
-def optimizer_steps_per_step_of_run(ranks: list[RankTrace], captured: frozenset[int]) -> float | None:
-    """The median over the ranks of how many optimizer steps each ProfilerStep#N holds, where the traces' own
-    profiler marked the steps (``frames.optimizer_steps_per_step``); 1.0 where ``ddpdoctor trace`` recorded every
-    rank (it marks one step an iteration); None where it is not known."""
+def optimizer_steps_per_step_by_rank(
+    ranks: list[RankTrace], captured: frozenset[int]
+) -> tuple[dict[int, float], float | None]:
+    """How many optimizer steps each step holds (``frames.optimizer_steps_per_step``), per rank whose own profiler
+    marked its steps and where it is known (its tables, or the facts kept of them; not the ranks ``ddpdoctor
+    trace`` recorded, ``captured``: it marks one step an iteration), and for the run: their median, 1.0 where
+    ``ddpdoctor trace`` recorded every rank, None where it is not known."""
     if ranks and all(rt.rank in captured for rt in ranks):
-        return 1.0
-    found = [r for rt in ranks if rt.rank not in captured and (r := _optimizer_steps_per_step(rt)) is not None]
+        return {}, 1.0
+    out: dict[int, float] = {}
+    for rt in ranks:
+        if rt.rank in captured:
+            continue
+        if rt.tables is not None:
+            ratio = optimizer_steps_per_step(rt.tables.ops, rt.tables.steps)
+        else:
+            ratio = rt.facts.optimizer_steps_per_step if rt.facts is not None else None
+        if ratio is not None:
+            out[rt.rank] = ratio
+    found = sorted(out.values())
     if not found:
-        return None
-    found.sort()
+        return out, None
     middle = len(found) // 2
-    return found[middle] if len(found) % 2 else (found[middle - 1] + found[middle]) / 2
+    return out, found[middle] if len(found) % 2 else (found[middle - 1] + found[middle]) / 2
 
 
 def _recorded_again(ranks: list[RankTrace]) -> list[str]:
@@ -226,19 +232,18 @@ def _recorded_again(ranks: list[RankTrace]) -> list[str]:
     ]
 
 
-def _stepped_unlike_the_optimizer(ranks: list[RankTrace], captured: frozenset[int]) -> list[str]:
-    """A note for the ranks whose own profiler's ProfilerStep#N ranges are not one iteration each: each holds two
-    or more optimizer steps (``prof.step()`` every few iterations), or two or more of them hold one
-    (``prof.step()`` twice an iteration, or once per micro-batch): every per-step figure is then of that span,
-    not of an iteration. Not for ranks ``ddpdoctor trace`` recorded (it marks one step an iteration)."""
+def _stepped_unlike_the_optimizer(per_step: Mapping[int, float]) -> list[str]:
+    """A note for the ranks whose own profiler's ProfilerStep#N ranges are not one iteration each (``per_step``:
+    their optimizer steps per step): each holds two or more optimizer steps (``prof.step()`` every few
+    iterations), or two or more of them hold one (``prof.step()`` twice an iteration, or once per micro-batch):
+    every per-step figure is then of that span, not of an iteration."""
     many: dict[int, list[int]] = {}
     parts: dict[int, list[int]] = {}
-    for rt in ranks:
-        ratio = None if rt.rank in captured else _optimizer_steps_per_step(rt)
-        if ratio is not None and ratio >= 1.5:
-            many.setdefault(round(ratio), []).append(rt.rank)
-        elif ratio is not None and ratio <= 1 / 1.5:
-            parts.setdefault(round(1 / ratio), []).append(rt.rank)
+    for rank, ratio in per_step.items():
+        if ratio >= 1.5:
+            many.setdefault(round(ratio), []).append(rank)
+        elif ratio <= 1 / 1.5:
+            parts.setdefault(round(1 / ratio), []).append(rank)
     notes = [
         f"rank(s) {_ranks_text(have)}: each ProfilerStep#N holds about {n} optimizer steps (Optimizer.step#...): "
         f"prof.step() is called once every {n} iterations (or {n} optimizers of one class step in each), so every "

@@ -10,6 +10,7 @@ import numpy as np
 from ddpdoctor.load.categories import DEVICE_CATS
 from ddpdoctor.load.columns import COMM_COLUMNS, FileColumns, RankTables
 from ddpdoctor.load.model import EventTables, RankTrace
+from ddpdoctor.metrics.intervals import locate
 from ddpdoctor.table import Codes, Table
 
 _STEP = re.compile(r"^ProfilerStep\s*#\s*(\d{1,18})$")  # a longer number is no step a profiler counted
@@ -298,9 +299,7 @@ def _ends_inside(ranges: Table, steps: Table) -> int:
     inside = 0
     for span in np.unique(steps["span"]).tolist():
         mine = steps[steps["span"] == span].sort("ts_us")
-        ends = np.sort(ranges["end_us"][ranges["span"] == span])
-        i = np.searchsorted(mine["ts_us"], ends, side="right") - 1  # the last step starting before each end
-        inside += int(np.sum((i >= 0) & (ends <= mine["end_us"][np.maximum(i, 0)])))
+        inside += int(np.sum(locate(mine["ts_us"], mine["end_us"], ranges["end_us"][ranges["span"] == span]) >= 0))
     return inside
 
 

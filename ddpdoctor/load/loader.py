@@ -425,6 +425,7 @@ def _make_run(
     if isinstance(manifest, dict):
         world_sizes.append(manifest.get("world_size"))
     world_size = max([w for w in map(valid_world_size, world_sizes) if w is not None] or [len(ranks)])
+    per_step, run_per_step = _optimizer_steps_per_step(ranks, capture)
     return Run(
         path=root,
         ranks=ranks,
@@ -435,14 +436,28 @@ def _make_run(
         capture=capture,
         manifest=manifest if isinstance(manifest, dict) else None,
         skipped=skipped,
-        notes=_run_notes(ranks, world_size, source, capture) if all(rt.has_trace or rt.facts for rt in ranks) else [],
+        notes=_run_notes(ranks, world_size, source, per_step) if all(rt.has_trace or rt.facts for rt in ranks) else [],
+        optimizer_steps_per_step=run_per_step,
     )
 
 
-def _run_notes(ranks: list[RankTrace], world_size: int, source: str, capture: dict[int, dict[str, Any]]) -> list[str]:
+def _optimizer_steps_per_step(
+    ranks: list[RankTrace], capture: dict[int, dict[str, Any]]
+) -> tuple[dict[int, float], float | None]:
+    """``consistency.optimizer_steps_per_step_by_rank``; a run whose every rank ``ddpdoctor trace`` recorded (read
+    from its summaries, say) is one step an iteration without importing the trace checks."""
+    captured = frozenset(capture)
+    if ranks and all(rt.rank in captured for rt in ranks):
+        return {}, 1.0
+    from ddpdoctor.load.consistency import optimizer_steps_per_step_by_rank
+
+    return optimizer_steps_per_step_by_rank(ranks, captured)
+
+
+def _run_notes(ranks: list[RankTrace], world_size: int, source: str, per_step: dict[int, float]) -> list[str]:
     from ddpdoctor.load.consistency import run_notes
 
-    return run_notes(ranks, world_size, source, frozenset(capture))
+    return run_notes(ranks, world_size, source, per_step)
 
 
 def _names(rt: RankTrace) -> list[str]:

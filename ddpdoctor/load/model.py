@@ -167,6 +167,8 @@ class Run:
     # what a report should say about the ranks loaded: ranks missing from the world size, ranks numbered by
     # file order, ranks without ProfilerStep ranges (one line each)
     notes: list[str] = field(default_factory=list)
+    # optimizer steps in one step (consistency.optimizer_steps_per_step_by_rank): 1.0 where ddpdoctor marked them
+    optimizer_steps_per_step: float | None = None
 
     def rank(self, rank: int) -> RankTrace:
         for r in self.ranks:

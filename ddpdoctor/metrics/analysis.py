@@ -105,7 +105,7 @@ def analyze(run: Run, steps: tuple[int, int | None] | None = None, verdict: Any 
     if setup_notes:  # (the pipeline adds the loader's notes only where analyze gave none)
         run_metrics["notes"] = [*run.notes, *setup_notes]
     run_metrics.update(setup_run)
-    run_metrics["optimizer_steps_per_step"] = _optimizer_steps_per_step(run)
+    run_metrics["optimizer_steps_per_step"] = run.optimizer_steps_per_step
     compiled = compile_note(ranks)  # torch.compile's facts: regions, graphs per call, recompiles (metrics/compile.py)
     if compiled:
         run_metrics["notes"] = [*run_metrics.get("notes", run.notes), compiled]
@@ -178,13 +178,6 @@ def _why_no_collective_count(captures: Any, health: dict[str, Any], steps_detect
         " run did, so it may hold no training and cannot show whether the ranks synchronise; call"
         " ddpdoctor.step() at the end of every training step and trace again"
     )
-
-
-def _optimizer_steps_per_step(run: Run) -> float | None:
-    """How many optimizer steps a step holds (``load.consistency.optimizer_steps_per_step_of_run``)."""
-    from ddpdoctor.load.consistency import optimizer_steps_per_step_of_run
-
-    return optimizer_steps_per_step_of_run(run.ranks, frozenset(run.capture))
 
 
 def _unmatched_note(unmatched: list[int], windows: Windows) -> str:

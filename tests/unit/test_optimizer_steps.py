@@ -311,11 +311,12 @@ def test_a_job_without_an_optimizer_has_no_such_note(tmp_path: Path) -> None:
 
 def test_ranks_ddpdoctor_recorded_have_no_such_note(tmp_path: Path) -> None:
     """``ddpdoctor trace`` marks one step an iteration itself; its ranks are not second-guessed."""
-    from ddpdoctor.load.consistency import run_notes
+    from ddpdoctor.load.consistency import optimizer_steps_per_step_by_rank, run_notes
 
     run = load(_stepped_run(tmp_path, every=2, iterations=20))
     assert _step_notes(run)
-    assert [n for n in run_notes(run.ranks, 1, "distributedInfo", frozenset({0})) if "ProfilerStep#N" in n] == []
+    per_step, _ = optimizer_steps_per_step_by_rank(run.ranks, frozenset({0}))
+    assert [n for n in run_notes(run.ranks, 1, "distributedInfo", per_step) if "ProfilerStep#N" in n] == []
 
 
 # Recordings of one rank that number the same steps again (a second profiler, a restarted job, or two runs' traces
