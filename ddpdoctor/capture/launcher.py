@@ -85,8 +85,11 @@ class HangJudge:
     hang or a desync. After a stop, ``verdict`` is the verdict and ``request`` the request's ``by``.
     """
 
-    def __init__(self, out: Path, *, explicit: bool, launch: str, say: Reporter, how: str) -> None:
+    def __init__(
+        self, out: Path, *, explicit: bool, launch: str, say: Reporter, how: str, shown: Path | None = None
+    ) -> None:
         self.out = out
+        self.shown = shown if shown is not None else out  # the run directory as the user named it, in messages
         self.explicit = explicit
         self.how = how  # what stopped it, in the manifest: "stopped by ddpdoctor --hang-timeout 10"
         self.launch = launch
@@ -153,7 +156,7 @@ class HangJudge:
                 self.say._print(
                     "ddpdoctor: not stopped: the default hang timeout only reports (a long checkpoint or evaluation "
                     f"on one rank looks the same); `--hang-timeout SECONDS` stops such a job (dumps in "
-                    f"{self.out / hang.DUMPS_DIR})"
+                    f"{self.shown / hang.DUMPS_DIR})"
                 )
                 return
             self.say._print(f"ddpdoctor: no hang in the dumps ({lines[0]}); the job goes on")
@@ -161,7 +164,7 @@ class HangJudge:
         for line in lines:
             self.say._print(f"ddpdoctor: {line}")
         self.say._print(
-            f"ddpdoctor: stopping the job (dumps in {self.out / hang.DUMPS_DIR}; `ddpdoctor diagnose {self.out}`)"
+            f"ddpdoctor: stopping the job (dumps in {self.shown / hang.DUMPS_DIR}; `ddpdoctor diagnose {self.shown}`)"
         )
         self.verdict, self.request = verdict, str(request.get("by") or "")
         child = [self.child.pid] if self.child is not None and self.child.poll() is None else []

@@ -255,7 +255,7 @@ def main(argv: list[str]) -> int:
     if launch != "scheduler" and not off:  # the ranks are other processes here: this one stops them on a hang
         how = f"stopped by ddpdoctor --hang-timeout {explicit:g}" if explicit else "stopped by ddpdoctor's hang timeout"
         judge = launcher.HangJudge(
-            out.absolute(), explicit=explicit is not None, launch=launch, say=say, how=how
+            out.absolute(), explicit=explicit is not None, launch=launch, say=say, how=how, shown=out
         ).start()
     # Every Python process the job starts runs the start-up hook, so the ranks it starts itself are traced.
     os.environ.update(launcher.startup_hook_env(dict(os.environ)))

@@ -24,8 +24,8 @@ FAST = ["--wait", "1", "--warmup", "1", "--active", "2"]
 TORCHRUN = ["--standalone", "--nproc-per-node", "2"]
 
 
-def _trace(out: Path, *options: str, env: dict, timeout: float = 200):
-    return run_cli("trace", "--out", str(out), *FAST, *options, *TORCHRUN, JOB, env=env, timeout=timeout)
+def _trace(out: Path, *options: str, env: dict, timeout: float = 200, cwd: Path | None = None):
+    return run_cli("trace", "--out", str(out), *FAST, *options, *TORCHRUN, JOB, env=env, timeout=timeout, cwd=cwd)
 
 
 # timing rules a wait for a stuck peer would otherwise fire
@@ -86,9 +86,11 @@ def test_rank_stuck_in_its_data_function_is_named_the_cause(tmp_path):
 
 def test_different_collectives_are_a_desync_not_a_hung_rank(tmp_path):
     out = tmp_path / "run"
-    result = _trace(out, "--hang-timeout", "5", env={"DESYNC_STEP": "6", "STEPS": "40"})
+    result = _trace(Path("run"), "--hang-timeout", "5", env={"DESYNC_STEP": "6", "STEPS": "40"}, cwd=tmp_path)
     err = result.stderr
     assert result.returncode == 124, err
+    # the stop line names the run directory as the user gave it, as "wrote run" does
+    assert "stopping the job (dumps in run/dumps; `ddpdoctor diagnose run`)" in err, err
     assert "desync:" in err and "all_reduce" in err and "broadcast" in err, err
     assert "is stuck in" not in err, err
     manifest = read_json(out / "manifest.json")
