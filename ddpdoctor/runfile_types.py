@@ -134,6 +134,8 @@ class HostLoadWindow(msgspec.Struct, forbid_unknown_fields=False):
     load1: Annotated[float, msgspec.Meta(ge=0, le=1e9)] | None = None
     # CPU time of the rank's child processes (DataLoader workers, compile workers) in the window
     children_cpu_s: Annotated[float, msgspec.Meta(ge=0, le=1e12)] | None = None
+    # CPU time of ddpdoctor's own helper processes of the rank (the GIL probe, gilwatch) in the window
+    probe_cpu_s: Annotated[float, msgspec.Meta(ge=0, le=1e12)] | None = None
 
     def __post_init__(self) -> None:
         if self.last_step < self.first_step:

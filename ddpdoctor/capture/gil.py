@@ -29,6 +29,8 @@ import threading
 import time
 from typing import Any
 
+from ddpdoctor.capture import hostload
+
 # Poll every 100 µs for 10 ms, then sleep 1 ms: about 90% of the window sampled (a 10 ms sleep sampled half of it
 # and made the verdict vary between runs of one job). A 1 ms poll missed most of the contention of four threads
 # running tiny ops (0.03 vs 0.17 measured on the same run), 100 µs did not.
@@ -67,6 +69,7 @@ class _Watcher:
             self.reason = f"gilwatch did not start: {exc}"
             return
         _allow_reading(self.proc.pid)
+        hostload.own_helper(self.proc.pid)  # its CPU is ddpdoctor's, not the job's child processes'
         self._owner = os.getpid()
         atexit.register(self.close)  # a quiet exit (no "subprocess is still running" at the rank's shutdown)
 
@@ -132,6 +135,7 @@ class _Watcher:
             proc.kill()
             with contextlib.suppress(subprocess.SubprocessError):
                 proc.wait(timeout=2)
+        hostload.own_helper_gone(proc.pid)  # reaped: its pid may be another process's from now on
 
 
 def _allow_reading(pid: int) -> None:

@@ -15,7 +15,9 @@ steps the profiler records, not its warm-up, and not the trace export that follo
 - the CPU time of the process's descendants (``children_cpu_s``: its DataLoader workers, compile workers), so
   that the job's own processes are not taken for another's load: the live ones' user + system ticks from
   ``/proc/<pid>/stat`` (found by their parent pids where the window starts: ``/proc/<pid>/task/<tid>/children``
-  is not on every kernel), and the reaped ones' from ``getrusage(RUSAGE_CHILDREN)``.
+  is not on every kernel), and the reaped ones' from ``getrusage(RUSAGE_CHILDREN)``. ddpdoctor's own helper
+  processes (the GIL probe, ``gilwatch``; registered with ``own_helper``) are not the job's: their CPU time is
+  recorded apart (``probe_cpu_s``), so that neither the job's children nor other processes carry it.
 
 Cost: one ``/proc/loadavg`` read and nothing else per step (microseconds); a read of every thread's schedstat
 and of ``/proc/stat`` at the window's start and end; where it starts, before its first step's clock, a read of
@@ -31,6 +33,8 @@ import time
 from typing import Any
 
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+# ddpdoctor's own helper processes of this process (gilwatch): their CPU is ddpdoctor's, not the job's children's
+_OWN_HELPERS: set[int] = set()
 _STAT_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal", "guest", "guest_nice")
 NOT_LINUX = "no /proc scheduler statistics on this system (they are Linux's): the host's load was not recorded"
 
@@ -170,6 +174,23 @@ def _descendant_ticks(known: dict[int, int] | None = None) -> dict[int, int] | N
     return descendants(os.getpid(), parents)
 
 
+def own_helper(pid: int) -> None:
+    """``pid`` is a helper process ddpdoctor started beside this one (not the job's): its CPU time in a window is
+    ``probe_cpu_s``, not ``children_cpu_s``."""
+    _OWN_HELPERS.add(pid)
+
+
+def own_helper_gone(pid: int) -> None:
+    _OWN_HELPERS.discard(pid)
+
+
+def probe_cpu_s(start: dict[int, int], end: dict[int, int]) -> float:
+    """CPU seconds ddpdoctor's helpers alive at a window's end ran in it (descendants' ticks at its start and end;
+    one born inside it ran only inside it). A helper reaped inside the window is not among them: its time stays in
+    ``children_cpu_s`` (a helper ends with the run)."""
+    return max(0.0, sum(t - start.get(p, 0) for p, t in end.items() if p in _OWN_HELPERS) / _TICK)
+
+
 def children_cpu_s(start: dict[int, int], end: dict[int, int], reaped_start: float, reaped_end: float) -> float:
     """CPU seconds the descendants ran between two instants: the live ones' ticks, less those they had at the
     start (a descendant born in between ran only in between), and the reaped children's (``RUSAGE_CHILDREN``),
@@ -298,7 +319,12 @@ class HostLoad:
         if end.load is not None:
             window["load1"] = end.load[0]
         if None not in (start.children, end.children, start.reaped, end.reaped):
-            window["children_cpu_s"] = round(children_cpu_s(start.children, end.children, start.reaped, end.reaped), 3)
+            assert start.children is not None and end.children is not None
+            total = children_cpu_s(start.children, end.children, start.reaped, end.reaped)
+            probe = probe_cpu_s(start.children, end.children) if _OWN_HELPERS & end.children.keys() else None
+            window["children_cpu_s"] = round(max(0.0, total - (probe or 0.0)), 3)
+            if probe is not None:
+                window["probe_cpu_s"] = round(probe, 3)
         self.windows.append(window)
 
     def to_json(self) -> dict[str, Any]:

@@ -185,22 +185,29 @@ def hostload_metrics(
         metrics["_host"] = host
         metrics["_busy_cores"] = _busy_cores(windows)
         metrics["_children_cores"] = _ratio(_sum(windows, "children_cpu_s"), _sum(windows, "wall_s"))
-    # other processes' CPU on each rank's host: the host's busy cores less this job's ranks on it and their child
-    # processes (DataLoader workers: the job's own load, not another's; not recorded before 2026-12-07: 0 then)
+        metrics["_probe_cores"] = _ratio(_sum(windows, "probe_cpu_s"), _sum(windows, "wall_s"))
+    # other processes' CPU on each rank's host: the host's busy cores less this job's ranks on it, their child
+    # processes (DataLoader workers: the job's own load, not another's; not recorded before 2026-12-07: 0 then) and
+    # ddpdoctor's helpers beside them (the GIL probe: ddpdoctor's load; with the children in a capture without it)
     job_cores: dict[Any, float] = {}
     children: dict[Any, float] = {}
+    probes: dict[Any, float] = {}
     for m in own.values():
         if m["_host"] is not None and m["cpu_used_cores"] is not None:
             job_cores[m["_host"]] = job_cores.get(m["_host"], 0.0) + m["cpu_used_cores"]
             if m["_children_cores"] is not None:
                 children[m["_host"]] = children.get(m["_host"], 0.0) + m["_children_cores"]
+            if m["_probe_cores"] is not None:
+                probes[m["_host"]] = probes.get(m["_host"], 0.0) + m["_probe_cores"]
     for m in own.values():
         busy = m.pop("_busy_cores")
         host = m.pop("_host")
         m.pop("_children_cores")
+        m.pop("_probe_cores")
         if busy is not None and host in job_cores:
-            m["other_cpu_cores"] = max(0.0, busy - job_cores[host] - children.get(host, 0.0))
+            m["other_cpu_cores"] = max(0.0, busy - job_cores[host] - children.get(host, 0.0) - probes.get(host, 0.0))
             m["job_children_cpu_cores"] = children.get(host)
+            m["probe_cpu_cores"] = probes.get(host)
     waits = {r: m["cpu_wait_ms"] for r, m in own.items() if m["cpu_wait_ms"] is not None}
     # the others' medians, each rank left out: sorted once (O(ranks log ranks), not a sort per rank)
     wait_medians = _LeaveOneOutMedian(waits.values())
@@ -508,6 +515,9 @@ def summary_line(measured: list[dict[str, Any]], worst: dict[str, Any], steal: f
         children = busiest.get("job_children_cpu_cores")
         if children and children >= 0.05:
             facts.append(f"the ranks' DataLoader workers and other child processes {children:.1f} CPUs")
+        probe = busiest.get("probe_cpu_cores")
+        if probe and probe >= 0.05:
+            facts.append(f"ddpdoctor's GIL probe {probe:.1f} CPUs")
     if steal:
         facts.append(f"the hypervisor took {100 * steal:.0f}% of the CPU time (steal)")
     tail = f" ({'; '.join(facts)})" if facts else ""

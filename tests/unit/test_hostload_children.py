@@ -95,3 +95,50 @@ def test_a_live_workers_window_time_counts_and_only_the_start_reads_all_of_proc(
     (window,) = load.windows
     assert listed.count("/proc") == 1, listed
     assert window["children_cpu_s"] >= 0.3 * window["wall_s"], window  # busy for all of it, ticks rounded
+
+
+def test_ddpdoctors_helpers_are_not_the_jobs_children(monkeypatch) -> None:
+    """The GIL probe (gilwatch) is a child process of every traced rank: its CPU is ddpdoctor's, recorded apart
+    (``probe_cpu_s``), so that a job with no child process is not said to have "DataLoader workers and other child
+    processes 0.2 CPUs"."""
+    monkeypatch.setattr(capture, "_OWN_HELPERS", {20})
+    tick = capture._TICK
+    start, end = {20: 100, 21: 10}, {20: 103, 21: 15, 22: 2}  # 20: the probe; 21 a worker; 22 born in the window
+    assert capture.probe_cpu_s(start, end) == pytest.approx(3 / tick)
+    assert capture.children_cpu_s(start, end, 0.0, 0.0) == pytest.approx((3 + 5 + 2) / tick)  # all of them
+    monkeypatch.setattr(capture, "_OWN_HELPERS", set())
+    assert capture.probe_cpu_s(start, end) == 0.0
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="Linux /proc")
+def test_a_window_records_a_busy_helper_apart_from_the_children() -> None:
+    code = "import time\nt = time.process_time()\nwhile time.process_time() - t < 1.5: pass"
+    helper = subprocess.Popen([sys.executable, "-c", code])
+    capture.own_helper(helper.pid)
+    try:
+        time.sleep(0.2)
+        load = capture.HostLoad()
+        load.step(3, recording=True)
+        time.sleep(0.5)
+        load.step(4, recording=False)
+        assert helper.poll() is None, "the helper ended inside the window: the test measures a live one"
+    finally:
+        helper.kill()
+        helper.wait()
+        capture.own_helper_gone(helper.pid)
+    (window,) = load.windows
+    assert window["probe_cpu_s"] >= 0.3 * window["wall_s"], window  # busy for all of it, ticks rounded
+    assert window["children_cpu_s"] <= 0.02, window  # no child of the job's ran
+
+
+def test_the_probe_is_neither_the_jobs_children_nor_another_process() -> None:
+    a, b = _window(0.13, 0.38), _window(0.13, 0.08)
+    a["probe_cpu_s"] = b["probe_cpu_s"] = 0.15
+    a["children_cpu_s"] = b["children_cpu_s"] = 0.0
+    rows = _rows(30.0, 0.0)
+    run, _ = hostload.hostload_metrics(_captures(a, b), rows)
+    assert rows[0]["probe_cpu_cores"] == pytest.approx(0.3)
+    assert rows[0]["job_children_cpu_cores"] == 0.0
+    assert rows[0]["other_cpu_cores"] == pytest.approx(1.9 - 2 * 0.156 - 0.3, abs=0.01)
+    assert "ddpdoctor's GIL probe 0.3 CPUs" in run["host_load_summary"]
+    assert "child processes" not in run["host_load_summary"]
