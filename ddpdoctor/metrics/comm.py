@@ -433,7 +433,7 @@ def _bytes(call, params, outer) -> float:  # noqa: ANN001
     for src in (call, outer):
         if src is None:
             continue
-        n = _numel(src.input_dims)
+        n = _numel(src.input_dims, src.input_type)
         size = (
             _type_bytes(src.input_type)
             or _type_bytes(call.input_type)
@@ -444,21 +444,32 @@ def _bytes(call, params, outer) -> float:  # noqa: ANN001
     return math.nan
 
 
-def _numel(dims: object) -> int:
+def _numel(dims: object, types: object = None) -> int:
     """Elements of the largest tensor (or tensor list) argument in an ``Input Dims`` value: the whole buffer of a
-    collective, as nccl-tests sizes it (all_gather's output list, reduce_scatter's input list)."""
+    collective, as nccl-tests sizes it (all_gather's output list, reduce_scatter's input list). A 0-dim tensor (a
+    loss all-reduced for logging) has dims ``[]``, as an argument that is no tensor has: it counts 1 element where
+    ``Input type`` names its dtype (``"float"``), and inside a tensor list (``[[]]``)."""
     if not isinstance(dims, list):
         return 0
-    return max((_arg_numel(arg) for arg in dims), default=0)
+    kinds = types if isinstance(types, list) and len(types) == len(dims) else [None] * len(dims)
+    return max(
+        (
+            _arg_numel(arg) or (1 if arg == [] and isinstance(kind, str) and dtype_bytes(kind) else 0)
+            for arg, kind in zip(dims, kinds, strict=True)
+        ),
+        default=0,
+    )
 
 
-def _arg_numel(arg: object) -> int:
-    if not isinstance(arg, list) or not arg:
+def _arg_numel(arg: object, in_list: bool = False) -> int:
+    if not isinstance(arg, list):
         return 0
+    if not arg:
+        return 1 if in_list else 0  # a 0-dim tensor of a tensor list; at the top, an argument that is no tensor
     if all(isinstance(d, int) for d in arg):
         return math.prod(arg)
     if all(isinstance(d, list) for d in arg):  # TensorList (or a list of them)
-        return sum(_arg_numel(d) for d in arg)
+        return sum(_arg_numel(d, in_list=True) for d in arg)
     return 0
 
 

@@ -32,8 +32,8 @@ def _column(frame: Any, name: str) -> list[Any] | None:
 
 
 def derived_rank_metrics(metrics: Any) -> dict[int, dict[str, Any]]:
-    """rank -> {broadcast_ms, allreduce_count, allreduce_message_bytes, ddp_round_bytes} (values None when not
-    measurable)."""
+    """rank -> {broadcast_ms, allreduce_count, allreduce_message_bytes, ddp_round_bytes, collective_bytes_per_step}
+    (values None when not measurable)."""
     frame = getattr(metrics, "collectives", None)
     ranks = getattr(metrics, "ranks", []) or []
     steps = {int(clean_value(r.get("rank", i))): clean_value(r.get("steps_analyzed")) for i, r in enumerate(ranks)}
@@ -81,6 +81,10 @@ def derived_rank_metrics(metrics: Any) -> dict[int, dict[str, Any]]:
         if count_col is not None and sized and _sum(count_col, sized) > 0:
             values["allreduce_message_bytes"] = _sum(bytes_col, sized) / _sum(count_col, sized)
         values["ddp_round_bytes"] = _round_bytes(rows_by_rank.get(rank) or {}, values)
+        # every collective's bytes per step, of any kind; None where one of them has no size in the trace
+        values["collective_bytes_per_step"] = None
+        if n_steps and bytes_col is not None and all(clean_value(bytes_col[i]) is not None for i in rows):
+            values["collective_bytes_per_step"] = _sum(bytes_col, rows) / n_steps
         out[rank] = values
     return out
 

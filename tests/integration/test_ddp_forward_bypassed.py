@@ -1,6 +1,6 @@
 """A DDP model whose training steps call ``model.module`` (bypassing DDP's forward) never all-reduces a gradient:
-an error; the same job through the wrapper, and one whose whole profiled window lies inside ``no_sync()``, are
-not."""
+an error, whether or not it also all-reduces its loss for logging; the same job through the wrapper, one whose
+whole profiled window lies inside ``no_sync()``, and one that all-reduces its gradients by hand, are not."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ SCRIPT = """
     for step in range(8):
         x = torch.randn(16, 32, generator=g)
         opt.zero_grad()
-        if HOW == "module":  # the mistake: DDP never sees the forward
+        if HOW in ("module", "module_logged", "module_synced"):  # the mistake: DDP never sees the forward
             loss = model.module(x).pow(2).mean()
         elif HOW == "no_sync":  # accumulation over the whole window: DDP's forward, no all-reduce yet
             with model.no_sync():
@@ -36,7 +36,14 @@ SCRIPT = """
         else:
             loss = model(x).pow(2).mean()
         loss.backward()
+        if HOW == "module_synced":  # ... made good by hand: every gradient all-reduced after backward
+            for p in model.parameters():
+                dist.all_reduce(p.grad)
+                p.grad /= dist.get_world_size()
         opt.step()
+        if HOW in ("module_logged", "module_synced"):  # the loss all-reduced for logging, every step
+            logged = loss.detach().clone()
+            dist.all_reduce(logged)
     w = model.module[0].weight.detach().clone()
     both = [torch.empty_like(w) for _ in range(2)]
     dist.all_gather(both, w)
@@ -61,13 +68,28 @@ def test_training_through_model_module_is_an_error(tmp_path):
     assert first["evidence"]["max(ddp_forwards_per_step)"] == 0
     assert first["evidence"]["max(collectives_per_step)"] == 0
     assert "ranks-never-synchronize" not in {f["name"] for f in report["findings"]}  # one finding, not two
+    assert "Not one collective runs in those steps." in first["message"], first["message"]
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("how", ["wrapper", "no_sync"])
+def test_a_loss_all_reduced_for_logging_is_no_gradient_sync(tmp_path):
+    """The same mistake in a job that all-reduces its loss each step (most jobs log one): a 0-dim tensor, 4
+    bytes a step, against the model's 9 KiB of gradients."""
+    report, output = _diagnose(tmp_path, "module_logged")
+    assert "replicas equal: False" in output
+    first = report["findings"][0]
+    assert first["name"] == "ddp-forward-bypassed" and first["severity"] == "error", first
+    assert first["evidence"]["max(collectives_per_step)"] == 1
+    assert first["evidence"]["max(collective_bytes_per_step)"] == 4
+    assert "(1 a step, 4 bytes on the busiest rank) move under 25% of the model's 9 KiB" in first["message"]
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("how", ["wrapper", "no_sync", "module_synced"])
 def test_training_through_the_wrapper_is_not(tmp_path, how):
+    """Nor is the bypass made good by hand (every gradient all-reduced after backward, the loss logged too)."""
     report, output = _diagnose(tmp_path, how)
-    if how == "wrapper":
+    if how in ("wrapper", "module_synced"):
         assert "replicas equal: True" in output
     assert "ddp-forward-bypassed" in report["passed"], json.dumps(report["findings"], indent=1)[:3000]
     assert not {f["name"] for f in report["findings"]} & {"ddp-forward-bypassed", "ranks-never-synchronize"}

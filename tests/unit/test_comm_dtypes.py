@@ -86,6 +86,17 @@ def test_sizes_are_the_whole_buffer() -> None:
     assert _numel([[[8, 128]], [], []]) == 1024
     assert _numel([[16, 4], []]) == 64
     assert _numel("not dims") == 0
+
+
+def test_a_0_dim_tensor_is_one_element_and_an_argument_that_is_no_tensor_none() -> None:
+    """A loss all-reduced for logging is a 0-dim tensor: its dims are ``[]``, as those of an argument that is no
+    tensor. As recorded by torch 2.13 (CPU, gloo): ``c10d::allreduce_`` and the ``gloo:all_reduce`` annotation."""
+    assert _numel([[[]], [], [], [], [], []], ["TensorList", "", "", "", "Scalar", "Scalar"]) == 1
+    assert _numel([[]], ["float"]) == 1
+    assert _numel([[]], ["Scalar"]) == 0  # no tensor
+    assert _numel([[], []]) == 0  # types unknown: not sized
+    assert _numel([[[]], [[]]], ["TensorList", "TensorList"]) == 1
+    assert _numel([[[], []]], ["TensorList"]) == 2  # two 0-dim tensors in one list
     # nccl-tests' bus bandwidth factors
     assert bus_factor("all_reduce", 8) == pytest.approx(1.75)
     assert bus_factor("all_gather", 8) == bus_factor("reduce_scatter", 8) == pytest.approx(0.875)
