@@ -23,6 +23,7 @@ from ddpdoctor.metrics.hostload import hostload_metrics
 from ddpdoctor.metrics.profiled_steps import cut_short_note
 from ddpdoctor.metrics.result import RANK_METRICS, LazyTable, RunMetrics
 from ddpdoctor.metrics.setup import NO_STEP_NOTE, SETUP_RANK_METRICS, setup_metrics
+from ddpdoctor.metrics.slow_ranks import slow_by_own_work
 from ddpdoctor.metrics.timeline import LazyTimeline
 from ddpdoctor.metrics.transfer import transfer_bandwidth, transfer_metrics, transfer_times
 from ddpdoctor.table import Table, column
@@ -118,6 +119,7 @@ def analyze(run: Run, steps: tuple[int, int | None] | None = None, verdict: Any 
     host_run, why_host = hostload_metrics(run.capture, ranks, work)  # after the waits: it weighs them (hostload.py)
     run_metrics.update(host_run)
     run_metrics["not_measured"] = {**run_metrics.get("not_measured", {}), **why_setup, **why_host}
+    slow_by_own_work(ranks, run_metrics)  # after the ops are compared (extra_ops_ms): metrics/slow_ranks.py
     units = run_units(summaries)  # FSDP2: the per-unit table, shown by the reports (not a metric)
     if units:
         run_metrics["fsdp_units"] = units

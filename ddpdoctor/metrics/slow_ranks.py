@@ -333,3 +333,66 @@ def binomial_sf(x: int, n: int, p: float) -> float:
     log_fact = np.concatenate(([0.0], np.cumsum(np.log(np.arange(1, n + 1)))))
     log_pmf = log_fact[n] - log_fact[i] - log_fact[n - i] + i * np.log(p) + (n - i) * np.log1p(-p)
     return float(min(1.0, np.exp(log_pmf).sum()))
+
+
+# A rank of a plain DDP job that no test of chance names (too few steps profiled, or its lateness in some steps
+# only: rank 0 evaluating every other step) is still slow where its lateness is work that only it does: ops the
+# other ranks do not run (``extra_ops_ms``: counts of ops, which a busy host does not change), over OWN_WORK_MIN_MS
+# and OWN_WORK_SHARE of the wait it causes (rank-straggler's own-work test), with the others waiting for it far more
+# than for anyone else (DOMINANT_SHARE of the wait all ranks cause) and last more often than chance alone.
+OWN_WORK_MIN_MS = 2.0
+OWN_WORK_SHARE = 0.2
+DOMINANT_SHARE = 0.8
+# and no other rank runs as much as this share of its extra work of its own: the work sets it apart
+OTHERS_WORK_SHARE = 0.2
+
+
+def slow_by_own_work(ranks: list[dict[str, Any]], run: dict[str, Any]) -> list[int]:
+    """Ranks slow by work of their own (the constants above), in a DDP job whose ranks all run one program (DDP's
+    ranges on every rank, no point-to-point or tensor-parallel collectives: a pipeline's stages differ by design),
+    where no rank is ``slow_rank`` already. Sets ``slow_rank`` (True for them, False for the others) and
+    ``slow_rank_by_own_work`` on ``ranks``' rows, ``slow_rank_count`` in ``run`` and removes the frequency test's
+    reasons for not deciding from ``run["not_measured"]``. Returns the ranks."""
+    if len(ranks) < 2 or any(r.get("slow_rank") for r in ranks):
+        return []
+    if run.get("straggler_rank") is None or run.get("slow_ranks_same_work"):
+        return []
+    if not all(
+        r.get("ddp_ranges") and not r.get("p2p_per_step") and not r.get("tp_collectives_per_step") for r in ranks
+    ):
+        return []
+    caused = [r.get("wait_caused_ms") for r in ranks]
+    if any(c is None or c != c for c in caused):
+        return []
+    total = sum(caused)
+    chance = 1.0 / len(ranks)
+    found = []
+    for row in ranks:
+        extra, wait, share = row.get("extra_ops_ms"), row["wait_caused_ms"], row.get("last_arrival_share")
+        if extra is None or share is None or row.get("same_work_slower"):
+            continue
+        others = max((o.get("extra_ops_ms") or 0.0 for o in ranks if o is not row), default=0.0)
+        if (
+            int(row["rank"]) == run["straggler_rank"]
+            and wait > OWN_WORK_MIN_MS
+            and wait >= DOMINANT_SHARE * total
+            and share > chance
+            and extra > OWN_WORK_MIN_MS
+            and extra >= OWN_WORK_SHARE * wait
+            and others <= OTHERS_WORK_SHARE * extra
+        ):
+            found.append(int(row["rank"]))
+    if not found:
+        return []
+    for row in ranks:
+        mine = int(row["rank"]) in found
+        row["slow_rank"] = mine
+        row["slow_rank_by_own_work"] = mine
+    run["slow_rank_count"] = len(found)
+    said = run.get("not_measured")
+    if isinstance(said, dict):  # the reasons the frequency test gave for not deciding (metrics/evidence.py)
+        from ddpdoctor.metrics import catalog
+
+        decided = {*catalog.group("slow_ranks"), "slow_rank_count", "straggler_p_value"}
+        run["not_measured"] = {k: v for k, v in said.items() if k not in decided}
+    return found

@@ -200,3 +200,59 @@ def test_a_rank_late_by_the_same_60_ms_in_each_of_4_steps_cannot_be_told_from_a_
 def test_eight_steps_of_a_rank_last_in_each_name_it() -> None:
     out = slow_ranks(_collectives([1] * 16, 2, wait_us=60_000.0, per_step=2, overlapping=True), [0, 1])
     assert out["blocks"] == 8 and out["ranks"][1]["slow_rank"] and not out["ranks"][0]["slow_rank"]
+
+
+def _rows(**rank0) -> tuple[list[dict], dict]:
+    """Rank 0 of two, late by work of its own (ops only it runs), no rank named by the arrival tests."""
+    base = {"ddp_ranges": True, "p2p_per_step": 0.0, "tp_collectives_per_step": 0.0, "slow_rank": None}
+    r0 = {**base, "rank": 0, "wait_caused_ms": 40.0, "last_arrival_share": 0.8, "extra_ops_ms": 20.0, **rank0}
+    r1 = {**base, "rank": 1, "wait_caused_ms": 0.5, "last_arrival_share": 0.2, "extra_ops_ms": 0.0}
+    run = {"straggler_rank": 0, "slow_ranks_same_work": False, "not_measured": {"slow_rank": "too few blocks"}}
+    return [r0, r1], run
+
+
+def test_a_rank_late_by_work_only_it_does_is_slow() -> None:
+    from ddpdoctor.metrics.slow_ranks import slow_by_own_work
+
+    rows, run = _rows()
+    assert slow_by_own_work(rows, run) == [0]
+    assert [r["slow_rank"] for r in rows] == [True, False]
+    assert [r["slow_rank_by_own_work"] for r in rows] == [True, False]
+    assert run["slow_rank_count"] == 1 and "slow_rank" not in run["not_measured"]
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"extra_ops_ms": 0.0},  # the same ops as the other: a balanced job on a busy host
+        {"extra_ops_ms": 5.0},  # under 20% of the 40 ms it makes the others wait
+        {"extra_ops_ms": 1.5, "wait_caused_ms": 3.0},  # 2 ms or less
+        {"last_arrival_share": 0.5},  # last no more often than chance
+        {"p2p_per_step": 4.0},  # a pipeline: its stages differ by design
+        {"tp_collectives_per_step": 6.0},  # tensor parallelism
+        {"ddp_ranges": False},  # no DDP (FSDP, a plain trace without DDP's ranges)
+        {"same_work_slower": True},  # the same work, slower on the shared host
+        {"slow_rank": True},  # named by the arrival tests already: nothing to add
+    ],
+)
+def test_nothing_else_makes_a_rank_slow_by_its_work(change) -> None:
+    from ddpdoctor.metrics.slow_ranks import slow_by_own_work
+
+    rows, run = _rows(**change)
+    before = [dict(r) for r in rows]
+    assert slow_by_own_work(rows, run) == []
+    assert rows == before
+
+
+def test_work_the_others_do_too_or_a_shared_wait_do_not_set_a_rank_apart() -> None:
+    from ddpdoctor.metrics.slow_ranks import slow_by_own_work
+
+    rows, run = _rows()
+    rows[1]["extra_ops_ms"] = 5.0  # the other rank runs ops of its own too (a quarter of rank 0's)
+    assert slow_by_own_work(rows, run) == []
+    rows, run = _rows()
+    rows[1]["wait_caused_ms"] = 15.0  # rank 0 causes 73% of the waiting, under 80%
+    assert slow_by_own_work(rows, run) == []
+    rows, run = _rows()
+    run["straggler_rank"] = 1  # not the rank the others wait for most
+    assert slow_by_own_work(rows, run) == []
