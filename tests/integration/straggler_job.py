@@ -2,7 +2,7 @@
 batch of 128 from a DataLoader), every rank the same work unless a knob sets one rank apart:
 
 - EXTRA_RANK/EXTRA_MM: that rank also multiplies two 256 x 256 matrices EXTRA_MM times each step (work only it
-  does: more ops, more CPU time); EXTRA_EVERY: in every EXTRA_EVERY-th step only (default 1: every step);
+  does: more ops, more CPU time);
 - PY_RANK/PY_MS: that rank runs a pure Python loop for PY_MS before each step (extra work without torch ops);
 - SLOW_RANK/SLOW_MS: that rank sleeps SLOW_MS before each step;
 - LOADER_RANK/LOADER_MS: that rank's data loader sleeps LOADER_MS for each batch (a slow data pipeline);
@@ -20,7 +20,6 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 steps = int(os.environ.get("STEPS", "13"))
 extra_rank, extra_mm = int(os.environ.get("EXTRA_RANK", "-1")), int(os.environ.get("EXTRA_MM", "0"))
-extra_every = int(os.environ.get("EXTRA_EVERY", "1"))
 slow_rank, slow_ms = int(os.environ.get("SLOW_RANK", "-1")), float(os.environ.get("SLOW_MS", "0"))
 py_rank, py_ms = int(os.environ.get("PY_RANK", "-1")), float(os.environ.get("PY_MS", "0"))
 loader_rank, loader_ms = int(os.environ.get("LOADER_RANK", "-1")), float(os.environ.get("LOADER_MS", "0"))
@@ -47,14 +46,14 @@ def collate(items):
 
 loader = DataLoader(data, batch_size=batch, sampler=DistributedSampler(data), collate_fn=collate)
 a, b = torch.randn(width, width), torch.randn(width, width)
-for i, (x, y) in enumerate(loader):
+for x, y in loader:
     if rank == slow_rank:
         time.sleep(slow_ms / 1000)
     if rank == py_rank:
         end = time.thread_time() + py_ms / 1000
         while time.thread_time() < end:
             pass
-    if rank == extra_rank and i % extra_every == 0:
+    if rank == extra_rank:
         for _ in range(extra_mm):
             a = torch.tanh(a @ b)
     opt.zero_grad(set_to_none=True)

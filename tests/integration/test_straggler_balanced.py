@@ -132,17 +132,19 @@ def test_a_rank_with_work_of_its_own_is_named_not_taken_for_the_same_work_slower
 
 
 @pytest.mark.timeout(300)
-def test_a_rank_with_work_of_its_own_every_other_step_is_named_in_the_default_window(tmp_path, monkeypatch) -> None:
-    """Rank 1 multiplies matrices in every other step only (rank 0 evaluating every other step, say): in 5 steps no
-    arrival test can tell it from chance ("profile more steps"), and with more, last at 90% of the blocks is not
-    enough either; the ops only it runs set it apart (``slow_rank_by_own_work``)."""
+def test_a_rank_with_work_of_its_own_is_named_in_the_default_window(tmp_path, monkeypatch) -> None:
+    """Rank 1 multiplies matrices in every step (work only it does): in the default 5 steps no arrival test can
+    tell it from chance ("profile more steps", even last at all 5), but the ops only it runs set it apart
+    (``slow_rank_by_own_work``)."""
     from ddpdoctor.pipeline import analyze_run
 
-    for key, value in {"STEPS": "8", "EXTRA_RANK": "1", "EXTRA_MM": "60", "EXTRA_EVERY": "2"}.items():
+    for key, value in {"STEPS": "8", "EXTRA_RANK": "1", "EXTRA_MM": "40"}.items():
         monkeypatch.setenv(key, value)
     report = _trace(tmp_path / "own", 5, str(JOB), burner=False)
     ranks = analyze_run(tmp_path / "own").metrics.ranks
-    why = (report["findings"], [{k: r.get(k) for k in ("wait_caused_ms", "extra_ops_ms", "slow_rank")} for r in ranks])
+    keys = ("wait_caused_ms", "extra_ops_ms", "slow_rank", "last_arrival_share", "last_arrival_p_value")
+    why = (report["findings"], [{k: r.get(k) for k in keys} for r in ranks])
+    assert ranks[1]["last_arrival_p_value"] > 0.01, why  # the arrivals alone cannot name it
     assert [r.get("slow_rank_by_own_work") for r in ranks] == [False, True], why
     found = [f for f in report["findings"] if f["name"] == "rank-straggler"]
     assert found and found[0]["ranks"] == [1], why
