@@ -165,3 +165,23 @@ def test_a_rank_late_every_few_steps_is_named():
     assert every3["ranks"] == [1] and every3["pattern"] == "throughout", every3  # gaps of 2 steps are bridged
     every5 = _run(_series(lambda r, s: 10 + rng.uniform(0, 2) + (30 if r == 1 and s % 5 == 0 else 0), steps=400))
     assert every5["ranks"] == [1] and every5["pattern"] == "intermittent" and "on and off" in every5["text"], every5
+
+
+@pytest.mark.parametrize("period", [2, 4, 8])
+def test_a_rank_late_every_even_number_of_steps_is_named_whatever_its_phase(period):
+    """Evaluation or logging every N steps, N even: at steps 4 apart (this job's lag) the late steps fall in one
+    phase of the 4. Counted from the first step only, 3 phases of 4 named no rank though every late step was rank
+    1's ("no rank shown to keep arriving last (p = 1)", 100 of 398 steps late)."""
+    for phase in range(period):
+        rng = random.Random(8 + phase)
+        got = _run(
+            _series(
+                lambda r, s, rng=rng, phase=phase: (
+                    10 + rng.uniform(0, 2) + (30 if r == 1 and s % period == phase else 0)
+                ),
+                steps=400,
+            )
+        )
+        assert got["lag_steps"] == 4
+        assert got.get("ranks") == [1], (period, phase, got["text"])
+        assert got["most_late_count"] == got["sampled_late_steps"] > 0, got
