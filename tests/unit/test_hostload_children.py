@@ -77,22 +77,13 @@ def test_the_ranks_children_are_not_other_processes() -> None:
 def test_a_live_workers_window_time_counts_and_only_the_start_reads_all_of_proc(monkeypatch) -> None:
     """A worker alive through the window (a persistent DataLoader worker): its ticks in the window count; the pass
     over every process is made where the window starts (before its first step's clock), not where it ends."""
-    code = "import time\nt = time.process_time()\nwhile time.process_time() - t < 1.5: pass"
-    child = subprocess.Popen([sys.executable, "-c", code])
-    try:
-        time.sleep(0.2)
-        listed = []
-        real = os.listdir
+    listed: list[str] = []
+    real = os.listdir
+
+    def count_listings() -> None:
         monkeypatch.setattr(capture.os, "listdir", lambda path=".": listed.append(path) or real(path))
-        load = capture.HostLoad()
-        load.step(3, recording=True)
-        time.sleep(0.5)
-        load.step(4, recording=False)
-        assert child.poll() is None, "the worker ended inside the window: the test measures a live one"
-    finally:
-        child.kill()
-        child.wait()
-    (window,) = load.windows
+
+    window = _window_beside_a_busy_process(before=count_listings)
     assert listed.count("/proc") == 1, listed
     assert window["children_cpu_s"] >= 0.3 * window["wall_s"], window  # busy for all of it, ticks rounded
 
@@ -112,21 +103,7 @@ def test_ddpdoctors_helpers_are_not_the_jobs_children(monkeypatch) -> None:
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="Linux /proc")
 def test_a_window_records_a_busy_helper_apart_from_the_children() -> None:
-    code = "import time\nt = time.process_time()\nwhile time.process_time() - t < 1.5: pass"
-    helper = subprocess.Popen([sys.executable, "-c", code])
-    capture.own_helper(helper.pid)
-    try:
-        time.sleep(0.2)
-        load = capture.HostLoad()
-        load.step(3, recording=True)
-        time.sleep(0.5)
-        load.step(4, recording=False)
-        assert helper.poll() is None, "the helper ended inside the window: the test measures a live one"
-    finally:
-        helper.kill()
-        helper.wait()
-        capture.own_helper_gone(helper.pid)
-    (window,) = load.windows
+    window = _window_beside_a_busy_process(helper=True)
     assert window["probe_cpu_s"] >= 0.3 * window["wall_s"], window  # busy for all of it, ticks rounded
     assert window["children_cpu_s"] <= 0.02, window  # no child of the job's ran
 
@@ -142,3 +119,27 @@ def test_the_probe_is_neither_the_jobs_children_nor_another_process() -> None:
     assert rows[0]["other_cpu_cores"] == pytest.approx(1.9 - 2 * 0.156 - 0.3, abs=0.01)
     assert "ddpdoctor's GIL probe 0.3 CPUs" in run["host_load_summary"]
     assert "child processes" not in run["host_load_summary"]
+
+
+def _window_beside_a_busy_process(before=None, helper: bool = False) -> dict:  # noqa: ANN001
+    """The window of a ``HostLoad`` (0.5 s) beside a child process busy on a CPU all through it, registered as
+    ddpdoctor's helper where ``helper``; ``before()`` runs just before the ``HostLoad`` is made."""
+    code = "import time\nt = time.process_time()\nwhile time.process_time() - t < 1.5: pass"
+    child = subprocess.Popen([sys.executable, "-c", code])
+    if helper:
+        capture.own_helper(child.pid)
+    try:
+        time.sleep(0.2)
+        if before is not None:
+            before()
+        load = capture.HostLoad()
+        load.step(3, recording=True)
+        time.sleep(0.5)
+        load.step(4, recording=False)
+        assert child.poll() is None, "the child ended inside the window: the test measures a live one"
+    finally:
+        child.kill()
+        child.wait()
+        capture.own_helper_gone(child.pid)
+    (window,) = load.windows
+    return window
