@@ -119,7 +119,8 @@ def analyze(run: Run, steps: tuple[int, int | None] | None = None, verdict: Any 
     host_run, why_host = hostload_metrics(run.capture, ranks, work)  # after the waits: it weighs them (hostload.py)
     run_metrics.update(host_run)
     run_metrics["not_measured"] = {**run_metrics.get("not_measured", {}), **why_setup, **why_host}
-    slow_by_own_work(ranks, run_metrics)  # after the ops are compared (extra_ops_ms): metrics/slow_ranks.py
+    # after the ops are compared (extra_ops_ms): metrics/slow_ranks.py
+    slow_by_own_work(ranks, run_metrics, lambda rank: _outside_by_step(summaries, rank))
     units = run_units(summaries)  # FSDP2: the per-unit table, shown by the reports (not a metric)
     if units:
         run_metrics["fsdp_units"] = units
@@ -226,6 +227,21 @@ def _step_times(run: Run) -> Table:
         for row in step_rows(rank, capture)
     ]
     return Table.from_records(rows, ["rank", "step", "step_ms", "profiled"])
+
+
+def _outside_by_step(summaries: list[dict[str, Any]], rank: int) -> dict[int, float]:
+    """The rank's time outside forward, backward and the optimizer (``other_ms``) in each analysed step."""
+    for s in summaries:
+        if s["rank"] == rank:
+            table = s.get("per_step") or {}
+            steps, other = table.get("step") or [], table.get("other_ms") or []
+            analysed = table.get("analyzed") or [True] * len(steps)
+            return {
+                int(t): float(v)
+                for t, v, a in zip(steps, other, analysed, strict=False)
+                if a and v is not None and v == v
+            }
+    return {}
 
 
 def _per_step_frame(summaries: list[dict[str, Any]]) -> Table:

@@ -12,6 +12,7 @@ each one's lateness is its own). Without ``end_us`` a block is a step.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
@@ -345,14 +346,28 @@ OWN_WORK_SHARE = 0.2
 DOMINANT_SHARE = 0.8
 # and no other rank runs as much as this share of its extra work of its own: the work sets it apart
 OTHERS_WORK_SHARE = 0.2
+# The work is the rank's own code, outside the model: its time outside forward, backward and the optimizer
+# (``other_ms``) exceeds the others' by OUTSIDE_SHARE of its extra ops at least, and in no analysed step does
+# another rank spend more time there than it by over REVERSED_MS (or REVERSED_SHARE of its mean excess). Ops
+# that come and go with the data (a block applied a data-dependent number of times, a loop over a batch's objects)
+# make one rank run more of them in a few steps by chance, inside the model or alternating between the ranks: a
+# balanced job of that kind named a rank in 2 traces of 8 without these two tests.
+OUTSIDE_SHARE = 0.5
+REVERSED_MS = 1.0
+REVERSED_SHARE = 0.25
 
 
-def slow_by_own_work(ranks: list[dict[str, Any]], run: dict[str, Any]) -> list[int]:
+def slow_by_own_work(
+    ranks: list[dict[str, Any]], run: dict[str, Any], outside: Callable[[int], dict[int, float]] | None = None
+) -> list[int]:
     """Ranks slow by work of their own (the constants above), in a DDP job whose ranks all run one program (DDP's
     ranges on every rank, no point-to-point or tensor-parallel collectives: a pipeline's stages differ by design),
-    where no rank is ``slow_rank`` already. Sets ``slow_rank`` (True for them, False for the others) and
-    ``slow_rank_by_own_work`` on ``ranks``' rows, ``slow_rank_count`` in ``run`` and removes the frequency test's
-    reasons for not deciding from ``run["not_measured"]``. Returns the ranks."""
+    where no rank is ``slow_rank`` already. ``outside(rank)``: the rank's time outside the model's phases in each
+    analysed step (``other_ms`` by step; without it no rank is slow by its work). Sets ``slow_rank`` (True for them,
+    False for the others) and ``slow_rank_by_own_work`` on ``ranks``' rows, ``slow_rank_count`` in ``run`` and
+    removes the frequency test's reasons for not deciding from ``run["not_measured"]``. Returns the ranks."""
+    if outside is None:
+        return []
     if len(ranks) < 2 or any(r.get("slow_rank") for r in ranks):
         return []
     if run.get("straggler_rank") is None or run.get("slow_ranks_same_work"):
@@ -380,6 +395,7 @@ def slow_by_own_work(ranks: list[dict[str, Any]], run: dict[str, Any]) -> list[i
             and extra > OWN_WORK_MIN_MS
             and extra >= OWN_WORK_SHARE * wait
             and others <= OTHERS_WORK_SHARE * extra
+            and _outside_the_model(row, ranks, extra, outside)
         ):
             found.append(int(row["rank"]))
     if not found:
@@ -396,3 +412,19 @@ def slow_by_own_work(ranks: list[dict[str, Any]], run: dict[str, Any]) -> list[i
         decided = {*catalog.group("slow_ranks"), "slow_rank_count", "straggler_p_value"}
         run["not_measured"] = {k: v for k, v in said.items() if k not in decided}
     return found
+
+
+def _outside_the_model(
+    row: dict[str, Any], ranks: list[dict[str, Any]], extra: float, outside: Callable[[int], dict[int, float]]
+) -> bool:
+    """Whether ``row``'s rank spends more time outside the model's phases than the others, by OUTSIDE_SHARE of its
+    ``extra`` ops on average, and no other rank outdoes it there in any analysed step (the constants above)."""
+    mine = outside(int(row["rank"]))
+    theirs = [outside(int(o["rank"])) for o in ranks if o is not row]
+    steps = sorted(set(mine).intersection(*theirs)) if theirs else []
+    if not steps:
+        return False
+    excess = [mine[t] - float(np.median([o[t] for o in theirs])) for t in steps]
+    worst_reversal = min(mine[t] - max(o[t] for o in theirs) for t in steps)
+    mean = sum(excess) / len(excess)
+    return mean >= OUTSIDE_SHARE * extra and worst_reversal >= -max(REVERSED_MS, REVERSED_SHARE * mean)

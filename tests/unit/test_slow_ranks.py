@@ -202,6 +202,10 @@ def test_eight_steps_of_a_rank_last_in_each_name_it() -> None:
     assert out["blocks"] == 8 and out["ranks"][1]["slow_rank"] and not out["ranks"][0]["slow_rank"]
 
 
+# each rank's time outside the model's phases in 5 analysed steps: rank 0 runs 20 ms of its own code in each
+_OUTSIDE = {0: dict.fromkeys(range(8, 13), 20.4), 1: dict.fromkeys(range(8, 13), 0.4)}
+
+
 def _rows(**rank0) -> tuple[list[dict], dict]:
     """Rank 0 of two, late by work of its own (ops only it runs), no rank named by the arrival tests."""
     base = {"ddp_ranges": True, "p2p_per_step": 0.0, "tp_collectives_per_step": 0.0, "slow_rank": None}
@@ -215,7 +219,7 @@ def test_a_rank_late_by_work_only_it_does_is_slow() -> None:
     from ddpdoctor.metrics.slow_ranks import slow_by_own_work
 
     rows, run = _rows()
-    assert slow_by_own_work(rows, run) == [0]
+    assert slow_by_own_work(rows, run, _OUTSIDE.get) == [0]
     assert [r["slow_rank"] for r in rows] == [True, False]
     assert [r["slow_rank_by_own_work"] for r in rows] == [True, False]
     assert run["slow_rank_count"] == 1 and "slow_rank" not in run["not_measured"]
@@ -240,7 +244,7 @@ def test_nothing_else_makes_a_rank_slow_by_its_work(change) -> None:
 
     rows, run = _rows(**change)
     before = [dict(r) for r in rows]
-    assert slow_by_own_work(rows, run) == []
+    assert slow_by_own_work(rows, run, _OUTSIDE.get) == []
     assert rows == before
 
 
@@ -249,10 +253,29 @@ def test_work_the_others_do_too_or_a_shared_wait_do_not_set_a_rank_apart() -> No
 
     rows, run = _rows()
     rows[1]["extra_ops_ms"] = 5.0  # the other rank runs ops of its own too (a quarter of rank 0's)
-    assert slow_by_own_work(rows, run) == []
+    assert slow_by_own_work(rows, run, _OUTSIDE.get) == []
     rows, run = _rows()
     rows[1]["wait_caused_ms"] = 15.0  # rank 0 causes 73% of the waiting, under 80%
-    assert slow_by_own_work(rows, run) == []
+    assert slow_by_own_work(rows, run, _OUTSIDE.get) == []
     rows, run = _rows()
     run["straggler_rank"] = 1  # not the rank the others wait for most
-    assert slow_by_own_work(rows, run) == []
+    assert slow_by_own_work(rows, run, _OUTSIDE.get) == []
+    rows, run = _rows()
+    assert slow_by_own_work(rows, run) == []  # no time by step outside the model: not decided by work
+
+
+def test_more_of_the_models_own_ops_or_work_that_alternates_is_the_data_not_the_rank() -> None:
+    """Data-dependent work (a block applied a data-dependent number of times; a loss term per object) gives one
+    rank more ops than the other in a few steps by chance: inside the model's phases, or outside them but taking
+    turns between the ranks. Neither is work of the rank's own."""
+    from ddpdoctor.metrics.slow_ranks import slow_by_own_work
+
+    rows, run = _rows()
+    inside = {0: dict.fromkeys(range(8, 13), 0.4), 1: dict.fromkeys(range(8, 13), 0.4)}  # same time outside
+    assert slow_by_own_work(rows, run, inside.get) == []
+    taking_turns = {0: {8: 40.0, 9: 40.0, 10: 40.0, 11: 0.4, 12: 0.4}, 1: {8: 0.4, 9: 0.4, 10: 0.4, 11: 0.4, 12: 9.0}}
+    rows, run = _rows()
+    assert slow_by_own_work(rows, run, taking_turns.get) == []  # rank 1 outdid rank 0 by 8.6 ms at step 12
+    every_other = {0: {8: 40.0, 9: 0.4, 10: 40.0, 11: 0.4, 12: 40.0}, 1: dict.fromkeys(range(8, 13), 0.5)}
+    rows, run = _rows()
+    assert slow_by_own_work(rows, run, every_other.get) == [0]  # evaluation every other step: its own
