@@ -355,6 +355,10 @@ OTHERS_WORK_SHARE = 0.2
 OUTSIDE_SHARE = 0.5
 REVERSED_MS = 1.0
 REVERSED_SHARE = 0.25
+# and its mean excess there is SPREAD_TIMES the most any other rank's own time there varies from step to step: work
+# outside the model that every rank does in amounts that vary with the data (post-processing, metrics per object)
+# can fall on one rank in every step of a short window by chance, but then the others' amounts vary as much
+SPREAD_TIMES = 2.0
 
 
 def slow_by_own_work(
@@ -418,7 +422,8 @@ def _outside_the_model(
     row: dict[str, Any], ranks: list[dict[str, Any]], extra: float, outside: Callable[[int], dict[int, float]]
 ) -> bool:
     """Whether ``row``'s rank spends more time outside the model's phases than the others, by OUTSIDE_SHARE of its
-    ``extra`` ops on average, and no other rank outdoes it there in any analysed step (the constants above)."""
+    ``extra`` ops on average and SPREAD_TIMES their own step-to-step spread there, and no other rank outdoes it
+    there in any analysed step (the constants above)."""
     mine = outside(int(row["rank"]))
     theirs = [outside(int(o["rank"])) for o in ranks if o is not row]
     steps = sorted(set(mine).intersection(*theirs)) if theirs else []
@@ -426,5 +431,10 @@ def _outside_the_model(
         return False
     excess = [mine[t] - float(np.median([o[t] for o in theirs])) for t in steps]
     worst_reversal = min(mine[t] - max(o[t] for o in theirs) for t in steps)
+    spread = max(max(o[t] for t in steps) - min(o[t] for t in steps) for o in theirs)
     mean = sum(excess) / len(excess)
-    return mean >= OUTSIDE_SHARE * extra and worst_reversal >= -max(REVERSED_MS, REVERSED_SHARE * mean)
+    return (
+        mean >= OUTSIDE_SHARE * extra
+        and worst_reversal >= -max(REVERSED_MS, REVERSED_SHARE * mean)
+        and mean >= SPREAD_TIMES * spread
+    )
