@@ -149,3 +149,22 @@ def test_a_rank_with_work_of_its_own_is_named_in_the_default_window(tmp_path, mo
     found = [f for f in report["findings"] if f["name"] == "rank-straggler"]
     assert found and found[0]["ranks"] == [1], why
     assert "work only it does sets it apart: it runs" in found[0]["message"], found[0]["message"]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("seed", ["81", "123"])
+def test_a_rank_with_more_of_the_models_data_dependent_ops_is_not_slow_by_its_work(tmp_path, monkeypatch, seed) -> None:
+    """A balanced job whose block runs a data-dependent number of times: with these seeds one rank draws more in
+    each of the 5 profiled steps (more ops only it runs, the others waiting for it), which named it slow by its own
+    work before the work had to be outside the model. The extra ops are the model's own, and the data's."""
+    from ddpdoctor.pipeline import analyze_run
+
+    for key, value in {"STEPS": "8", "SEED": seed}.items():
+        monkeypatch.setenv(key, value)
+    report = _trace(tmp_path / "dyn", 5, str(JOB.with_name("data_dependent_job.py")), burner=False)
+    ranks = analyze_run(tmp_path / "dyn").metrics.ranks
+    keys = ("wait_caused_ms", "extra_ops_ms", "other_ms", "slow_rank", "slow_rank_by_own_work")
+    why = (report["findings"], [{k: r.get(k) for k in keys} for r in ranks])
+    assert max(r.get("extra_ops_ms") or 0.0 for r in ranks) > 2.0, why  # the chance the test is about happened
+    assert not any(r.get("slow_rank_by_own_work") for r in ranks), why
+    assert "rank-straggler" not in {f["name"] for f in report["findings"]}, why
