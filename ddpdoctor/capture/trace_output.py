@@ -68,7 +68,6 @@ class TraceOutput:
 
     def _on_trace_ready(self, prof: Any) -> None:
         from ddpdoctor.capture.export import TraceNotWritten
-        from ddpdoctor.capture.step_clock import ranges
 
         if self.clock.take_startup_trace():
             return  # the start-up recording: not a training step
@@ -82,9 +81,9 @@ class TraceOutput:
             name = self._export(prof)
         except Exception as exc:  # never break the user's training because a trace could not be written
             why = str(exc) if isinstance(exc, TraceNotWritten) else f"{type(exc).__name__}: {exc}"
-            recorded = ranges(self.clock.recorded)
-            if recorded:  # the window that just ended: the last `active` steps recorded
-                first, last = max(recorded[-1][0], recorded[-1][1] - self.config.active + 1), recorded[-1][1]
+            steps = self._last_window_steps()  # the window that just ended: the last `active` steps recorded
+            if steps:
+                first, last = steps
                 window += f" (steps {first}-{last})" if first != last else f" (step {last})"
             self.capture_errors.append(f"{window} not written: {why}")
             self.write_rank_file()
