@@ -13,7 +13,7 @@ import numpy as np
 
 from ddpdoctor.load.model import Run
 from ddpdoctor.metrics import catalog
-from ddpdoctor.metrics.capture import ddp_timers
+from ddpdoctor.metrics.capture import ddp_noop_hook, ddp_timers
 from ddpdoctor.metrics.compile import compile_note
 from ddpdoctor.metrics.cross_rank import Windows, all_collectives, analysed_step_ranges, cross_rank, unmatched_ranks
 from ddpdoctor.metrics.evidence import run_evidence
@@ -81,6 +81,7 @@ def analyze(run: Run, steps: tuple[int, int | None] | None = None, verdict: Any 
             m["cpu_count"] = node_cpus[host]
         m.update(setup_ranks.get(rank) or no_setup)
         m.update(ddp_timers(capture))
+        m["ddp_noop_hook"] = ddp_noop_hook(capture)
         ranks.append(m)
     health, health_doc = health_metrics(run.manifest or {}, run.capture, verdict)
     why_no_count = _why_no_collective_count(run.capture, health, setup_run.get("steps_detected"))

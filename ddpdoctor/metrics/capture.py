@@ -41,6 +41,9 @@ def _ddp_logging_data(capture: dict[str, Any] | None) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+NOOP_HOOK = "noop_hook"  # torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks.noop_hook
+
+
 def ddp_metrics(capture: dict[str, Any] | None) -> dict[str, Any]:
     """``ddp_*`` configuration metrics and ``ddp_reported_overlap_ratio`` (0-1) of the first DDP module."""
     out: dict[str, Any] = dict.fromkeys(catalog.group("ddp_config"))
@@ -105,6 +108,17 @@ _DDP_TIMERS = dict(
         strict=True,
     )
 )
+
+
+def ddp_noop_hook(capture: dict[str, Any] | None) -> bool | None:
+    """Whether the first DDP module's communication hook is torch's ``noop_hook``, which reduces nothing (it is
+    there to measure the headroom of communication; DDP's logging data names the hook). None where DDP's logging
+    data was not captured. Read from the capture when the run is analysed, so that summaries written before this
+    flag have it too."""
+    data = _ddp_logging_data(capture)
+    if data is None:
+        return None
+    return data.get("comm_hook") == NOOP_HOOK
 
 
 def ddp_timers(capture: dict[str, Any] | None) -> dict[str, Any]:

@@ -25,7 +25,8 @@ Kind = Literal["number", "flag", "text"]
 #   cross_rank  - several ranks' traces matched against each other (``ddpdoctor.metrics.cross_rank``)
 #   setup       - what ``ddpdoctor trace`` observed of the job's set-up (``ddpdoctor.metrics.setup``)
 #   collectives - per rank, from ``RunMetrics.collectives`` (``ddpdoctor.metrics.derived``)
-#   ddp_log     - DDP's own timers from ``_get_ddp_logging_data()`` (``ddpdoctor.metrics.capture``)
+#   ddp_log     - DDP's own timers and whether its hook is noop_hook, from ``_get_ddp_logging_data()``
+#                 (``ddpdoctor.metrics.capture``)
 #   run         - the run as a whole (``ddpdoctor.metrics.analyze``)
 #   health      - how the job ended: the manifest, the rank files and the ranks' dumps (``ddpdoctor.metrics.health``)
 #   snapshot    - computed by ``compare`` from a run's devices table (not in ``RunMetrics``; rules cannot use it)
