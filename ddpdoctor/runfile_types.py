@@ -298,6 +298,8 @@ class RankCapture(msgspec.Struct, forbid_unknown_fields=False):
     error_frames: list[Frame] = []  # the ending exception's traceback, outermost first (capture/session.py)
     # collectives other than barriers in the Flight Recorder's buffer where the run ended (capture/flight.py)
     run_collectives: Count | None = None
+    # of them, those created after the end of the rank's first step (what it exchanged while training)
+    training_collectives: Count | None = None
 
 
 # Records of a rank capture that a reader may leave out alone when they do not fit (every reader treats them as

@@ -189,23 +189,40 @@ def flight_records(backend: str | None, *, frames: bool = True) -> tuple[list[di
     return records, "; ".join(errors) or None
 
 
-def run_collectives(backend: str | None) -> int | None:
+def run_collectives(
+    backend: str | None, since_ns: int | None = None, started_ns: int | None = None
+) -> tuple[int | None, int | None]:
     """The collectives this process issued that the Flight Recorder still holds (its last TORCH_FR_BUFFER_SIZE
     entries, kept after destroy_process_group), barriers left out: a barrier moves no data, and a job whose ranks
     train apart still meets at one before it ends. None where the recorder is off or cannot be read (a count of 0
     there would say the ranks never met). Read when the run ends: a whole run's collectives, where the profiled
-    steps show a window's (periodic model averaging, local SGD, syncs every few hundred steps)."""
+    steps show a window's (periodic model averaging, local SGD, syncs every few hundred steps).
+
+    Second: those of them created after ``since_ns`` (``time.time_ns()`` at the end of the run's first step: what the
+    ranks exchanged while they trained, not DDP's start-up broadcasts). None without ``since_ns``, where the buffer
+    holds none at all, or where an entry has no creation time on the same clock (``time.time_ns()`` from
+    ``started_ns``, when the process began, to now); it keeps the newest entries, so a count of 0 there is every one
+    since then."""
     if not any(_positive(os.environ.get(n)) for n in FR_VARIABLES):
-        return None
+        return None, None
     records, why = flight_records(backend, frames=False)
     if not records and why and "recorded nothing" not in why:
-        return None  # it could not be read
-    return sum(
-        1
+        return None, None  # it could not be read
+    entries = [
+        entry
         for record in records
         for entry in record["entries"]
         if "barrier" not in str(entry.get("profiling_name", "")) and entry.get("profiling_name")
-    )
+    ]
+    created = [entry.get("time_created_ns") for entry in entries]
+    # an empty buffer proves nothing (a backend the recorder does not see); DDP's start-up broadcasts are in it
+    if since_ns is None or not created:
+        return len(entries), None
+    slack = 60 * 10**9
+    earliest, latest = (started_ns or since_ns) - slack, time.time_ns() + slack
+    if not all(type(t) is int and earliest <= t <= latest for t in created):  # another clock, or no time
+        return len(entries), None
+    return len(entries), sum(1 for t in created if t > since_ns)
 
 
 def _positive(value: str | None) -> bool:

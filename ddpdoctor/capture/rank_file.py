@@ -127,6 +127,7 @@ def record(session: Session) -> dict[str, Any]:
         # rank failed before it made a process group it leaves no dump, and this is where its code was
         **({"error_frames": session.error_frames} if session.error_frames else {}),
         **({"run_collectives": session.run_collectives} if session.run_collectives is not None else {}),
+        **({"training_collectives": session.training_collectives} if session.training_collectives is not None else {}),
         "backend": info.get("backend"),
         "device": device,
         "steps": session.clock.steps_json(),

@@ -108,6 +108,8 @@ class Session(TraceOutput):
         self.error: str | None = None
         self.error_frames: list[dict[str, Any]] = []  # the ending exception's traceback (saw_exception)
         self.run_collectives: int | None = None  # counted where the run ends (flight.run_collectives)
+        self.training_collectives: int | None = None  # of them, those after the first step (idem)
+        self.first_step_ns: int | None = None  # time.time_ns() at the end of the first step
         self.pid = os.getpid()
         self.started_at = time.time()
         self.dist: dict[str, Any] | None = None  # backend, rank, world size once the process group exists
@@ -377,6 +379,8 @@ class Session(TraceOutput):
                 self._claim()
                 self.write_rank_file()
             iteration = self.clock.iteration
+            if self.first_step_ns is None:
+                self.first_step_ns = time.time_ns()
             self.clock.tick(source, recording=self._recording())
             observe = self._observe
             observe("phase", self.phase.step_ended, self.clock.iteration)
@@ -501,7 +505,10 @@ class Session(TraceOutput):
         if self._summarizing:  # the removed windows' summaries, before the rank file says how the run ended
             self._summarizing = window_summary.reap(self._summarizing, window_summary.FINISH_WAIT_S)
         try:
-            self.run_collectives = flight.run_collectives((self.dist or {}).get("backend"))
+            backend = (self.dist or {}).get("backend")
+            self.run_collectives, self.training_collectives = flight.run_collectives(
+                backend, self.first_step_ns, int(self.started_at * 1e9)
+            )
         except Exception as exc:  # never stand between the run and its rank file
             self.capture_errors.append(f"counting the run's collectives failed: {type(exc).__name__}: {exc}")
         self.write_rank_file()

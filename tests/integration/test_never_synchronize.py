@@ -66,3 +66,66 @@ def test_ranks_that_average_their_models_outside_the_profiled_steps_synchronise(
     assert "ranks-never-synchronize" in report["passed"], json.dumps(report["findings"], indent=1)[:3000]
     why = {p["name"]: p["reason"] for p in report["passed_reasons"]}["ranks-never-synchronize"]
     assert "coalesce(max(run_collectives), 0) = 4 != 0" in why, why  # 2 parameters x 2 averagings
+
+
+DDP_NO_SYNC = """
+    import sys
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    AVERAGE = sys.argv[1] == "average"
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = DDP(nn.Linear(32, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    g = torch.Generator().manual_seed(rank)
+    for step in range(1, 21):
+        opt.zero_grad()
+        for micro in range(2):
+            with model.no_sync():  # every micro-batch, the last one too: DDP never all-reduces
+                model(torch.randn(16, 32, generator=g)).pow(2).mean().backward()
+        opt.step()
+        if AVERAGE and step % 10 == 0:  # ... unless the replicas are averaged by hand (outside the profiled steps)
+            with torch.no_grad():
+                for p in model.parameters():
+                    dist.all_reduce(p)
+                    p /= dist.get_world_size()
+    # the replicas compared through files, not a collective (one after the first step would be synchronisation)
+    torch.save(model.module.weight.detach(), f"{sys.argv[2]}/w{rank}.pt")
+    dist.barrier()  # (barriers are not counted)
+    if rank == 0:
+        print("replicas equal:", torch.equal(*(torch.load(f"{sys.argv[2]}/w{r}.pt") for r in range(2))))
+    dist.barrier()
+    dist.destroy_process_group()
+"""
+
+
+def _no_sync(tmp_path, how: str) -> tuple[dict, str]:
+    script = write_script(tmp_path / "no_sync.py", DDP_NO_SYNC)
+    launch = ["--standalone", "--nproc-per-node", "2", str(script), how, str(tmp_path)]
+    return trace_and_diagnose(tmp_path / "run", *WINDOW, *launch)
+
+
+@pytest.mark.timeout(240)
+def test_a_ddp_model_whose_every_forward_is_inside_no_sync_never_synchronises(tmp_path):
+    """DDP is there, but no collective runs after the first step in the whole run (the Flight Recorder where it ended,
+    DDP's start-up broadcasts before it): an error (2026-12-07: "No findings")."""
+    report, output = _no_sync(tmp_path, "never")
+    assert "replicas equal: False" in output  # the job's own check: the mistake is real
+    first = report["findings"][0]
+    assert first["name"] == "ranks-never-synchronize" and first["severity"] == "error", report["findings"]
+    assert first["evidence"]["max(training_collectives)"] == 0 and first["evidence"]["min(steps_run)"] == 20
+    assert first["evidence"]["max(run_collectives)"] > 0  # DDP's start-up broadcasts
+    assert "They do build a DDP model, but not one collective ran after their first step" in first["message"]
+
+
+@pytest.mark.timeout(240)
+def test_a_ddp_model_inside_no_sync_whose_replicas_are_averaged_by_hand_synchronises(tmp_path):
+    report, output = _no_sync(tmp_path, "average")
+    assert "replicas equal: True" in output
+    assert "ranks-never-synchronize" in report["passed"], json.dumps(report["findings"], indent=1)[:3000]
+    why = {p["name"]: p["reason"] for p in report["passed_reasons"]}["ranks-never-synchronize"]
+    assert "coalesce(max(training_collectives), 1) = 4 != 0" in why, why  # 2 parameters x 2 averagings

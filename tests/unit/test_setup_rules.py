@@ -267,3 +267,38 @@ def test_ranks_that_meet_outside_the_profiled_steps_synchronise():
     assert verdict(8).passed == ("ranks-never-synchronize",)
     assert [f.name for f in verdict(0).findings] == ["ranks-never-synchronize"]
     assert [f.name for f in verdict(None).findings] == ["ranks-never-synchronize"]
+
+
+def test_a_ddp_model_that_issued_nothing_after_its_first_step_never_synchronised():
+    """A DDP model and no collective in the profiled steps: a window inside no_sync() accumulation, unless the Flight
+    Recorder shows that no collective ran after the first step in the whole run (training_collectives; DDP's start-up
+    broadcasts are before it). Only where the job trains (a backward pass) for 2 steps or more, and not with torch's
+    noop_hook (a rule of its own)."""
+    rule = [r for r in load_rules() if r.name == "ranks-never-synchronize"]
+
+    def verdict(**row):
+        base = {
+            "collectives_per_step": 0.0,
+            "ddp_bucket_count": 1,
+            "run_collectives": 3,
+            "training_collectives": 0,
+            "steps_run": 20,
+            "backward_ms": 4.0,
+            "ddp_noop_hook": False,
+        }
+        ranks = [{"rank": r, **{**base, **row}} for r in range(2)]
+        run = {"mode": "ddp", "world_size": 2, "steps_analyzed": 5, "ranks_loaded": 2}
+        return evaluate(rule, SimpleNamespace(run=run, ranks=ranks))
+
+    (finding,) = verdict().findings
+    assert "They do build a DDP model, but not one collective ran after their first step" in finding.message
+    assert "(20 steps;" in finding.message
+    for row in (
+        {"training_collectives": 2},  # the ranks met after their first step (averaging, a loss logged)
+        {"training_collectives": None},  # unknown: the recorder off, another clock
+        {"steps_run": 1},  # no step after the first
+        {"backward_ms": 0.0},  # nothing trains (a DDP model used for inference)
+        {"ddp_noop_hook": True},  # ddp-noop-comm-hook says it
+        {"collectives_per_step": 1.0},  # a collective in the profiled steps
+    ):
+        assert verdict(**row).passed == ("ranks-never-synchronize",), row
