@@ -300,6 +300,7 @@ class RankCapture(msgspec.Struct, forbid_unknown_fields=False):
     run_collectives: Count | None = None
     # of them, those created after the end of the rank's first step (what it exchanged while training)
     training_collectives: Count | None = None
+    training_collective_bytes: Count | None = None  # their inputs' bytes (where the buffer holds all of them)
 
 
 # Records of a rank capture that a reader may leave out alone when they do not fit (every reader treats them as

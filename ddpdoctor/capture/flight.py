@@ -24,6 +24,7 @@ A dump never raises into the training: what fails is one line on stderr.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import re
 import signal
@@ -191,7 +192,7 @@ def flight_records(backend: str | None, *, frames: bool = True) -> tuple[list[di
 
 def run_collectives(
     backend: str | None, since_ns: int | None = None, started_ns: int | None = None
-) -> tuple[int | None, int | None]:
+) -> tuple[int | None, int | None, int | None]:
     """The collectives this process issued that the Flight Recorder still holds (its last TORCH_FR_BUFFER_SIZE
     entries, kept after destroy_process_group), barriers left out: a barrier moves no data, and a job whose ranks
     train apart still meets at one before it ends. None where the recorder is off or cannot be read (a count of 0
@@ -202,12 +203,14 @@ def run_collectives(
     ranks exchanged while they trained, not DDP's start-up broadcasts). None without ``since_ns``, where the buffer
     holds none at all, or where an entry has no creation time on the same clock (``time.time_ns()`` from
     ``started_ns``, when the process began, to now); it keeps the newest entries, so a count of 0 there is every one
-    since then."""
+    since then. Third: the bytes of their inputs (``_entry_bytes``), None where one has no stated size or the buffer
+    may have dropped older entries (as many entries as it holds at most: the whole run since then is not there)."""
     if not any(_positive(os.environ.get(n)) for n in FR_VARIABLES):
-        return None, None
+        return None, None, None
     records, why = flight_records(backend, frames=False)
     if not records and why and "recorded nothing" not in why:
-        return None, None  # it could not be read
+        return None, None, None  # it could not be read
+    held = sum(len(record["entries"]) for record in records)
     entries = [
         entry
         for record in records
@@ -217,12 +220,46 @@ def run_collectives(
     created = [entry.get("time_created_ns") for entry in entries]
     # an empty buffer proves nothing (a backend the recorder does not see); DDP's start-up broadcasts are in it
     if since_ns is None or not created:
-        return len(entries), None
+        return len(entries), None, None
     slack = 60 * 10**9
     earliest, latest = (started_ns or since_ns) - slack, time.time_ns() + slack
     if not all(type(t) is int and earliest <= t <= latest for t in created):  # another clock, or no time
-        return len(entries), None
-    return len(entries), sum(1 for t in created if t > since_ns)
+        return len(entries), None, None
+    training = [entry for entry, t in zip(entries, created, strict=True) if t > since_ns]
+    sizes = [_entry_bytes(entry) for entry in training]
+    capacity = max((_int_env(n) for n in FR_VARIABLES), default=0)
+    whole = capacity > held and all(b is not None for b in sizes)
+    return len(entries), len(training), sum(b for b in sizes if b is not None) if whole else None
+
+
+# bytes per element of the dtypes the Flight Recorder names (c10's ScalarType names)
+_DTYPE_BYTES = {
+    "Byte": 1, "Char": 1, "Bool": 1, "Short": 2, "Int": 4, "Long": 8, "Half": 2, "BFloat16": 2, "Float": 4,
+    "Double": 8, "ComplexHalf": 4, "ComplexFloat": 8, "ComplexDouble": 16, "UInt16": 2, "UInt32": 4, "UInt64": 8,
+    "Float8_e5m2": 1, "Float8_e4m3fn": 1, "Float8_e5m2fnuz": 1, "Float8_e4m3fnuz": 1,
+}  # fmt: skip
+
+
+def _entry_bytes(entry: dict[str, Any]) -> int | None:
+    """The bytes of a Flight Recorder entry's input tensors (``input_sizes`` x ``input_dtypes``; a 0-dim tensor's
+    size is ``[]``, one element), None where they are not stated."""
+    sizes, dtypes = entry.get("input_sizes"), entry.get("input_dtypes")
+    if not isinstance(sizes, list) or not isinstance(dtypes, list) or len(sizes) != len(dtypes):
+        return None
+    total = 0
+    for dims, dtype in zip(sizes, dtypes, strict=True):
+        width = _DTYPE_BYTES.get(dtype) if isinstance(dtype, str) else None
+        if width is None or not isinstance(dims, list) or not all(type(d) is int and d >= 0 for d in dims):
+            return None
+        total += math.prod(dims) * width
+    return total
+
+
+def _int_env(name: str) -> int:
+    try:
+        return int(os.environ.get(name) or 0)
+    except ValueError:
+        return 0
 
 
 def _positive(value: str | None) -> bool:

@@ -128,6 +128,11 @@ def record(session: Session) -> dict[str, Any]:
         **({"error_frames": session.error_frames} if session.error_frames else {}),
         **({"run_collectives": session.run_collectives} if session.run_collectives is not None else {}),
         **({"training_collectives": session.training_collectives} if session.training_collectives is not None else {}),
+        **(
+            {"training_collective_bytes": session.training_collective_bytes}
+            if session.training_collective_bytes is not None
+            else {}
+        ),
         "backend": info.get("backend"),
         "device": device,
         "steps": session.clock.steps_json(),

@@ -109,6 +109,7 @@ class Session(TraceOutput):
         self.error_frames: list[dict[str, Any]] = []  # the ending exception's traceback (saw_exception)
         self.run_collectives: int | None = None  # counted where the run ends (flight.run_collectives)
         self.training_collectives: int | None = None  # of them, those after the first step (idem)
+        self.training_collective_bytes: int | None = None  # and their bytes (idem)
         self.first_step_ns: int | None = None  # time.time_ns() at the end of the first step
         self.pid = os.getpid()
         self.started_at = time.time()
@@ -506,7 +507,7 @@ class Session(TraceOutput):
             self._summarizing = window_summary.reap(self._summarizing, window_summary.FINISH_WAIT_S)
         try:
             backend = (self.dist or {}).get("backend")
-            self.run_collectives, self.training_collectives = flight.run_collectives(
+            self.run_collectives, self.training_collectives, self.training_collective_bytes = flight.run_collectives(
                 backend, self.first_step_ns, int(self.started_at * 1e9)
             )
         except Exception as exc:  # never stand between the run and its rank file

@@ -135,6 +135,7 @@ def rank_setup_metrics(capture: Mapping[str, Any] | None, epochs: list[dict[str,
         out["steps_run"] = _int(steps.get("count"))
     out["run_collectives"] = _int(capture.get("run_collectives"))
     out["training_collectives"] = _int(capture.get("training_collectives"))
+    out["training_collective_bytes"] = _int(capture.get("training_collective_bytes"))
     models = [m for m in setup.get("ddp_models") or [] if isinstance(m, dict)]
     if len(models) == 1:  # several DDP models (a GAN's two): the forwards counted over all of them are no rounds
         out["ddp_sync_rounds_per_step"] = _histogram_median(setup.get("ddp_sync_rounds_per_step"))

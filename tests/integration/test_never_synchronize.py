@@ -75,7 +75,7 @@ DDP_NO_SYNC = """
     import torch.nn as nn
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    AVERAGE = sys.argv[1] == "average"
+    AVERAGE, LOG = sys.argv[1] == "average", sys.argv[1] == "logged"
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)
@@ -86,8 +86,12 @@ DDP_NO_SYNC = """
         opt.zero_grad()
         for micro in range(2):
             with model.no_sync():  # every micro-batch, the last one too: DDP never all-reduces
-                model(torch.randn(16, 32, generator=g)).pow(2).mean().backward()
+                loss = model(torch.randn(16, 32, generator=g)).pow(2).mean()
+                loss.backward()
         opt.step()
+        if LOG:  # the loss all-reduced for logging, every step: 4 bytes
+            logged = loss.detach().clone()
+            dist.all_reduce(logged)
         if AVERAGE and step % 10 == 0:  # ... unless the replicas are averaged by hand (outside the profiled steps)
             with torch.no_grad():
                 for p in model.parameters():
@@ -110,16 +114,22 @@ def _no_sync(tmp_path, how: str) -> tuple[dict, str]:
 
 
 @pytest.mark.timeout(240)
-def test_a_ddp_model_whose_every_forward_is_inside_no_sync_never_synchronises(tmp_path):
+@pytest.mark.parametrize("how", ["never", "logged"])
+def test_a_ddp_model_whose_every_forward_is_inside_no_sync_never_synchronises(tmp_path, how):
     """DDP is there, but no collective runs after the first step in the whole run (the Flight Recorder where it ended,
-    DDP's start-up broadcasts before it): an error (2026-12-07: "No findings")."""
-    report, output = _no_sync(tmp_path, "never")
+    DDP's start-up broadcasts before it), or only a loss all-reduced for logging: an error (2026-12-07: "No
+    findings")."""
+    report, output = _no_sync(tmp_path, how)
     assert "replicas equal: False" in output  # the job's own check: the mistake is real
     first = report["findings"][0]
     assert first["name"] == "ranks-never-synchronize" and first["severity"] == "error", report["findings"]
-    assert first["evidence"]["max(training_collectives)"] == 0 and first["evidence"]["min(steps_run)"] == 20
     assert first["evidence"]["max(run_collectives)"] > 0  # DDP's start-up broadcasts
-    assert "They do build a DDP model, but not one collective ran after their first step" in first["message"]
+    if how == "never":
+        assert first["evidence"]["max(training_collectives)"] == 0 and first["evidence"]["min(steps_run)"] == 20
+        assert "They do build a DDP model, but not one collective ran after their first step" in first["message"]
+        assert "Not one collective runs in those steps." in first["message"]
+    else:  # the 20 losses of 4 bytes logged after the first optimizer step began, against 1.3 KiB of gradients
+        assert "sent 80 bytes in 20 collective(s), under 25% of one round" in first["message"], first["message"]
 
 
 @pytest.mark.timeout(240)

@@ -290,6 +290,20 @@ def test_a_ddp_model_that_issued_nothing_after_its_first_step_never_synchronised
         run = {"mode": "ddp", "world_size": 2, "steps_analyzed": 5, "ranks_loaded": 2}
         return evaluate(rule, SimpleNamespace(run=run, ranks=ranks))
 
+    # a loss all-reduced every step (4 bytes each) and nothing else, DDP's own all-reduce, 9 KiB of gradients
+    logged = {"collectives_per_step": 1.0, "training_collectives": 19, "training_collective_bytes": 76}
+    logged |= {"ddp_round_bytes": 9216.0, "ddp_comm_hook": None}
+    (finding,) = verdict(**logged).findings
+    assert "sent 76 bytes in 19 collective(s), under 25% of one round of the model's 9 KiB" in finding.message
+    assert "Not one collective runs in those steps." not in finding.message
+    for row in (
+        {"training_collective_bytes": 9216},  # a round's worth: a gradient all-reduce, or the replicas averaged
+        {"training_collective_bytes": None},  # a size not stated, or the buffer full: unknown
+        {"ddp_round_bytes": None},  # the model's gradient bytes unknown
+        {"ddp_comm_hook": "powerSGD_hook"},  # a hook that compresses: few bytes may be a real sync
+    ):
+        assert verdict(**{**logged, **row}).passed == ("ranks-never-synchronize",), row
+
     (finding,) = verdict().findings
     assert "They do build a DDP model, but not one collective ran after their first step" in finding.message
     assert "(20 steps;" in finding.message
@@ -299,6 +313,7 @@ def test_a_ddp_model_that_issued_nothing_after_its_first_step_never_synchronised
         {"steps_run": 1},  # no step after the first
         {"backward_ms": 0.0},  # nothing trains (a DDP model used for inference)
         {"ddp_noop_hook": True},  # ddp-noop-comm-hook says it
+        {"ddp_forwards_per_step": 0},  # ddp-forward-bypassed says it
         {"collectives_per_step": 1.0},  # a collective in the profiled steps
     ):
         assert verdict(**row).passed == ("ranks-never-synchronize",), row
