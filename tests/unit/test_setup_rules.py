@@ -317,3 +317,10 @@ def test_a_ddp_model_that_issued_nothing_after_its_first_step_never_synchronised
         {"collectives_per_step": 1.0},  # a collective in the profiled steps
     ):
         assert verdict(**row).passed == ("ranks-never-synchronize",), row
+
+    # no DDP: ranks that met only before their first step (the initial weights broadcast), never after
+    no_ddp = {"ddp_bucket_count": None, "run_collectives": 4, "ddp_noop_hook": None}
+    (finding,) = verdict(**no_ddp).findings
+    assert "They met only before their first step (4 collective(s), such as a broadcast" in finding.message
+    assert "They do build a DDP model" not in finding.message
+    assert verdict(**{**no_ddp, "training_collectives": 2}).passed == ("ranks-never-synchronize",)
