@@ -232,23 +232,17 @@ def run_collectives(
     return len(entries), len(training), sum(b for b in sizes if b is not None) if whole else None
 
 
-# bytes per element of the dtypes the Flight Recorder names (c10's ScalarType names)
-_DTYPE_BYTES = {
-    "Byte": 1, "Char": 1, "Bool": 1, "Short": 2, "Int": 4, "Long": 8, "Half": 2, "BFloat16": 2, "Float": 4,
-    "Double": 8, "ComplexHalf": 4, "ComplexFloat": 8, "ComplexDouble": 16, "UInt16": 2, "UInt32": 4, "UInt64": 8,
-    "Float8_e5m2": 1, "Float8_e4m3fn": 1, "Float8_e5m2fnuz": 1, "Float8_e4m3fnuz": 1,
-}  # fmt: skip
-
-
 def _entry_bytes(entry: dict[str, Any]) -> int | None:
     """The bytes of a Flight Recorder entry's input tensors (``input_sizes`` x ``input_dtypes``; a 0-dim tensor's
     size is ``[]``, one element), None where they are not stated."""
+    from ddpdoctor.metrics.comm import dtype_bytes  # c10's names (``Float``, ``BFloat16``) among the others
+
     sizes, dtypes = entry.get("input_sizes"), entry.get("input_dtypes")
     if not isinstance(sizes, list) or not isinstance(dtypes, list) or len(sizes) != len(dtypes):
         return None
     total = 0
     for dims, dtype in zip(sizes, dtypes, strict=True):
-        width = _DTYPE_BYTES.get(dtype) if isinstance(dtype, str) else None
+        width = dtype_bytes(dtype)
         if width is None or not isinstance(dims, list) or not all(type(d) is int and d >= 0 for d in dims):
             return None
         total += math.prod(dims) * width
