@@ -87,7 +87,7 @@ def test_a_crash_inside_the_window_leads_with_the_crashed_rank(crashed):
     assert names & HEALTH_RULES == {"rank-crashed"}
     # rank 0's wait for its dead peer (the cut step: ~1 s) is in no timing metric and no timing finding; what is
     # left is this tiny model's own few ms of exposed all-reduce per step
-    assert all(f["estimated_gain_ms"] is None or f["estimated_gain_ms"] < 20 for f in report["findings"]), names
+    assert not _large_gains(report), _large_gains(report)
     for rank in report["ranks"]:  # (the wait would be ~1 s; under load the model's own all-reduce takes ~20 ms)
         assert rank["exposed_comm_ms"] < 100 and rank["step_ms"]["p90"] < 200, rank
     cut = [n for n in report["run"]["notes"] if "left out of the timing metrics" in n]
@@ -168,7 +168,7 @@ def test_a_rank_killed_with_sigkill_is_named_and_its_peer_is_a_consequence(tmp_p
     assert states[1]["where"] is None and states[1]["collective"] is None, states[1]
     assert states[1]["steps"] is None and isinstance(states[1]["steps_at_least"], int), states[1]
     assert {f["name"] for f in report["findings"]} & HEALTH_RULES == {"rank-died"}
-    assert all(f["estimated_gain_ms"] is None or f["estimated_gain_ms"] < 20 for f in report["findings"])
+    assert not _large_gains(report), _large_gains(report)
 
 
 def test_a_hang_before_the_window_is_diagnosed_without_a_trace(tmp_path):
@@ -273,3 +273,14 @@ def test_a_torchrun_job_that_failed_at_start_up_is_not_also_a_job_that_never_syn
     assert "the job failed before its first step" in reasons["ranks-never-synchronize"], reasons
     assert report["run"]["parallelism"] == "unknown", report["run"]["parallelism"]
     assert not any("ddpdoctor.step()" in n for n in report["run"]["notes"]), report["run"]["notes"]
+
+
+def _large_gains(report: dict) -> list[tuple[str, float, str]]:
+    """The findings that claim 20 ms or more per step (name, gain, message): both ranks sleep 20 ms a step in
+    these runs, so such a gain is most likely that sleep blamed on something, said with its evidence when it fails
+    (a flaky failure under load must name the finding)."""
+    return [
+        (f["name"], f["estimated_gain_ms"], f["message"] + " evidence: " + str(f.get("evidence")))
+        for f in report["findings"]
+        if f["estimated_gain_ms"] is not None and f["estimated_gain_ms"] >= 20
+    ]
