@@ -172,6 +172,79 @@ def _explain_ranks(node: ast.expr, base: Values, rows: Sequence[Mapping[str, Any
     ]
 
 
+@functools.lru_cache(maxsize=1024)
+def _coalesces(key: str) -> tuple[ast.Call, ...]:
+    """The ``coalesce(...)`` calls in a comparison's text (``key``)."""
+    try:
+        tree = ast.parse(key, mode="eval")
+    except SyntaxError:
+        return ()
+    return tuple(
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "coalesce" and n.args
+    )
+
+
+@functools.lru_cache(maxsize=4096)
+def _stand_in(node: ast.expr) -> bool:
+    """Whether ``node`` reads no metric (a constant, a rule parameter): a default that stands in for one."""
+    return not any(isinstance(n, ast.Name) and n.id != "params" for n in ast.walk(node))
+
+
+def _taken(call: ast.Call, values: Values) -> ast.expr | None:
+    """The argument whose value ``coalesce(...)`` took: the first one that is not None."""
+    return next((arg for arg in call.args if _node_value(arg, values) is not None), None)
+
+
+def _unmeasured(key: str, values: Values) -> list[str]:
+    """The metrics a comparison reads through ``coalesce()`` that were not measured, where a constant or a
+    parameter stood in for them (not another metric): a passed line says "not measured" of them, never the
+    default as if it were the value."""
+    out: list[str] = []
+    for call in _coalesces(key):
+        taken = _taken(call, values)
+        if taken is None or _stand_in(taken):
+            out += [_unparse(arg) for arg in call.args if arg is not taken and not _stand_in(arg)]
+    return out
+
+
+class _Measured(ast.NodeTransformer):
+    """``coalesce(x, y, ...)`` -> the argument it took, where that one was measured (not a default)."""
+
+    def __init__(self, values: Values) -> None:
+        self.values = values
+
+    def visit_Call(self, node: ast.Call) -> ast.expr:
+        node = self.generic_visit(node)  # type: ignore[assignment]
+        if isinstance(node.func, ast.Name) and node.func.id == "coalesce" and node.args:
+            taken = _taken(node, self.values)
+            if taken is not None and not _stand_in(taken):
+                return taken
+        return node
+
+
+def _measured_node(node: ast.expr | None, values: Values) -> ast.expr | None:
+    """``node`` with each ``coalesce()`` call replaced by the measured argument it took (a passed line shows what
+    was compared, not the defaults that did not apply)."""
+    if node is None or not any(isinstance(n, ast.Call) for n in ast.walk(node)):
+        return node
+    import copy
+
+    return _Measured(values).visit(copy.deepcopy(node))
+
+
+def _measured_text(text: str, values: Values) -> str:
+    """``_measured_node`` of an expression's text."""
+    if "coalesce(" not in text:
+        return text
+    try:
+        node = ast.parse(text, mode="eval").body
+    except SyntaxError:
+        return text
+    return ast.unparse(_measured_node(node, values))
+
+
 def _threshold_text(right: ast.expr | None, limit: Any) -> tuple[str, str | None]:
     """How a comparison's threshold is shown ("0.5 (min_overlap)", "0", "cpu_count * ... = 2") and its param."""
     if right is None:
@@ -218,12 +291,21 @@ def passed_reason(
     undecided = ""
     if rule.scope == "run":
         shown = [Values(run, rows, rule.params, columns=columns)]
-        for _, measured, value, op, right, limit in _explain(tree, shown[0])[1]:
+        missing: list[str] = []
+        for key, measured, value, op, right, limit in _explain(tree, shown[0])[1]:
+            unmeasured = _unmeasured(key, shown[0])
+            if unmeasured:  # a coalesce() default decided it, not a measured value: never shown as if measured
+                missing += unmeasured
+                continue
+            measured, right = _measured_text(measured, shown[0]), _measured_node(right, shown[0])
             threshold, param = _threshold_text(right, limit)
             relation = _relation(value, limit, op) if op is not None else ""
             texts.append(f"{measured} = {_shown(value)}{_sep(relation)}{relation} {threshold}".rstrip())
             texts[-1] += _close(value, rule, param)
             params.update([param] if param else [])
+        texts = list(dict.fromkeys(texts))  # a part that two branches of an `or` test is said once
+        if missing:
+            texts.append("not measured: " + ", ".join(dict.fromkeys(missing)))
     else:
         if outcomes is None:
             outcomes = expr_per_rank(rule, rule.when, run, rows, columns)

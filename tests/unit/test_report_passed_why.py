@@ -259,3 +259,46 @@ def test_a_run_without_a_trace_gets_what_is_known_per_rank_never_a_table_of_dash
         assert re.search(r"\b1\b.*crashed.*\b5\b", flat), fmt  # rank 1: crashed after 5 steps, exit 1
     table = build_report(run, name="failed", rules=NO_OVERRIDES)["rank_table"]
     assert table["columns"][:3] == ["rank", "state", "steps"] and table["rows"][1][:3] == ["1", "crashed", "5"]
+
+
+def test_a_passed_line_never_shows_a_coalesce_default_as_if_it_were_measured():
+    # ranks-never-synchronize reads training_collectives through coalesce(..., 1): on ranks that did not record it
+    # (a foreign trace, an older run) the passed line once said "coalesce(max(training_collectives), 1) = 1 != 0",
+    # a count nobody measured; and a part that two branches of its `or` test was said twice
+    from ddpdoctor.diagnosis import evaluate, load_rules, select_rules
+
+    rules = select_rules(load_rules(), ["ranks-never-synchronize"])
+    ranks = [
+        {"rank": r, "collectives_per_step": 2.0, "ddp_bucket_count": 2, "steps_run": 20, "step_ms_median": 30.0}
+        for r in (0, 1)
+    ]
+    result = evaluate(rules, _metrics(ranks, optimizer_steps_per_step=1.0))
+    assert result.passed == ("ranks-never-synchronize",)
+    reason = result.passed_reasons[0].reason
+    parts = reason.split("; ")
+    assert "coalesce(" not in reason and "= 1 != 0" not in reason, reason
+    assert "count(ddp_bucket_count) = 2 != 0" in parts, reason  # measured: said without its default
+    assert parts[-1] == "not measured: max(training_collectives), max(training_collective_bytes), min(ddp_round_bytes)"
+    assert len(parts) == len(set(parts)), reason
+    # measured, the same part says the count
+    for row in ranks:
+        row.update(training_collectives=4, training_collective_bytes=8 * 2**20)
+    reason = evaluate(rules, _metrics(ranks, optimizer_steps_per_step=1.0)).passed_reasons[0].reason
+    assert "max(training_collectives) = 4 != 0" in reason, reason
+    # the bytes were measured, the gradients' round was not: the comparison failed on its default, said so
+    assert reason.endswith("; not measured: min(ddp_round_bytes)") and "max(training_collective_bytes) =" not in reason
+
+
+def test_a_coalesce_that_fell_back_on_another_metric_shows_that_metric():
+    # poor-comm-compute-overlap reads coalesce(mean(ddp_exposed_transfer_ms), mean(exposed_comm_ms)): where the
+    # first was not measured the second was compared, and the passed line says so (neither "not measured" nor the
+    # coalesce() call)
+    from ddpdoctor.diagnosis import evaluate, load_rules, select_rules
+
+    rules = select_rules(load_rules(), ["poor-comm-compute-overlap"])
+    rank = {"step_ms_median": 100.0, "comm_ms": 10.0, "overlap_ratio": 0.9, "exposed_comm_ms": 1.0}
+    result = evaluate(rules, _metrics([{**rank, "rank": 0}, {**rank, "rank": 1}]))
+    assert result.passed == ("poor-comm-compute-overlap",)
+    reason = result.passed_reasons[0].reason
+    assert "mean(exposed_comm_ms) / mean(step_ms_median) = 0.01 < 0.05 (min_exposed_share)" in reason, reason
+    assert "coalesce(" not in reason and "not measured" not in reason, reason
