@@ -245,6 +245,35 @@ def _measured_text(text: str, values: Values) -> str:
     return ast.unparse(_measured_node(node, values))
 
 
+def _measured_text_ranks(text: str, base: Values, rows: Sequence[Mapping[str, Any]]) -> str:
+    """``_measured_text`` for the ranks of ``rows`` at once: a ``coalesce()`` call is replaced only where every
+    one of them took the same measured argument."""
+    try:
+        node = ast.parse(text, mode="eval").body
+    except SyntaxError:
+        return text
+
+    class Taken(ast.NodeTransformer):
+        def visit_Call(self, call: ast.Call) -> ast.expr:
+            call = self.generic_visit(call)  # type: ignore[assignment]
+            if not (isinstance(call.func, ast.Name) and call.func.id == "coalesce" and call.args):
+                return call
+            taken: set[int] = set()
+            left = list(range(len(rows)))
+            for i, arg in enumerate(call.args):
+                if not left:
+                    break
+                values = _node_values(arg, base, [rows[k] for k in left])
+                taken.update([i] if any(v is not None for v in values) else [])
+                left = [k for k, v in zip(left, values, strict=True) if v is None]
+            if left or len(taken) != 1:
+                return call
+            arg = call.args[taken.pop()]
+            return call if _stand_in(arg) else arg
+
+    return ast.unparse(Taken().visit(node))
+
+
 def _threshold_text(right: ast.expr | None, limit: Any) -> tuple[str, str | None]:
     """How a comparison's threshold is shown ("0.5 (min_overlap)", "0", "cpu_count * ... = 2") and its param."""
     if right is None:
@@ -322,6 +351,8 @@ def passed_reason(
                     group = groups[key] = (measured, op, right, limit, {})
                 group[4][rank] = value
         for measured, op, right, limit, per_rank in groups.values():
+            if "coalesce(" in measured:  # said without the coalesce() where every rank it lists took one argument
+                measured = _measured_text_ranks(measured, base, [by_rank[rank] for rank in per_rank])
             threshold, param = _threshold_text(right, limit)
             numbers = [v for v in per_rank.values() if isinstance(v, (int, float)) and not isinstance(v, bool)]
             if op is None:

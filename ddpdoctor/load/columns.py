@@ -21,7 +21,9 @@ from ddpdoctor.load.schema import Complete, Instant, Metadata, OldInstant
 _STREAM_TID = re.compile(r"^\s*stream\s+([0-9]{1,18})\s*$", re.IGNORECASE)
 _NUMERIC_ID = re.compile(r"^\s*(-?[0-9]{1,18})\s*$")
 _I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
-COMM_NAME = re.compile(r"^(nccl:|gloo:|ucc:|mpi:|record_param_comms$|c10d::)")
+# the ops whose arguments are kept (``comm_ops``): the collective calls, and FSDP2's all-gather copy-in, whose
+# Input Dims list the parameter tensors of the unit it gathers (metrics.fsdp)
+COMM_NAME = re.compile(r"^(nccl:|gloo:|ucc:|mpi:|record_param_comms$|c10d::|fsdp::all_gather_copy_in$)")
 COMM_COLUMNS = (
     "row",
     "in_nelems",

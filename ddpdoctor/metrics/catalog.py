@@ -215,6 +215,8 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "fsdp_largest_unit",
         "fsdp_largest_unit_share",
         "fsdp_largest_unit_exposed_ms",
+        "fsdp_largest_unit_tensors",
+        "fsdp_largest_unit_tensor_share",
         "fsdp_explicit_prefetch",
         "fsdp_reduce_as_allreduce",
         "fsdp_comm_on_device",

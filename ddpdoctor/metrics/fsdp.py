@@ -130,6 +130,11 @@ def fsdp_rank(rt: RankTrace, analysed: Table) -> tuple[dict[str, Any], dict[str,
     out["fsdp_largest_unit"] = table["unit"][big]
     out["fsdp_largest_unit_share"] = table["param_share"][big]
     out["fsdp_largest_unit_exposed_ms"] = table["allgather_exposed_ms"][big] + table["reduce_exposed_ms"][big]
+    tensors = _unit_tensors(rt, ranges, unit, is_ag).get(table["unit"][big])
+    share = table["param_share"][big]
+    if tensors and share is not None:
+        out["fsdp_largest_unit_tensors"] = len(tensors)
+        out["fsdp_largest_unit_tensor_share"] = share * max(tensors) / sum(tensors)
     out["fsdp_explicit_prefetch"] = bool(names_matching(ops, _PREFETCH).any())
     kinds = rows["kind"][red_all]
     out["fsdp_reduce_as_allreduce"] = bool(len(kinds)) and bool(np.all(kinds == "all_reduce"))
@@ -141,6 +146,43 @@ def fsdp_rank(rt: RankTrace, analysed: Table) -> tuple[dict[str, Any], dict[str,
     elem = elem[~np.isnan(elem)]
     out["fsdp_reduce_elem_bytes"] = float(np.max(elem)) if len(elem) else None
     return out, table
+
+
+_COPY_IN = "fsdp::all_gather_copy_in"
+
+
+def _unit_tensors(rt: RankTrace, ranges: Table, unit: np.ndarray, is_ag: np.ndarray) -> dict[str, list[int]]:
+    """unit -> the elements of each parameter tensor (this rank's shard of it) the unit all-gathers: the first
+    argument of the ``fsdp::all_gather_copy_in`` inside its ``FSDP::all_gather`` range, a list of each tensor's
+    Input Dims (recorded with ``record_shapes``; a unit absent where none was)."""
+    c = rt.tables.comm_ops
+    if c is None or len(c) == 0:
+        return {}
+    calls = c[c["name"].isin([_COPY_IN])]
+    if len(calls) == 0:
+        return {}
+    at = _range_at(ranges, calls["tid"], calls["ts_us"].astype(np.float64))
+    out: dict[str, list[int]] = {}
+    for row, dims in zip(at.tolist(), calls["input_dims"].tolist(), strict=True):
+        if row < 0 or not is_ag[row] or unit[row] in out:
+            continue
+        numels = _tensor_numels(dims[0] if isinstance(dims, list) and dims else None)
+        if numels:
+            out[unit[row]] = numels
+    return out
+
+
+def _tensor_numels(dims: Any) -> list[int] | None:
+    """The elements of each tensor of a TensorList's Input Dims (``[[1280], [5]]`` -> ``[1280, 5]``); None
+    where it is not one."""
+    if not isinstance(dims, list) or not dims:
+        return None
+    out = []
+    for shape in dims:
+        if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+            return None
+        out.append(int(np.prod(shape, dtype=np.int64)) if shape else 1)
+    return out if sum(out) > 0 else None
 
 
 def _without_fsdp_waits(ops: Table, compute: iv.Intervals) -> iv.Intervals:

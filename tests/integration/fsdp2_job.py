@@ -24,6 +24,18 @@ from torch.distributed.fsdp._fully_shard import _fsdp_param_group as pg
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "samples"))
 from fsdp2_train import Net  # noqa: E402
 
+
+class Embedded(Net):
+    """``Net`` after a token embedding (``--embed``): a model whose largest tensor is most of its parameters."""
+
+    def __init__(self, vocab: int, dim: int, depth: int) -> None:
+        super().__init__(dim, depth)
+        self.emb = torch.nn.Embedding(vocab, dim)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return super().forward(self.emb(tokens).mean(1))
+
+
 CURRENT = {"unit": None, "step": -1}
 RECORDS: list[dict] = []
 
@@ -93,6 +105,7 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=256)
     parser.add_argument("--depth", type=int, default=4)
     parser.add_argument("--timings", type=Path)
+    parser.add_argument("--embed", type=int, default=0, help="a token embedding of this vocabulary, a unit of its own")
     args = parser.parse_args()
 
     for name, kind in (
@@ -108,8 +121,10 @@ def main() -> None:
 
     dist.init_process_group("gloo")
     torch.manual_seed(0)
-    model = Net(args.dim, args.depth)
+    model = Net(args.dim, args.depth) if not args.embed else Embedded(args.embed, args.dim, args.depth)
     if args.wrap == "blocks":
+        if args.embed:
+            fully_shard(model.emb)  # one tensor: no wrapping makes this unit smaller
         for block in model.blocks:
             fully_shard(block)
     fully_shard(model)
@@ -124,7 +139,7 @@ def main() -> None:
     for step in range(args.steps):
         CURRENT["step"] = step
         with torch.profiler.record_function(f"job_step_{step}"):  # a mark inside the step, not across its end
-            batch = torch.randn(64, args.dim)
+            batch = torch.randint(0, args.embed, (64, 8)) if args.embed else torch.randn(64, args.dim)
         loss = model(batch).square().mean()
         opt.zero_grad()
         loss.backward()

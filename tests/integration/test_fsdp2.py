@@ -56,6 +56,12 @@ def blocks_job(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
         return out, _traced(out, "--wrap", "blocks", "--prefetch")
 
 
+@pytest.fixture(scope="module")
+def embed_job(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    out = tmp_path_factory.mktemp("fsdp2") / "embed"
+    return out, _traced(out, "--wrap", "blocks", "--embed", "16384")
+
+
 def _finding(report: dict, name: str) -> dict | None:
     return next((f for f in report["findings"] if f["name"] == name), None)
 
@@ -73,6 +79,23 @@ def test_one_unit_for_the_root_gets_the_wrap_granularity_finding(root_job: tuple
     assert "gloo has no reduce-scatter" in f["message"] and "On CPU" in f["message"]
     assert "fully_shard(block)" in f["recommendation"]
     assert f["estimated_gain_ms"] is None  # on CPU wrapping per block does not make the step faster
+    # its 18 tensors (4 per block, the head's 2), the largest (a block's 256x512 weight) 1/8 of the parameters
+    shares = f["evidence"]["fsdp_largest_unit_tensor_share"]
+    assert set(shares) == {"0", "1"} and all(abs(s - 131072 / 1053194) < 0.01 for s in shares.values()), shares
+
+
+@pytest.mark.timeout(300)
+def test_a_unit_of_one_large_tensor_gets_no_wrap_granularity_finding(embed_job: tuple[Path, dict]) -> None:
+    # the user wrapped every block and the 16384 x 256 embedding on its own: the embedding's unit holds 80% of the
+    # parameters in one tensor, which no fully_shard call can split; "call fully_shard on each block" would be
+    # advice they already followed, and the unit cannot be made smaller
+    _, report = embed_job
+    units = {u["unit"]: u for u in report["run"]["fsdp_units"]}
+    assert units["emb"]["param_share"] > 0.75 and "blocks.3" in units
+    assert _finding(report, "fsdp-one-large-unit") is None, [x["name"] for x in report["findings"]]
+    why = {p["name"]: p["reason"] for p in report["passed_reasons"]}["fsdp-one-large-unit"]
+    assert why.startswith("FSDP unit emb holds 80% of the parameters, but one parameter tensor of it holds 80%"), why
+    assert "(1 tensor(s) in the unit)" in why and "fully_shard cannot split a tensor" in why
 
 
 @pytest.mark.timeout(300)

@@ -32,10 +32,18 @@ def _x(name: str, cat: str, ts: float, dur: float, tid: int = TID, pid: int = 1,
     return e
 
 
-def _trace(rank: int, units: list[tuple[str, int]], hidden: bool, scale: float = 1.0, steps: int = 3) -> dict:
+def _trace(
+    rank: int,
+    units: list[tuple[str, int]],
+    hidden: bool,
+    scale: float = 1.0,
+    steps: int = 3,
+    tensors: dict[str, list[list[int]]] | None = None,
+) -> dict:
     """hidden: each all-gather but the first runs beside the previous unit's forward compute and each
     reduce-scatter but the last beside the next unit's backward compute (what prefetching gives); otherwise
-    every collective runs alone. ``scale``: times the collectives' durations."""
+    every collective runs alone. ``scale``: times the collectives' durations. ``tensors``: unit -> the shapes of
+    its parameter shards, listed by an ``fsdp::all_gather_copy_in`` in its all-gather (as with record_shapes)."""
     ag_us, rs_us = AG_US * scale, RS_US * scale
     events: list[dict] = []
     corr = iter(range(1, 1_000_000))
@@ -53,6 +61,10 @@ def _trace(rank: int, units: list[tuple[str, int]], hidden: bool, scale: float =
             label = f" ({fqn})" if fqn else ""
             host = start + 50.0 + i * 200.0
             events.append(_x(f"FSDP::all_gather{label}", "user_annotation", host, 100.0))
+            if tensors and fqn in tensors:
+                shapes = tensors[fqn]
+                copy_in = {"Input Dims": [shapes, [numel * 2], [], [], []], "Input type": ["TensorList", "float"]}
+                events.append(_x("fsdp::all_gather_copy_in", "cpu_op", host + 2.0, 5.0, **copy_in))
             dims = {"Input Dims": [[numel * 2], [numel]], "Input type": ["float", "float"]}
             events.append(_x("c10d::_allgather_base_", "cpu_op", host + 10.0, 50.0, **dims))
             ag_ts = dev - ag_us if (hidden and i > 0) else dev
@@ -80,10 +92,17 @@ def _trace(rank: int, units: list[tuple[str, int]], hidden: bool, scale: float =
     }
 
 
-def _run(folder: Path, units: list[tuple[str, int]], hidden: bool, scale: float = 1.0) -> Path:
+def _run(
+    folder: Path,
+    units: list[tuple[str, int]],
+    hidden: bool,
+    scale: float = 1.0,
+    tensors: dict[str, list[list[int]]] | None = None,
+) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     for rank in range(2):
-        (folder / f"rank{rank}.pt.trace.json").write_text(json.dumps(_trace(rank, units, hidden, scale)))
+        trace = _trace(rank, units, hidden, scale, tensors=tensors)
+        (folder / f"rank{rank}.pt.trace.json").write_text(json.dumps(trace))
     return folder
 
 
@@ -174,3 +193,35 @@ def test_the_report_shows_the_unit_table(runs: dict[str, Path]) -> None:
     units = json.loads(shown["json"])["run"]["fsdp_units"]
     assert [u["unit"] for u in units] == ["layers.0", "layers.1", "layers.2", "(root)"]
     assert units[0]["allgather_exposed_ms"] == pytest.approx(AG_US / 1e3)
+
+
+def test_a_unit_no_wrapping_can_shrink_gets_no_wrap_finding(tmp_path: Path) -> None:
+    # the largest unit is one tensor (an embedding of 2,400 elements a shard, 2400 of 2700 all-gathered): splitting
+    # modules cannot make it smaller, so "call fully_shard on each block" is no remedy; the passed line says why
+    units = [("emb", 2400), ("layers.0", 100), ("layers.1", 100), ("", 100)]
+    shapes = {"emb": [[2400]], "layers.0": [[90], [10]], "layers.1": [[90], [10]], "": [[100]]}
+    path = _run(tmp_path / "embed", units, hidden=False, scale=4.0, tensors=shapes)
+    metrics = analyze(load(path, workers=1))
+    assert {r["fsdp_largest_unit"] for r in metrics.ranks} == {"emb"}
+    assert {r["fsdp_largest_unit_tensors"] for r in metrics.ranks} == {1}
+    assert {round(r["fsdp_largest_unit_tensor_share"], 3) for r in metrics.ranks} == {round(2400 / 2700, 3)}
+    diagnosis = evaluate([r for r in load_rules() if r.name == "fsdp-one-large-unit"], metrics)
+    assert not diagnosis.findings, [f.name for f in diagnosis.findings]
+    (why,) = diagnosis.passed_reasons
+    assert why.reason.startswith("FSDP unit emb holds 89% of the parameters, but one parameter tensor of it holds 89%")
+    # the same unit made of many tensors (a block of layers wrapped as one): the rule fires, as without shapes
+    shapes["emb"] = [[240]] * 10
+    path = _run(tmp_path / "block", units, hidden=False, scale=4.0, tensors=shapes)
+    metrics = analyze(load(path, workers=1))
+    assert {r["fsdp_largest_unit_tensors"] for r in metrics.ranks} == {10}
+    found = evaluate([r for r in load_rules() if r.name == "fsdp-one-large-unit"], metrics).findings
+    assert [f.name for f in found] == ["fsdp-one-large-unit"]
+    assert "FSDP unit emb holds 89% of the parameters" in found[0].message
+
+
+def test_a_copy_in_whose_shapes_are_not_a_tensor_list_is_left_unknown(tmp_path: Path) -> None:
+    units = [("", 3100)]
+    path = _run(tmp_path / "odd", units, hidden=False, scale=4.0, tensors={"": [3100]})  # not a list of shapes
+    metrics = analyze(load(path, workers=1))
+    assert {r["fsdp_largest_unit_tensors"] for r in metrics.ranks} == {None}
+    assert [f.name for f in _findings(path).values()] == ["fsdp-one-large-unit"]  # decided on the unit alone
