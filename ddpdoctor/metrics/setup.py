@@ -223,6 +223,7 @@ def _loader_metrics(setup: Mapping[str, Any], epochs: list[dict[str, Any]] | Non
     if samples is not None and dataset_len:
         samples = min(samples, dataset_len)  # the last batch of a pass may be partial
     calls = setup.get("set_epoch_calls")
+    persistent = first.get("persistent_workers")
     return {
         "distributed_sampler": bool(first.get("distributed_sampler")),
         "sampler_shuffle": shuffle if isinstance(shuffle, bool) else None,
@@ -232,6 +233,7 @@ def _loader_metrics(setup: Mapping[str, Any], epochs: list[dict[str, Any]] | Non
         "batches_per_epoch": batches,
         "batch_size": batch_size,
         "dataloader_workers": _int(first.get("num_workers")),
+        "dataloader_persistent_workers": persistent if isinstance(persistent, bool) else None,
         "epoch_dataset_share": samples / root_len if samples and root_len else None,
     }
 

@@ -50,3 +50,25 @@ def test_a_loader_knob_that_torch_refuses_fails_the_run_with_torchs_words(tmp_pa
     )  # fmt: skip
     assert result.returncode != 0
     assert "prefetch_factor" in read_json(tmp_path / "run" / "manifest.json")["ranks"][0]["reason"]
+
+
+@pytest.mark.timeout(200)
+def test_workers_started_anew_every_epoch_are_measured_as_such(tmp_path):
+    # a real job of 3 epochs of 3 batches with 1 worker process a rank, not persistent: the setup metrics say so
+    # (dataloader-bound's clause on persistent_workers reads them; whether the wait fires it depends on the host)
+    from ddpdoctor.load import load
+    from ddpdoctor.metrics import analyze
+
+    out = tmp_path / "run"
+    result = run_cli(
+        "trace", "--out", str(out), "--wait", "1", "--warmup", "1", "--active", "3", "--set", "loader.num_workers=1",
+        "--standalone", "--nproc-per-node", "2", str(SAMPLES / "ddp_train.py"), "--steps", "3", "--epochs", "3",
+        "--batch-size", "32", "--width", "64", timeout=180,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    rows = analyze(load(out, workers=1)).ranks
+    got = {
+        (r["dataloader_workers"], r["dataloader_persistent_workers"], r["dataloader_epochs"], r["batches_per_epoch"])
+        for r in rows
+    }
+    assert got == {(1, False, 3, 3)}, got
