@@ -382,7 +382,7 @@ def passed_reason(
             )
         for text, on in said_for.items():
             undecided += f"; undecided on {format_ranks(on)}: {text}"
-    reason = "; ".join(texts) + undecided
+    reason = "; ".join(dict.fromkeys(texts)) + undecided  # a part two branches test is said once
     if rule.passed:
         specials = {"ranks": format_ranks(r["rank"] for r in rows), "worst": ""}
         said = [

@@ -187,7 +187,13 @@ def _step_metrics(analysed: Table) -> dict[str, Any]:
         values = analysed[col].astype(np.float64) if col in analysed else np.zeros(0)
         values = values[~np.isnan(values)]
         out[col] = float(values.mean()) if len(values) else None
+        if col == "dataloader_ms":  # the same mean without its longest step: a wait of one step is not every step's
+            trimmed = len(values) >= TRIMMED_FROM and out[col] is not None
+            out["dataloader_ms_trimmed"] = float((values.sum() - values.max()) / (len(values) - 1)) if trimmed else None
     return out
+
+
+TRIMMED_FROM = 3  # analysed steps from which dataloader_ms_trimmed is measured
 
 
 def _median(values: np.ndarray) -> float:

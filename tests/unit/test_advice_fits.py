@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -225,3 +226,29 @@ def test_find_unused_parameters_that_the_model_needs_is_not_advised_away():
     finding = _diagnose(_metrics(rows), "find-unused-parameters-cost")[1]["find-unused-parameters-cost"]
     assert "pure overhead" in finding.message and "needs the flag" not in finding.message
     assert finding.recommendation.startswith("If every parameter gets a gradient in every step, drop")
+
+
+def test_a_wait_for_data_in_one_step_alone_is_not_a_wait_every_step():
+    """A job with long epochs whose profiled window holds one epoch's first batch: 37 ms in one step of five (its
+    workers starting), nothing in the others. The mean, 7.4 ms of a 36 ms step, passed both thresholds; without
+    that step the wait is 0.1 ms: no finding, and the passed line says why. A wait in every step still fires, and
+    a rank without the trimmed mean (an older summary) is decided on the mean as before."""
+    from ddpdoctor.metrics.summary import _step_metrics
+    from ddpdoctor.table import Table
+
+    waits = [0.1, 37.0, 0.1, 0.1, 0.1]
+    analysed = Table({"step_ms": np.array([36.0, 73.0, 36.0, 36.0, 36.0]), "dataloader_ms": np.array(waits)})
+    step = _step_metrics(analysed)
+    assert step["dataloader_ms"] == pytest.approx(7.48) and step["dataloader_ms_trimmed"] == pytest.approx(0.1)
+    assert _step_metrics(analysed[np.array([0, 1])])["dataloader_ms_trimmed"] is None  # 2 steps: not measured
+    row = {"step_ms_median": 36.0, "dataloader_workers": 2, "gpu_util_ratio": None}
+    rows = [{**row, "dataloader_ms": step["dataloader_ms"], "dataloader_ms_trimmed": step["dataloader_ms_trimmed"]}] * 2
+    result, found, _ = _diagnose(_metrics(rows), "dataloader-bound")
+    assert "dataloader-bound" not in found
+    (why,) = result.passed_reasons
+    assert why.reason.startswith(
+        "the wait for data, 7.5 ms per step on average, is 0.1 ms per step without the one analysed step that waited"
+    ), why.reason
+    for trimmed in (7.0, None):  # a wait in every step; the trimmed mean not measured
+        rows = [{**row, "dataloader_ms": 7.48, "dataloader_ms_trimmed": trimmed}] * 2
+        assert "dataloader-bound" in _diagnose(_metrics(rows), "dataloader-bound")[1], trimmed
