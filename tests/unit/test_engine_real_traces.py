@@ -39,7 +39,10 @@ def test_dataloader_bound_fires_with_num_workers_0():
     assert finding["ranks"] == [0]
     # torch-tb-profiler puts the DataLoader at 59 and 35 ms per step (two spans): same order of magnitude
     assert 25.0 < finding["evidence"]["dataloader_ms"]["0"] < 70.0
-    assert finding["estimated_gain_ms"] == pytest.approx(finding["evidence"]["dataloader_ms"]["0"], abs=0.01)
+    # every step waits (no workers): without its longest step the wait is nearly the same, and that is the gain
+    trimmed = finding["evidence"]["dataloader_ms_trimmed"]["0"]
+    assert 0.8 * finding["evidence"]["dataloader_ms"]["0"] < trimmed <= finding["evidence"]["dataloader_ms"]["0"]
+    assert finding["estimated_gain_ms"] == pytest.approx(trimmed, abs=0.01)
 
 
 @needs_shared
