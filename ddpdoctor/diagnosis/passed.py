@@ -5,6 +5,7 @@ value was to its threshold, and the thresholds a config file set (``overrides``)
 from __future__ import annotations
 
 import ast
+import copy
 import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -229,8 +230,6 @@ def _measured_node(node: ast.expr | None, values: Values) -> ast.expr | None:
     was compared, not the defaults that did not apply)."""
     if node is None or not any(isinstance(n, ast.Call) for n in ast.walk(node)):
         return node
-    import copy
-
     return _Measured(values).visit(copy.deepcopy(node))
 
 
