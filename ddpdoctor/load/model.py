@@ -19,7 +19,8 @@ Tables (all timestamps are µs floats as in the trace; ``end_us = ts_us + dur_us
 - ``steps``    ``ProfilerStep#N`` ranges on the CPU: the ``ops`` columns plus ``step`` (N); in a trace without
                any, the steps its optimizer's steps delimit (``load.frames``: each row an ``Optimizer.step#``
                range, its start moved back to the end of the one before)
-- ``comm_ops`` the collective calls' CPU events (``nccl:*``, ``gloo:*``, ``record_param_comms``, ``c10d::*``)
+- ``comm_ops`` the collective calls' CPU events (``nccl:*``, ``gloo:*``, ``record_param_comms``, ``c10d::*``) and
+               FSDP2's ``fsdp::all_gather_copy_in`` (its Input Dims: the unit's parameter tensors)
                with their arguments: the ``ops`` columns plus ``in_nelems, out_nelems, group_size, dtype,
                collective_name, pg_name, seq, input_dims, input_type`` (the strings and lists as object arrays)
 
